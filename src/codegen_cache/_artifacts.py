@@ -1,0 +1,216 @@
+"""Framed artifact bytes and one codec per module kind. Nothing here pickles or unpickles.
+
+Frame (little-endian):
+    magic b"CGCA" | u16 format version | u8 codec length | codec name | u32 meta length |
+    meta (UTF-8 JSON) | u64 payload length | u64 xxh3-64 of everything after the magic but
+    the checksum itself | payload
+
+The payload of each codec is a sequence of u64-length-prefixed fields.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import tvm
+import xxhash
+from tvm.runtime import Module
+
+from ._errors import ArtifactError, CudaRuntimeUnavailableError
+from ._key import ARTIFACT_FORMAT_VERSION
+from .codegens import cuda as cuda_codegen
+
+__all__ = ["Artifact", "decode", "encode", "read_meta", "unframe"]
+
+MAGIC = b"CGCA"
+_HEAD = struct.Struct("<4sHB")
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_TAIL = struct.Struct("<QQ")
+# Formats that runtime.SourceModuleCreate is given per fallback module kind.
+_SOURCE_FORMATS = {"cuda": "cu", "opencl": "cl", "metal": "metal", "webgpu": "wgsl", "source": ""}
+
+
+@dataclass(frozen=True, slots=True)
+class Artifact:
+    """An unframed artifact: codec name, metadata and payload fields."""
+
+    codec: str
+    meta: dict[str, Any]
+    fields: tuple[bytes, ...]
+
+
+def _pack_fields(fields: Sequence[bytes]) -> bytes:
+    return b"".join(_U64.pack(len(f)) + f for f in fields)
+
+
+def _unpack_fields(payload: bytes, codec: str) -> tuple[bytes, ...]:
+    fields, pos = [], 0
+    while pos < len(payload):
+        if pos + 8 > len(payload):
+            raise ArtifactError("payload field header is truncated", kind=codec)
+        (length,) = _U64.unpack_from(payload, pos)
+        end = pos + 8 + length
+        if end > len(payload):
+            raise ArtifactError(f"payload field of {length} bytes runs past the end", kind=codec)
+        fields.append(payload[pos + 8 : end])
+        pos = end
+    return tuple(fields)
+
+
+def frame(codec: str, meta: Mapping[str, Any], fields: Sequence[bytes]) -> bytes:
+    """Frame a codec's fields with metadata and a checksum."""
+    name = codec.encode("ascii")
+    meta_bytes = json.dumps(dict(meta), sort_keys=True, separators=(",", ":")).encode()
+    payload = _pack_fields(fields)
+    body = _HEAD.pack(MAGIC, ARTIFACT_FORMAT_VERSION, len(name)) + name + _U32.pack(len(meta_bytes)) + meta_bytes
+    checksum = xxhash.xxh3_64(body[4:])
+    checksum.update(_U64.pack(len(payload)))
+    checksum.update(payload)
+    return body + _TAIL.pack(len(payload), checksum.intdigest()) + payload
+
+
+def _parse_header(blob: bytes | memoryview) -> tuple[str, dict[str, Any], int, int, int]:
+    if len(blob) < _HEAD.size:
+        raise ArtifactError(f"{len(blob)} bytes is shorter than the frame header")
+    magic, version, name_len = _HEAD.unpack_from(blob, 0)
+    if magic != MAGIC:
+        raise ArtifactError(f"bad magic {bytes(magic)!r} (expected {MAGIC!r})")
+    if version != ARTIFACT_FORMAT_VERSION:
+        raise ArtifactError(f"format version {version}, this reader knows {ARTIFACT_FORMAT_VERSION}")
+    pos = _HEAD.size
+    try:
+        codec = bytes(blob[pos : pos + name_len]).decode("ascii")
+        pos += name_len
+        (meta_len,) = _U32.unpack_from(blob, pos)
+        pos += 4
+        if pos + meta_len > len(blob):
+            raise ArtifactError(f"metadata of {meta_len} bytes runs past the end", kind=codec)
+        meta = json.loads(bytes(blob[pos : pos + meta_len]))
+        pos += meta_len
+        payload_len, checksum = _TAIL.unpack_from(blob, pos)
+    except (UnicodeDecodeError, ValueError, struct.error) as err:
+        if isinstance(err, ArtifactError):
+            raise
+        raise ArtifactError(f"frame header is malformed ({err})") from None
+    if not isinstance(meta, dict):
+        raise ArtifactError("metadata is not a JSON object", kind=codec)
+    return codec, meta, pos, payload_len, checksum
+
+
+def read_meta(blob: bytes | memoryview) -> tuple[str, dict[str, Any]]:
+    """Codec name and metadata of a framed artifact, without checking the payload."""
+    codec, meta, _pos, _len, _sum = _parse_header(blob)
+    return codec, meta
+
+
+def unframe(blob: bytes | memoryview) -> Artifact:
+    """Check the framing and checksum of `blob` and split it; ArtifactError when malformed."""
+    codec, meta, pos, payload_len, checksum = _parse_header(blob)
+    start = pos + _TAIL.size
+    if start + payload_len != len(blob):
+        raise ArtifactError(
+            f"payload length {payload_len} does not match the {len(blob) - start} bytes present", kind=codec
+        )
+    digest = xxhash.xxh3_64(blob[4:pos])
+    digest.update(blob[pos : pos + 8])
+    digest.update(blob[start:])
+    if digest.intdigest() != checksum:
+        raise ArtifactError("checksum mismatch (the entry is corrupt)", kind=codec)
+    return Artifact(codec, meta, _unpack_fields(bytes(blob[start:]), codec))
+
+
+# ---- encoders -------------------------------------------------------------------------------
+
+
+def _link_shared_library(module: Module, scratch: str) -> bytes:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise OSError("no C compiler (cc/gcc) to link the llvm module into a shared library")
+    with tempfile.TemporaryDirectory(dir=scratch) as tmp:
+        obj, lib = os.path.join(tmp, "lib.o"), os.path.join(tmp, "lib.so")
+        module.write_to_file(obj)
+        subprocess.run([cc, "-shared", "-o", lib, obj], check=True, capture_output=True, timeout=300)
+        with open(lib, "rb") as f:
+            return f.read()
+
+
+def encode(module: Module, meta: Mapping[str, Any], *, func_names: Sequence[str], scratch: str) -> bytes:
+    """Frame a runtime module: llvm as a shared library, CUDA binaries, c and source modules."""
+    if len(module.imports):
+        raise ValueError(f"cannot cache a {module.kind} module with {len(module.imports)} imports")
+    kind = module.kind
+    meta = {**meta, "module_kind": kind, "func_names": list(func_names)}
+    if kind == "llvm":
+        return frame("llvm-so", meta, [_link_shared_library(module, scratch)])
+    if kind == "cuda":
+        payload = cuda_codegen.module_payload(module)
+        if payload.fmt == "cuda":
+            return frame("source", {**meta, "source_format": "cu"}, [payload.code])
+        source = module.inspect_source("cuda") or cuda_codegen.recall_source(payload.code) or ""
+        return frame("cuda-bin", meta, [payload.fmt.encode(), payload.fmap, payload.code, source.encode()])
+    if kind == "c":
+        # The C module's function names are not readable; probe the names TVM gives them.
+        probes = [p for n in func_names for p in (f"__tvm_ffi_{n}", n)] + ["__tvm_ffi_main"]
+        exported = [p for p in probes if module.implements_function(p)]
+        return frame("c", {**meta, "c_func_names": exported}, [module.inspect_source("").encode()])
+    text = module.inspect_source("")
+    fmt = _SOURCE_FORMATS.get(kind, kind)
+    return frame("source", {**meta, "source_format": fmt}, [text.encode()])
+
+
+# ---- decoders -------------------------------------------------------------------------------
+
+
+def _load_shared_library(data: bytes, scratch: str) -> Module:
+    # dlopen needs a file; it stays mapped after the unlink.
+    fd, path = tempfile.mkstemp(suffix=".so", dir=scratch)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return tvm.runtime.load_module(path)
+    finally:
+        os.unlink(path)
+
+
+def decode(blob: bytes | memoryview, *, scratch: str) -> tuple[Module, dict[str, Any]]:
+    """Rebuild the runtime module of a framed artifact; ArtifactError when malformed."""
+    art = unframe(blob)
+    expected = {"llvm-so": 1, "cuda-bin": 4, "c": 1, "source": 1}
+    if art.codec not in expected:
+        raise ArtifactError(f"unknown codec {art.codec!r}; known: {sorted(expected)}")
+    if len(art.fields) != expected[art.codec]:
+        raise ArtifactError(f"{len(art.fields)} payload fields, expected {expected[art.codec]}", kind=art.codec)
+    try:
+        return _decode_fields(art, scratch), art.meta
+    except (ArtifactError, CudaRuntimeUnavailableError):
+        raise
+    except (struct.error, UnicodeDecodeError) as err:
+        raise ArtifactError(f"payload is malformed ({err})", kind=art.codec) from None
+    except (RuntimeError, ValueError) as err:  # what TVM's loaders raise on bad bytes
+        first = str(err).strip().splitlines()[-1:] or [""]
+        raise ArtifactError(f"TVM could not load the payload ({first[0][:200]})", kind=art.codec) from None
+
+
+def _decode_fields(art: Artifact, scratch: str) -> Module:
+    if art.codec == "llvm-so":
+        return _load_shared_library(art.fields[0], scratch)
+    if art.codec == "cuda-bin":
+        fmt, fmap, code, source = art.fields
+        payload = cuda_codegen.CudaPayload(fmt.decode("ascii"), fmap, code)
+        module = cuda_codegen.load_cuda_payload(payload)
+        cuda_codegen.remember_source(code, source.decode())
+        return module
+    if art.codec == "c":
+        names = [str(n) for n in art.meta.get("c_func_names", [])]
+        return tvm.get_global_func("runtime.CSourceModuleCreate")(art.fields[0].decode(), "c", names, [])
+    text = art.fields[0].decode()
+    return tvm.get_global_func("runtime.SourceModuleCreate")(text, str(art.meta.get("source_format", "")))

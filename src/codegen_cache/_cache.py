@@ -1,0 +1,576 @@
+"""CodegenCache: memory -> disk -> remote -> build, with single-flight builds and a failure cache."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import queue
+import subprocess
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tvm
+import tvm_ffi
+import xxhash
+from tvm.ir import IRModule
+from tvm.runtime import Module
+from tvm.target import Target
+
+from ._artifacts import decode, encode, frame, unframe
+from ._config import Settings, settings_from_env
+from ._errors import ArtifactError, CachedCodegenError, CudaRuntimeUnavailableError
+from ._key import CacheKey, compute_key, ir_hash
+from ._lease import LeaseManager
+from ._memory import MemoryEntry, MemoryTier
+from ._outcome import Outcome, _emit_fields, last_outcome
+from ._registry import DeviceCodegen, DeviceCodegenRegistry, default_registry
+from ._stats import CacheStats, StatsRecorder
+from ._store import STORAGE_ERRORS, ArtifactStore
+from ._targets import TargetLike, as_target
+
+__all__ = ["CodegenCache"]
+
+logger = logging.getLogger(__name__)
+
+STORE_NAMES = ("compiled", "source")
+# Errors a codegen raises for a bad kernel/config: remembered in the failure cache.
+_CACHEABLE_FAILURES = (RuntimeError, ValueError, TypeError, AttributeError, IndexError, KeyError)
+# Errors of the environment, not the kernel: never remembered.
+_ENVIRONMENT_FAILURES = (CudaRuntimeUnavailableError, CachedCodegenError, OSError, MemoryError)
+_ENCODE_ERRORS = (ArtifactError, ValueError, RuntimeError, OSError, subprocess.SubprocessError)
+_POLL_SECONDS = 0.02
+_all_caches: weakref.WeakSet[CodegenCache] = weakref.WeakSet()
+
+
+@dataclass(slots=True)
+class _StoreJob:
+    key: CacheKey
+    store: str
+    module: Module
+    ir: IRModule
+    meta: dict[str, Any]
+    func_names: list[str]
+    release_lease: bool
+
+
+def _func_names(mod: IRModule) -> list[str]:
+    names = []
+    for gv, func in mod.functions.items():
+        symbol = func.attrs.get("global_symbol") if func.attrs is not None else None
+        names.append(str(symbol) if symbol is not None else gv.name_hint)
+    return sorted(names)
+
+
+def _ir_digest(mod: IRModule) -> str:
+    """Exact content digest of an IRModule (20x the structural hash: verify=True only)."""
+    return xxhash.xxh3_128_hexdigest(tvm.ir.save_json(mod).encode())
+
+
+class CodegenCache:
+    """A content-addressed cache of device codegen results in `directory`."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str] | None = None,
+        *,
+        compiled_size_limit: int | None = None,
+        source_size_limit: int | None = None,
+        memory_entries: int | None = None,
+        memory_bytes: int | None = None,
+        verify: bool | None = None,
+        remote: Any = None,
+        remote_secret: str | None = None,
+        lease_timeout: float | None = None,
+        lease_wait: float | None = None,
+        failure_ttl: float | None = None,
+        recache: bool | None = None,
+        write_behind: bool = True,
+        registry: DeviceCodegenRegistry | None = None,
+        settings: Settings | None = None,
+    ) -> None:
+        overrides = {
+            "directory": Path(directory).expanduser() if directory is not None else None,
+            "compiled_size_limit": compiled_size_limit,
+            "source_size_limit": source_size_limit,
+            "memory_entries": memory_entries,
+            "memory_bytes": memory_bytes,
+            "verify": verify,
+            "remote": remote if isinstance(remote, str) else None,
+            "remote_secret": remote_secret,
+            "lease_timeout": lease_timeout,
+            "lease_wait": lease_wait,
+            "failure_ttl": failure_ttl,
+            "recache": recache,
+        }
+        if settings is None:
+            settings = settings_from_env(**overrides)
+        else:
+            settings = _replace(settings, overrides)
+        _check_settings(settings)
+        self.settings = settings
+        self.directory = Path(settings.directory)
+        self.registry = default_registry if registry is None else registry
+        self.write_behind = write_behind
+        self._stores = {
+            "compiled": ArtifactStore(self.directory / "compiled", size_limit=settings.compiled_size_limit),
+            "source": ArtifactStore(self.directory / "source", size_limit=settings.source_size_limit),
+        }
+        self._failures = ArtifactStore(self.directory / "failures", size_limit=64 << 20)
+        self._leases = LeaseManager(
+            ArtifactStore(self.directory / "leases", size_limit=16 << 20), timeout=settings.lease_timeout
+        )
+        self._memory = MemoryTier(max_entries=settings.memory_entries, max_bytes=settings.memory_bytes)
+        self._stats = StatsRecorder(self.directory / "stats.sqlite")
+        self._warned: set[str] = set()
+        self._queue: queue.Queue[_StoreJob | None] = queue.Queue()
+        self._writer: threading.Thread | None = None
+        self._writer_lock = threading.Lock()
+        self._remote = self._make_remote(remote, settings)
+        # Keys whose verified lookup found a different IRModule (a real hash collision).
+        self._verify_collision: dict[str, bool] = {}
+        _all_caches.add(self)
+
+    # ---- construction helpers -------------------------------------------------------------
+
+    def _make_remote(self, remote: Any, settings: Settings) -> Any:
+        if remote is not None and not isinstance(remote, str):
+            return remote  # an object with get(key) -> bytes | None and put(key, blob)
+        if not settings.remote:
+            return None
+        from ._remote import RedisTier
+
+        return RedisTier(settings.remote, secret=settings.remote_secret, on_event=self._stats.add)
+
+    def __repr__(self) -> str:
+        return f"CodegenCache({str(self.directory)!r})"
+
+    # ---- public API -----------------------------------------------------------------------
+
+    def lower(
+        self,
+        mod: IRModule,
+        target: TargetLike,
+        *,
+        compile_device: bool = True,
+        codegen: DeviceCodegen | str | None = None,
+    ) -> Module:
+        """Lower `mod` for `target`, from the cache when possible; codegen None resolves it."""
+        return self._lower(mod, target, compile_device, codegen)
+
+    def resolve(self, target: TargetLike, codegen: DeviceCodegen | str | None = None) -> DeviceCodegen:
+        """The DeviceCodegen to use: given, looked up by name, or resolved from the target."""
+        target = as_target(target)
+        if isinstance(codegen, DeviceCodegen):
+            return codegen
+        if codegen is None:
+            return self.registry.resolve(target)
+        if isinstance(codegen, str):
+            for entry in self.registry.codegens_for_kind(target.kind.name):
+                if entry.name == codegen:
+                    return entry
+            raise ValueError(
+                f"No device codegen named {codegen!r} for target kind {target.kind.name!r}. "
+                f"Available: {[c.name for c in self.registry.codegens_for_kind(target.kind.name)]}."
+            )
+        raise TypeError(f"codegen must be a DeviceCodegen, a name or None, got {type(codegen).__name__}")
+
+    def key_for(
+        self,
+        mod: IRModule,
+        target: TargetLike,
+        *,
+        compile_device: bool = True,
+        codegen: DeviceCodegen | str | None = None,
+        structural_hash: int | None = None,
+    ) -> CacheKey:
+        """The cache key of this lowering (its parts say what went into it)."""
+        target = as_target(target)
+        return self._key(mod, target, self.resolve(target, codegen), compile_device, structural_hash)
+
+    @staticmethod
+    def _key(mod: IRModule, target: Target, entry: DeviceCodegen, compile_device: bool,
+             structural_hash: int | None) -> CacheKey:
+        toolchain = entry.toolchain(target, compile_device) if entry.toolchain is not None else None
+        return compute_key(mod, target, entry.name, compile_device, toolchain=toolchain, salt=entry.salt,
+                           structural_hash=structural_hash)
+
+    def lower_with_outcome(
+        self,
+        mod: IRModule,
+        target: TargetLike,
+        *,
+        compile_device: bool = True,
+        codegen: DeviceCodegen | str | None = None,
+    ) -> tuple[Module, Outcome]:
+        """Like lower(), also returning the Outcome (tier, key, times) of this call."""
+        module = self._lower(mod, target, compile_device, codegen)
+        outcome = last_outcome()
+        assert outcome is not None
+        return module, outcome
+
+    def _lower(self, mod: IRModule, target: TargetLike, compile_device: bool,
+               codegen: DeviceCodegen | str | None) -> Module:
+        start = time.perf_counter()
+        if not isinstance(mod, IRModule):
+            raise TypeError(f"Expected a tvm.IRModule to lower, got {type(mod).__name__}")
+        if type(target) is not Target:
+            target = as_target(target)
+        entry = codegen if type(codegen) is DeviceCodegen else self.resolve(target, codegen)
+        if (entry.build if compile_device else entry.build_without_compile) is None:
+            entry._func_for(target, compile_device)  # noqa: SLF001 - raises the seed's ValueError
+        structural_hash = ir_hash(mod)
+        key = self._key(mod, target, entry, compile_device, structural_hash)
+        key_seconds = time.perf_counter() - start
+        mode = "compiled" if compile_device else "source"
+
+        def done(tier: str, module: Module, load: float, build: float, stored: bool | None = None):
+            _emit_fields(tier, key.digest, entry.name, mode, key_seconds, load, build,
+                         time.perf_counter() - start, stored)
+            return module
+
+
+        collision = False
+        if not self.settings.recache:
+            hit = self._memory.get(key.digest)
+            if hit is not None:
+                if hit.ir.same_as(mod) or tvm_ffi.structural_equal(hit.ir, mod, map_free_vars=True):
+                    self._count_hit("hits_memory", hit.meta)
+                    return done("memory", hit.module, time.perf_counter() - start - key_seconds,
+                                float(hit.meta.get("build_seconds", 0.0)))
+                collision = True
+                self._count_collision(key)
+            if not collision:
+                found = self._lookup_tiers(key, mod, mode)
+                if found is not None:
+                    tier, module, meta, load = found
+                    return done(tier, module, load, float(meta.get("build_seconds", 0.0)))
+                if found is None and self._verify_collision.get(key.digest):
+                    collision = True
+                    self._verify_collision.pop(key.digest, None)
+
+        self._stats.add("misses")
+        self._raise_cached_failure(key, entry)
+        leased = False
+        if not collision and not self.settings.recache:
+            leased, found = self._single_flight(key, mod, mode)
+            if found is not None:
+                tier, module, meta, load = found
+                return done(tier, module, load, float(meta.get("build_seconds", 0.0)))
+        try:
+            module, build_seconds = self._build(entry, key, mod, target, compile_device)
+        except BaseException:
+            if leased:
+                self._leases.release(key.digest)
+            raise
+        mutated = ir_hash(mod) != structural_hash
+        if mutated:
+            self._stats.add("mutations")
+            logger.warning(
+                "codegen %r changed its input IRModule (structural hash %016x -> %016x); "
+                "the result is returned but not cached", entry.name, structural_hash, ir_hash(mod),
+            )
+        stored = not (mutated or collision)
+        meta = {
+            "key": key.digest,
+            "parts": key.as_dict(),
+            "codegen": entry.name,
+            "mode": mode,
+            "target_kind": target.kind.name,
+            "build_seconds": build_seconds,
+            "created": time.time(),
+        }
+        if stored:
+            estimate = max(len(module.inspect_source("")) if module.kind != "llvm" else 0, 1 << 16)
+            self._memory.put(key.digest, MemoryEntry(module, mod, estimate, meta))
+            self._enqueue(_StoreJob(key, mode, module, mod, meta, _func_names(mod), leased))
+        elif leased:
+            self._leases.release(key.digest)
+        return done("built", module, 0.0, build_seconds, stored)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every queued store of this process is written (or skipped)."""
+        if self._writer is None:
+            return
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._queue.unfinished_tasks:
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            time.sleep(0.005)
+        self._stats.flush()
+
+    def stats(self, *, shared: bool = True) -> CacheStats:
+        """Counters of every process using this directory (shared=False: this process only)."""
+        self.flush()
+        return self._stats.shared() if shared else self._stats.local()
+
+    def reset_stats(self) -> None:
+        """Zero the shared counters."""
+        self._stats.reset()
+
+    def clear(self, *, compiled: bool = True, source: bool = True, failures: bool = True) -> int:
+        """Remove entries (both stores and the failure cache by default); how many went."""
+        self.flush()
+        self._memory.clear()
+        removed = 0
+        for name, wanted in (("compiled", compiled), ("source", source)):
+            if wanted:
+                removed += self._guard("clear", self._stores[name].clear) or 0
+        if failures:
+            removed += self._guard("clear", self._failures.clear) or 0
+        return removed
+
+    def store(self, name: str) -> ArtifactStore:
+        """The ArtifactStore 'compiled', 'source' or 'failures' (for tools)."""
+        if name == "failures":
+            return self._failures
+        try:
+            return self._stores[name]
+        except KeyError:
+            raise ValueError(f"unknown store {name!r}; expected one of compiled, source, failures") from None
+
+    def close(self) -> None:
+        """Flush pending writes and close the stores of this process."""
+        self.flush()
+        if self._writer is not None:
+            self._queue.put(None)
+            self._writer.join(timeout=5)
+            self._writer = None
+        for store in (*self._stores.values(), self._failures, self._leases.store):
+            store.close()
+        if self._remote is not None and hasattr(self._remote, "close"):
+            self._remote.close()
+
+    # ---- tiers ----------------------------------------------------------------------------
+
+    def _lookup_tiers(self, key: CacheKey, mod: IRModule, mode: str):
+        t0 = time.perf_counter()
+        blob = self._guard("read", self._stores[mode].get, key.digest)
+        tier = "disk"
+        if blob is None and self._remote is not None:
+            blob = self._remote.get(key.digest)
+            tier = "remote"
+        if blob is None:
+            return None
+        loaded = self._load(key, blob, mod, mode, tier)
+        if loaded is None:
+            return None
+        module, meta = loaded
+        if tier == "remote":
+            self._guard("write", self._stores[mode].put, key.digest, blob)
+        self._memory.put(key.digest, MemoryEntry(module, mod, len(blob), meta))
+        self._count_hit("hits_remote" if tier == "remote" else "hits_disk", meta)
+        return tier, module, meta, time.perf_counter() - t0
+
+    def _load(self, key: CacheKey, blob: bytes, mod: IRModule, mode: str, tier: str):
+        try:
+            module, meta = decode(blob, scratch=self._scratch())
+        except ArtifactError as err:
+            self._stats.add("corrupt")
+            self._warn_once("corrupt", "codegen cache: dropping a corrupt %s entry %s: %s", tier, key.digest[:16], err)
+            if tier == "disk":
+                self._guard("delete", self._stores[mode].delete, key.digest)
+            return None
+        except STORAGE_ERRORS as err:
+            self._count_error("load", err)
+            return None
+        if meta.get("key") != key.digest:
+            self._stats.add("corrupt")
+            self._warn_once("mismatch", "codegen cache: entry %s holds key %s; ignored", key.digest[:16], str(meta.get("key"))[:16])
+            return None
+        if self.settings.verify:
+            digest = meta.get("ir_digest")
+            if digest is None or digest != _ir_digest(mod):
+                # Either unverifiable (stored without verify) or a real 64-bit hash collision.
+                if digest is not None:
+                    self._count_collision(key)
+                    self._verify_collision[key.digest] = True
+                return None
+        return module, meta
+
+    def _single_flight(self, key: CacheKey, mod: IRModule, mode: str):
+        """Take the compile lease, or wait for its holder's entry. Returns (leased, found)."""
+        if self._leases.try_acquire(key.digest):
+            # Someone may have stored it between our lookup and the lease.
+            found = self._lookup_tiers(key, mod, mode)
+            if found is not None:
+                self._leases.release(key.digest)
+            return True, found
+        self._stats.add("lease_waits")
+        deadline = time.monotonic() + self.settings.lease_wait
+        while time.monotonic() < deadline:
+            time.sleep(_POLL_SECONDS)
+            found = self._lookup_tiers(key, mod, mode)
+            if found is not None:
+                return False, found
+            if not self._leases.is_held_elsewhere(key.digest):
+                if self._leases.try_acquire(key.digest):
+                    found = self._lookup_tiers(key, mod, mode)
+                    if found is not None:
+                        self._leases.release(key.digest)
+                    return True, found
+        logger.warning("codegen cache: waited %.0fs for another process to build %s; building here",
+                       self.settings.lease_wait, key.digest[:16])
+        return False, None
+
+    # ---- building and failures ------------------------------------------------------------
+
+    def _build(self, entry: DeviceCodegen, key: CacheKey, mod: IRModule, target: Target, compile_device: bool):
+        t0 = time.perf_counter()
+        try:
+            module = entry.invoke(mod, target, compile_device=compile_device)
+        except _ENVIRONMENT_FAILURES:
+            raise
+        except _CACHEABLE_FAILURES as err:
+            self._store_failure(key, entry, err)
+            raise
+        seconds = time.perf_counter() - t0
+        self._stats.add("builds")
+        self._stats.add("build_seconds", seconds)
+        return module, seconds
+
+    def _store_failure(self, key: CacheKey, entry: DeviceCodegen, err: BaseException) -> None:
+        if self.settings.failure_ttl <= 0:
+            return
+        meta = {"key": key.digest, "codegen": entry.name, "error_type": type(err).__name__,
+                "message": str(err)[:20000], "created": time.time()}
+        blob = frame("failure", meta, [])
+        if self._guard("write", self._failures.put, key.digest, blob, expire=self.settings.failure_ttl):
+            self._stats.add("failures_stored")
+
+    def _raise_cached_failure(self, key: CacheKey, entry: DeviceCodegen) -> None:
+        if self.settings.failure_ttl <= 0 or self.settings.recache:
+            return
+        blob = self._guard("read", self._failures.get, key.digest)
+        if blob is None:
+            return
+        try:
+            meta = unframe(blob).meta
+        except ArtifactError:
+            self._guard("delete", self._failures.delete, key.digest)
+            return
+        self._stats.add("failures_served")
+        raise CachedCodegenError(entry.name, key.digest, str(meta.get("error_type")), str(meta.get("message")))
+
+    # ---- writing --------------------------------------------------------------------------
+
+    def _enqueue(self, job: _StoreJob) -> None:
+        if not self.write_behind:
+            self._write(job)
+            return
+        with self._writer_lock:
+            if self._writer is None or not self._writer.is_alive():
+                self._writer = threading.Thread(target=_writer_loop, args=(weakref.ref(self), self._queue),
+                                                name="codegen-cache-writer", daemon=True)
+                self._writer.start()
+        self._queue.put(job)
+
+    def _write(self, job: _StoreJob) -> None:
+        try:
+            meta = dict(job.meta)
+            if self.settings.verify:
+                meta["ir_digest"] = _ir_digest(job.ir)
+            try:
+                blob = encode(job.module, meta, func_names=job.func_names, scratch=self._scratch())
+            except _ENCODE_ERRORS as err:
+                self._stats.add("stores_skipped")
+                self._count_error("encode", err)
+                return
+            self._memory.put(job.key.digest, MemoryEntry(job.module, job.ir, len(blob), job.meta))
+            if self._guard("write", self._stores[job.store].put, job.key.digest, blob):
+                self._stats.add("stores")
+            else:
+                self._stats.add("stores_skipped")
+            if self._remote is not None:
+                self._remote.put(job.key.digest, blob)
+        finally:
+            if job.release_lease:
+                self._leases.release(job.key.digest)
+
+    def _scratch(self) -> str:
+        path = self.directory / "tmp"
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            return str(path)
+        except OSError:
+            import tempfile
+
+            return tempfile.gettempdir()
+
+    # ---- accounting -----------------------------------------------------------------------
+
+    def _count_hit(self, name: str, meta: dict[str, Any]) -> None:
+        self._stats.add(name, 1, saved_seconds=float(meta.get("build_seconds", 0.0)))
+        self._stats.maybe_flush()
+
+    def _count_collision(self, key: CacheKey) -> None:
+        self._stats.add("collisions")
+        self._warn_once("collision", "codegen cache: two different IRModules share key %s "
+                        "(64-bit structural hash collision); building without caching", key.digest[:16])
+
+    def _count_error(self, kind: str, err: BaseException) -> None:
+        self._stats.add(f"error:{kind}")
+        self._warn_once(kind, "codegen cache: %s failed (%s: %s); continuing without the cache for it",
+                        kind, type(err).__name__, err)
+
+    def _warn_once(self, kind: str, msg: str, *args: object) -> None:
+        if kind in self._warned:
+            logger.debug(msg, *args)
+            return
+        self._warned.add(kind)
+        logger.warning(msg, *args)
+
+    def _guard(self, kind: str, func, *args, **kwargs):
+        """Run a storage operation; its failure is counted, logged once, and returns None."""
+        try:
+            return func(*args, **kwargs)
+        except STORAGE_ERRORS as err:
+            self._count_error(kind, err)
+            return None
+        except TypeError as err:  # SafeDisk refusing a non-bytes row
+            self._count_error(kind, err)
+            return None
+
+
+def _writer_loop(ref: weakref.ReferenceType[CodegenCache], jobs: queue.Queue) -> None:
+    while True:
+        job = jobs.get()
+        try:
+            if job is None:
+                return
+            cache = ref()
+            if cache is None:
+                return
+            cache._write(job)  # noqa: SLF001
+            del cache
+        finally:
+            jobs.task_done()
+
+
+def _replace(settings: Settings, overrides: dict[str, Any]) -> Settings:
+    import dataclasses
+
+    return dataclasses.replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def _check_settings(settings: Settings) -> None:
+    from ._config import ConfigError
+
+    for name in ("compiled_size_limit", "source_size_limit", "memory_entries", "memory_bytes"):
+        value = getattr(settings, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ConfigError(name, value, "a whole number of 0 or more")
+    for name in ("lease_timeout", "lease_wait", "failure_ttl"):
+        value = getattr(settings, name)
+        if not isinstance(value, (int, float)) or value < 0:
+            raise ConfigError(name, value, "a number of seconds, 0 or more")
+
+
+@atexit.register
+def _flush_all() -> None:
+    for cache in list(_all_caches):
+        cache.flush(timeout=30)

@@ -1,0 +1,94 @@
+"""Every exception this package raises on purpose, each owning its message."""
+
+from __future__ import annotations
+
+__all__ = [
+    "ArtifactError",
+    "CachedCodegenError",
+    "CodegenCacheError",
+    "ConfigError",
+    "CudaRuntimeUnavailableError",
+    "LoweringError",
+]
+
+
+class CodegenCacheError(Exception):
+    """Base class of the errors raised by codegen_cache."""
+
+
+class ArtifactError(CodegenCacheError, ValueError):
+    """Bytes read from a cache are not a valid artifact (bad framing, checksum or payload)."""
+
+    def __init__(self, reason: str, *, kind: str | None = None) -> None:
+        super().__init__(reason, kind)
+        self.reason = reason
+        self.kind = kind
+
+    def __str__(self) -> str:
+        where = f" ({self.kind} artifact)" if self.kind else ""
+        return f"malformed cache artifact{where}: {self.reason}"
+
+    def __reduce__(self):
+        return (_rebuild_artifact_error, (self.reason, self.kind))
+
+
+def _rebuild_artifact_error(reason: str, kind: str | None) -> ArtifactError:
+    return ArtifactError(reason, kind=kind)
+
+
+class ConfigError(CodegenCacheError, ValueError):
+    """A setting (argument or environment variable) has a value that is not accepted."""
+
+    def __init__(self, name: str, value: object, accepted: str) -> None:
+        super().__init__(name, value, accepted)
+        self.name = name
+        self.value = value
+        self.accepted = accepted
+
+    def __str__(self) -> str:
+        return f"invalid value {self.value!r} for {self.name}: expected {self.accepted}"
+
+
+class LoweringError(CodegenCacheError, ValueError):
+    """A kernel cannot be turned into the device module a codegen expects."""
+
+
+class CudaRuntimeUnavailableError(CodegenCacheError, RuntimeError):
+    """A compiled CUDA module was asked for where TVM's CUDA runtime is not loaded."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        self.what = what
+
+    def __str__(self) -> str:
+        return (
+            f"cannot {self.what}: TVM's CUDA runtime is not loaded in this process "
+            "(no libcuda.so.1 / GPU driver was found when tvm was imported). "
+            "Use compile_device=False for CUDA source, or "
+            "codegen_cache.codegens.cuda.compile_cuda_payload() to produce the binary "
+            "for a GPU host without loading it."
+        )
+
+    def __reduce__(self):
+        return (CudaRuntimeUnavailableError, (self.what,))
+
+
+class CachedCodegenError(CodegenCacheError, RuntimeError):
+    """A codegen failed for this key before; the failure was served from the failure cache."""
+
+    def __init__(self, codegen: str, key: str, error_type: str, message: str) -> None:
+        super().__init__(codegen, key, error_type, message)
+        self.codegen = codegen
+        self.key = key
+        self.error_type = error_type
+        self.message = message
+
+    def __str__(self) -> str:
+        return (
+            f"device codegen {self.codegen!r} failed earlier for key {self.key[:16]} "
+            f"(cached failure; clear it with `codegen-cache clear --failures`): "
+            f"{self.error_type}: {self.message}"
+        )
+
+    def __reduce__(self):
+        return (CachedCodegenError, (self.codegen, self.key, self.error_type, self.message))

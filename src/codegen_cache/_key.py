@@ -1,0 +1,156 @@
+"""Cache keys: an ordered list of named parts, hashed with xxh3-128.
+
+Parts, in order: the device IRModule's structural hash, the canonical target, the codegen
+name, the mode, then salts (TVM version and commit, tvm-ffi version, LLVM major, the
+codegen's toolchain, the artifact format version, the codegen's own salt).
+
+Deliberately excluded (they do not change what a codegen emits):
+- parameter and buffer names of the IRModule (structural hashing ignores them);
+- the order a Target's attributes were written in (the target is canonicalized);
+- PYTHONHASHSEED, process id, host name, time, the cache directory, the Python version;
+- the PassContext: the codegen's input is already lowered, so lowering options are in the IR
+  (codegen_cache.build keys the *input* module and includes the PassContext there);
+- environment variables a codegen does not read (each codegen lists the ones it does).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from functools import lru_cache
+
+import tvm
+import tvm_ffi
+import xxhash
+from tvm.ir import IRModule
+from tvm.target import Target
+
+from ._targets import canonical_target
+
+__all__ = ["ARTIFACT_FORMAT_VERSION", "CacheKey", "compute_key", "ir_hash", "static_salts"]
+
+logger = logging.getLogger(__name__)
+
+# Bump when the framed artifact layout or a codec's payload changes.
+ARTIFACT_FORMAT_VERSION = 1
+
+
+def ir_hash(mod: IRModule) -> int:
+    """Structural hash of `mod`, mapping free vars so lowered CPU modules hash stably."""
+    # map_free_vars=False gives a different hash on every lowering of a CPU module: its
+    # storage_alignment attributes refer to buffers that compare by identity.
+    return tvm_ffi.structural_hash(mod, map_free_vars=True)
+
+
+@lru_cache(maxsize=1)
+def static_salts() -> tuple[tuple[str, str], ...]:
+    """Salts that are fixed for the life of the process."""
+    from tvm import _version
+
+    try:
+        llvm = str(tvm.target.codegen.llvm_version_major())
+    except (AttributeError, RuntimeError, ValueError):
+        llvm = "none"
+    return (
+        ("tvm", f"{tvm.__version__}+{getattr(_version, 'commit_id', None) or 'unknown'}"),
+        ("tvm_ffi", str(tvm_ffi.__version__)),
+        ("llvm", llvm),
+        ("format", str(ARTIFACT_FORMAT_VERSION)),
+    )
+
+
+def _encode_part(name: str, value: str) -> bytes:
+    # Length-prefixed, so that no two different part lists encode to the same bytes.
+    n, v = name.encode(), value.encode()
+    return len(n).to_bytes(8, "little") + n + len(v).to_bytes(8, "little") + v
+
+
+class CacheKey:
+    """A cache key: its named parts, in order, and their xxh3-128 digest."""
+
+    __slots__ = ("_ir", "_tail", "digest")
+
+    def __init__(self, parts: tuple[tuple[str, str], ...], digest: str) -> None:
+        self._ir = parts[0]
+        self._tail = tuple(parts[1:])
+        self.digest = digest
+
+    @property
+    def parts(self) -> tuple[tuple[str, str], ...]:
+        """The named parts, in order."""
+        return (self._ir, *self._tail)
+
+    @property
+    def ir_hash(self) -> int:
+        """The structural hash part, as an int."""
+        return int(self._ir[1], 16)
+
+    def as_dict(self) -> dict[str, str]:
+        """The parts as an ordered dict (for metadata, `show` and `explain`)."""
+        return dict(self.parts)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CacheKey) and other.digest == self.digest
+
+    def __hash__(self) -> int:
+        return hash(self.digest)
+
+    def __repr__(self) -> str:
+        return f"CacheKey({self.digest})"
+
+    @classmethod
+    def from_parts(cls, parts: tuple[tuple[str, str], ...] | list[tuple[str, str]]) -> CacheKey:
+        """Hash named parts into a key."""
+        data = b"".join(_encode_part(name, value) for name, value in parts)
+        return cls(tuple(parts), xxhash.xxh3_128_hexdigest(data))
+
+
+_IR_PREFIX = _encode_part("ir", "0" * 16)[:-16]
+# Everything but the IR hash is the same for many lowerings: encode it once per combination.
+_TAILS_MAX = 4096
+_tails: dict[tuple, tuple[tuple[tuple[str, str], ...], bytes]] = {}
+
+
+def _tail(target: Target, codegen: str, compile_device: bool, toolchain: tuple, salt: str):
+    memo = (target, codegen, compile_device, toolchain, salt)
+    found = _tails.get(memo)
+    if found is None:
+        parts = (
+            ("target", canonical_target(target)),
+            ("codegen", codegen),
+            ("mode", "compiled" if compile_device else "source"),
+            *static_salts(),
+            ("toolchain", json.dumps(dict(toolchain), sort_keys=True, separators=(",", ":"))),
+            ("salt", salt),
+        )
+        found = (parts, b"".join(_encode_part(n, v) for n, v in parts))
+        if len(_tails) >= _TAILS_MAX:
+            _tails.clear()
+        _tails[memo] = found
+    return found
+
+
+def compute_key(
+    mod: IRModule,
+    target: Target,
+    codegen: str,
+    compile_device: bool,
+    *,
+    toolchain: Mapping[str, str] | None = None,
+    salt: str = "",
+    structural_hash: int | None = None,
+) -> CacheKey:
+    """The key of lowering `mod` for `target` with the named codegen in one mode."""
+    if structural_hash is None:
+        structural_hash = ir_hash(mod)
+    tail_parts, tail_bytes = _tail(
+        target, codegen, compile_device, tuple(sorted(toolchain.items())) if toolchain else (), salt
+    )
+    ir_part = ("ir", f"{structural_hash & 0xFFFFFFFFFFFFFFFF:016x}")
+    digest = xxhash.xxh3_128_hexdigest(_IR_PREFIX + ir_part[1].encode() + tail_bytes)
+    key = CacheKey((ir_part, *tail_parts), digest)
+    if logger.isEnabledFor(logging.DEBUG):
+        for name, value in key.parts:
+            logger.debug("key %s part %s = %s", key.digest[:16], name, value)
+    return key

@@ -1,0 +1,79 @@
+"""The in-process tier: a bounded LRU of loaded modules, by entry count and bytes."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from tvm.ir import IRModule
+from tvm.runtime import Module
+
+__all__ = ["MemoryEntry", "MemoryTier"]
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryEntry:
+    """A loaded module, the IRModule it was built from (for exact hits) and its size."""
+
+    module: Module
+    ir: IRModule
+    nbytes: int
+    meta: dict[str, Any]
+
+
+class MemoryTier:
+    """LRU of MemoryEntry by key; evicts past `max_entries` or `max_bytes`."""
+
+    def __init__(self, *, max_entries: int, max_bytes: int) -> None:
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[str, MemoryEntry] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.evictions = 0
+
+    def get(self, key: str) -> MemoryEntry | None:
+        """The entry under `key`, marked most recently used."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+            return entry
+
+    def put(self, key: str, entry: MemoryEntry) -> None:
+        """Insert `entry`, evicting the least recently used beyond the limits."""
+        if self.max_entries == 0 or entry.nbytes > self.max_bytes:
+            return
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._bytes -= old.nbytes
+            self._entries[key] = entry
+            self._bytes += entry.nbytes
+            while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
+                _, evicted = self._entries.popitem(last=False)
+                self._bytes -= evicted.nbytes
+                self.evictions += 1
+
+    def discard(self, key: str) -> None:
+        """Forget `key`."""
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._bytes -= old.nbytes
+
+    def clear(self) -> None:
+        """Forget everything."""
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held (artifact sizes of the entries)."""
+        return self._bytes

@@ -1,0 +1,73 @@
+"""Per-call outcomes: which tier served a lowering, its key, and where the time went."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+__all__ = ["Outcome", "TIERS", "last_outcome", "record_outcomes"]
+
+TIERS = ("memory", "disk", "remote", "built", "failure")
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What one lowering cost and where its module came from.
+
+    tier: memory | disk | remote | built | failure (a cached codegen error was raised).
+    key_seconds: computing the key (mostly the structural hash).
+    load_seconds: reading and decoding the entry (0 for built).
+    build_seconds: the codegen's own time (built), or its time when the entry was built (hits).
+    stored: for built modules, whether the result was queued for storing (False: skipped).
+    """
+
+    tier: str
+    key: str
+    codegen: str
+    mode: str
+    key_seconds: float
+    load_seconds: float
+    build_seconds: float
+    total_seconds: float
+    stored: bool | None = None
+
+    @property
+    def hit(self) -> bool:
+        """True when a tier served the module without running the codegen."""
+        return self.tier in ("memory", "disk", "remote")
+
+
+# Holds an Outcome, or the tuple of its fields (made into an Outcome when read: cheaper on hits).
+_last: contextvars.ContextVar[Outcome | tuple | None] = contextvars.ContextVar("codegen_cache_last", default=None)
+_sinks: contextvars.ContextVar[tuple[list[Outcome], ...]] = contextvars.ContextVar("codegen_cache_sinks", default=())
+
+
+def last_outcome() -> Outcome | None:
+    """The outcome of the latest lowering through a cache in this context (thread/task)."""
+    value = _last.get()
+    return Outcome(*value) if isinstance(value, tuple) else value
+
+
+def _emit_fields(*fields: object) -> None:
+    """Record an outcome given as Outcome's fields; built into an Outcome only when needed."""
+    sinks = _sinks.get()
+    if sinks:
+        outcome = Outcome(*fields)
+        _last.set(outcome)
+        for sink in sinks:
+            sink.append(outcome)
+    else:
+        _last.set(fields)
+
+
+@contextlib.contextmanager
+def record_outcomes() -> Iterator[list[Outcome]]:
+    """Collect the outcome of every lowering inside the block into the yielded list."""
+    sink: list[Outcome] = []
+    token = _sinks.set((*_sinks.get(), sink))
+    try:
+        yield sink
+    finally:
+        _sinks.reset(token)

@@ -1,0 +1,64 @@
+"""Target coercion and the canonical target string used in cache keys."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Mapping
+from typing import Any, Union
+
+from tvm.target import Target
+
+__all__ = ["TargetLike", "as_target", "canonical_target"]
+
+TargetLike = Union[Target, Mapping[str, Any], str]
+
+_CANONICAL_MAX = 1024
+_canonical: dict[Target, str] = {}
+_canonical_lock = threading.Lock()
+
+
+def as_target(target: TargetLike) -> Target:
+    """Accept a Target, a target dict, or a kind/tag string; raise ValueError naming the value."""
+    if isinstance(target, Target):
+        return target
+    if isinstance(target, (str, Mapping)):
+        try:
+            return Target(dict(target) if isinstance(target, Mapping) else target)
+        except (ValueError, TypeError, RuntimeError) as err:
+            raise ValueError(
+                f"Invalid target {target!r}: expected a tvm.target.Target, a target dict such as "
+                f"{{'kind': 'cuda', 'arch': 'sm_90'}}, or a kind/tag string such as 'llvm' ({err})"
+            ) from None
+    raise TypeError(
+        f"Invalid target {target!r} of type {type(target).__name__}: expected a tvm.target.Target, "
+        "a target dict, or a kind/tag string"
+    )
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Target):
+        return _jsonable(value.export())
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "Array":
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return value
+    return str(value)
+
+
+def canonical_target(target: Target) -> str:
+    """Sorted-key JSON of target.export() with the host expanded; memoized per Target object.
+
+    str(target) is not canonical (attribute order follows construction), so keys use this.
+    """
+    cached = _canonical.get(target)
+    if cached is not None:
+        return cached
+    text = json.dumps(_jsonable(target.export()), sort_keys=True, separators=(",", ":"))
+    with _canonical_lock:
+        if len(_canonical) >= _CANONICAL_MAX:
+            _canonical.clear()
+        _canonical[target] = text
+    return text
