@@ -205,7 +205,10 @@ def _decode_fields(art: Artifact, scratch: str) -> Module:
         return _load_shared_library(art.fields[0], scratch)
     if art.codec == "cuda-bin":
         fmt, fmap, code, source = art.fields
-        payload = cuda_codegen.CudaPayload(fmt.decode("ascii"), fmap, code)
+        if fmt not in (b"fatbin", b"cubin", b"ptx") or not code:
+            raise ArtifactError(f"CUDA binary format {fmt[:16]!r} or empty code", kind=art.codec)
+        # Parse the whole payload before handing it to TVM's loader.
+        payload = cuda_codegen.CudaPayload.from_bytes(cuda_codegen.CudaPayload(fmt.decode("ascii"), fmap, code).to_bytes())
         module = cuda_codegen.load_cuda_payload(payload)
         cuda_codegen.remember_source(code, source.decode())
         return module

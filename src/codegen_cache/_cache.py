@@ -531,8 +531,8 @@ class CodegenCache:
         except STORAGE_ERRORS as err:
             self._count_error(kind, err)
             return None
-        except TypeError as err:  # SafeDisk refusing a non-bytes row
-            self._count_error(kind, err)
+        except (TypeError, ArtifactError) as err:  # SafeDisk refusing a row it would have to unpickle
+            self._count_error(f"{kind}-unsafe", err)
             return None
 
 

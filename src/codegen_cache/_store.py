@@ -16,13 +16,18 @@ from pathlib import Path
 
 import diskcache
 
+from ._errors import ArtifactError
+
 __all__ = ["STORAGE_ERRORS", "ArtifactStore", "SafeDisk", "UnsafeEntryError"]
 
 logger = logging.getLogger(__name__)
 
 
-class UnsafeEntryError(OSError):
+class UnsafeEntryError(ArtifactError):
     """A row in the store would need unpickling (written by something other than us)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason, kind="store row")
 
 
 # What the storage can raise; the cache turns each into a miss or a skipped store.

@@ -1,0 +1,56 @@
+"""Shared fixtures: a fresh cache per test, kernels, spawned subprocess helpers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import codegen_cache as cc  # noqa: E402
+import kernels  # noqa: E402
+
+CUDA_TARGET = {"kind": "cuda", "arch": "sm_90"}
+HAS_NVCC = shutil.which("nvcc") is not None
+
+
+def pytest_addoption(parser):
+    parser.addoption("--stress", action="store_true", default=False, help="run the long stress and fault tests")
+
+
+def pytest_configure(config):
+    # The default cache must never be the user's real one during tests.
+    os.environ.setdefault("CODEGEN_CACHE_DIR", str(Path(config.rootpath) / ".pytest_cache" / "codegen-cache-default"))
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--stress"):
+        return
+    skip = pytest.mark.skip(reason="stress test: run with --stress")
+    for item in items:
+        if "stress" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def cache(tmp_path):
+    """A CodegenCache in a fresh directory, writing synchronously."""
+    c = cc.CodegenCache(tmp_path / "cache", write_behind=False)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="session")
+def llvm_vadd():
+    """(device module, target) of a vector add for llvm."""
+    return cc.lower_for_codegen(kernels.vadd, "llvm")
+
+
+@pytest.fixture(scope="session")
+def cuda_vadd():
+    """(device module, target) of a vector add for CUDA sm_90."""
+    return cc.lower_for_codegen(kernels.vadd_gpu, CUDA_TARGET)

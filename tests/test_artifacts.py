@@ -1,0 +1,110 @@
+"""Framed artifacts: round trips per codec, and malformed bytes raise ArtifactError only."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+import tvm
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import codegen_cache as cc
+import kernels
+from codegen_cache._artifacts import decode, encode, frame, read_meta, unframe
+from codegen_cache.codegens.cuda import CudaPayload
+from conftest import CUDA_TARGET
+
+CASES = [("llvm", kernels.vadd, True), ("llvm", kernels.vadd, False), ("c", kernels.vadd, False),
+         (CUDA_TARGET, kernels.vadd_gpu, False), ("opencl", kernels.vadd_gpu, False)]
+
+
+@pytest.fixture(scope="module")
+def blobs(tmp_path_factory):
+    scratch = str(tmp_path_factory.mktemp("scratch"))
+    out = {}
+    for target, kernel, compile_device in CASES:
+        mod, tgt = cc.lower_for_codegen(kernel, target)
+        module = cc.resolve_device_codegen(tgt).invoke(mod, tgt, compile_device=compile_device)
+        out[(tgt.kind.name, compile_device)] = (module, encode(module, {"key": "k"}, func_names=["vadd"], scratch=scratch))
+    return scratch, out
+
+
+def test_round_trip_keeps_source_and_functions(blobs):
+    scratch, cases = blobs
+    for (kind, compiled), (module, blob) in cases.items():
+        loaded, meta = decode(blob, scratch=scratch)
+        assert meta["key"] == "k" and meta["module_kind"] == module.kind
+        if module.kind == "llvm":
+            assert loaded.kind == "library" and loaded.implements_function("vadd")
+        else:
+            assert loaded.inspect_source("") == module.inspect_source(""), kind
+        if module.kind == "c":
+            assert loaded.kind == "c" and loaded.implements_function("__tvm_ffi_vadd")
+
+
+def test_every_flipped_byte_is_detected(blobs):
+    scratch, cases = blobs
+    _, blob = cases[("cuda", False)]
+    for pos in range(0, len(blob), max(1, len(blob) // 200)):
+        bad = bytearray(blob)
+        bad[pos] ^= 0x5A
+        with pytest.raises(cc.ArtifactError):
+            decode(bytes(bad), scratch=scratch)
+
+
+def test_truncations_are_detected(blobs):
+    scratch, cases = blobs
+    _, blob = cases[("c", False)]
+    for cut in (0, 3, 10, len(blob) // 2, len(blob) - 1):
+        with pytest.raises(cc.ArtifactError):
+            decode(blob[:cut], scratch=scratch)
+
+
+def test_error_message_names_the_problem():
+    with pytest.raises(cc.ArtifactError, match="bad magic b'NOPE'"):
+        unframe(b"NOPE" + b"\0" * 40)
+    blob = frame("source", {"a": 1}, [b"x"])
+    assert read_meta(blob) == ("source", {"a": 1})
+    with pytest.raises(cc.ArtifactError, match="unknown codec 'mystery'"):
+        decode(frame("mystery", {}, []), scratch="/tmp")
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.binary(max_size=512))
+def test_random_bytes_raise_only_artifact_error(data, tmp_path):
+    with pytest.raises(cc.ArtifactError):
+        decode(data, scratch=str(tmp_path))
+
+
+@settings(max_examples=300, deadline=None)
+@given(fields=st.lists(st.binary(max_size=64), max_size=5), codec=st.sampled_from(["llvm-so", "cuda-bin", "c", "source", "x"]))
+def test_well_framed_garbage_raises_only_artifact_error(fields, codec, tmp_path_factory):
+    scratch = str(tmp_path_factory.getbasetemp())
+    blob = frame(codec, {"source_format": "cu"}, fields)
+    try:
+        module, _ = decode(blob, scratch=scratch)
+    except cc.ArtifactError:
+        return
+    except cc.CudaRuntimeUnavailableError:
+        # A well-formed CUDA binary artifact on a machine without a driver.
+        assert codec == "cuda-bin" and fields[0] in (b"fatbin", b"cubin", b"ptx")
+        return
+    # Only the text codecs (source, c) accept any one field, and give a source module.
+    assert codec in ("source", "c") and len(fields) == 1 and isinstance(module, tvm.runtime.Module)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=256))
+def test_cuda_payload_parser_rejects_garbage(data):
+    try:
+        payload = CudaPayload.from_bytes(data)
+    except cc.ArtifactError:
+        return
+    assert payload.to_bytes() == data
+
+
+def test_cuda_payload_round_trip():
+    fmap = struct.pack("<Q", 0)
+    payload = CudaPayload("fatbin", fmap, b"\x01\x02")
+    assert CudaPayload.from_bytes(payload.to_bytes()) == payload

@@ -1,0 +1,254 @@
+"""The cache under DeviceCodegen.lower: tiers, stores, corruption, collisions, contexts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tvm
+
+import codegen_cache as cc
+import kernels
+from codegen_cache import _cache, _context
+from codegen_cache._registry import DeviceCodegen, global_func_device_codegen
+from conftest import CUDA_TARGET
+
+
+def _counting(name="llvm", kind="llvm"):
+    calls = []
+    inner = global_func_device_codegen(f"target.build.{kind}")
+
+    def build(mod, target):
+        calls.append(mod)
+        return inner(mod, target)
+
+    return DeviceCodegen(name, build=build, build_without_compile=build), calls
+
+
+def _run_vadd(module):
+    a = np.arange(1024, dtype="float32")
+    out = tvm.runtime.tensor(np.zeros(1024, "float32"))
+    module["vadd"](tvm.runtime.tensor(a), tvm.runtime.tensor(a), out)
+    return out.numpy()
+
+
+def test_second_lower_is_a_memory_hit_and_runs(cache, llvm_vadd):
+    mod, target = llvm_vadd
+    codegen, calls = _counting()
+    m1, o1 = cache.lower_with_outcome(mod, target, codegen=codegen)
+    m2, o2 = cache.lower_with_outcome(mod, target, codegen=codegen)
+    assert (o1.tier, o2.tier) == ("built", "memory") and len(calls) == 1
+    assert m2 is m1 and o2.hit and o1.key == o2.key
+    np.testing.assert_array_equal(_run_vadd(m2), 2 * np.arange(1024, dtype="float32"))
+    stats = cache.stats()
+    assert (stats.hits, stats.misses, stats.hits_memory, stats.builds) == (1, 1, 1, 1)
+
+
+def test_fresh_cache_hits_disk_and_module_runs(tmp_path, llvm_vadd):
+    mod, target = llvm_vadd
+    codegen, calls = _counting()
+    cc.CodegenCache(tmp_path, write_behind=False).lower(mod, target, codegen=codegen)
+    module, outcome = cc.CodegenCache(tmp_path).lower_with_outcome(mod, target, codegen=codegen)
+    assert outcome.tier == "disk" and len(calls) == 1
+    np.testing.assert_array_equal(_run_vadd(module), 2 * np.arange(1024, dtype="float32"))
+
+
+def test_structurally_equal_module_hits_memory(cache):
+    codegen, calls = _counting()
+    mod1, target = cc.lower_for_codegen(kernels.vadd, "llvm")
+    mod2, _ = cc.lower_for_codegen(kernels.vadd, "llvm")
+    assert not mod1.same_as(mod2)
+    cache.lower(mod1, target, codegen=codegen)
+    assert cache.lower_with_outcome(mod2, target, codegen=codegen)[1].tier == "memory"
+    assert len(calls) == 1
+
+
+FRESH_PROCESS = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {tests!r})
+    import codegen_cache as cc, kernels
+    mod, target = cc.lower_for_codegen(kernels.vadd_gpu, {{"kind": "cuda", "arch": "sm_90"}})
+    cache = cc.CodegenCache({cache!r})
+    module, outcome = cache.lower_with_outcome(mod, target, compile_device=False)
+    print(outcome.tier, "__global__" in module.inspect_source(""))
+    """
+)
+
+
+def test_fresh_process_hits_what_another_stored(tmp_path, cuda_vadd):
+    mod, target = cuda_vadd
+    cc.CodegenCache(tmp_path, write_behind=False).lower(mod, target, compile_device=False)
+    script = FRESH_PROCESS.format(tests=str(Path(__file__).parent), cache=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-2:] == ["disk", "True"]
+
+
+def test_compiled_and_source_results_live_in_separate_stores(cache, llvm_vadd):
+    mod, target = llvm_vadd
+    cache.lower(mod, target, compile_device=True)
+    cache.lower(mod, target, compile_device=False)
+    assert len(cache.store("compiled")) == 1 and len(cache.store("source")) == 1
+    assert (cache.directory / "compiled").is_dir() and (cache.directory / "source").is_dir()
+    assert next(cache.store("compiled").keys()) != next(cache.store("source").keys())
+
+
+def test_cuda_source_hit_is_a_source_module_with_same_text(tmp_path, cuda_vadd):
+    mod, target = cuda_vadd
+    fresh = cc.CodegenCache(tmp_path, write_behind=False).lower(mod, target, compile_device=False)
+    hit, outcome = cc.CodegenCache(tmp_path).lower_with_outcome(mod, target, compile_device=False)
+    assert outcome.tier == "disk"
+    assert hit.inspect_source("") == fresh.inspect_source("")
+    assert hit.kind == "source" and fresh.kind == "cuda"
+
+
+def _flip_every_file(directory: Path) -> int:
+    flipped = 0
+    for path in directory.rglob("*"):
+        if path.is_file() and path.suffix == ".val":
+            data = bytearray(path.read_bytes())
+            data[len(data) // 2] ^= 0xFF
+            path.write_bytes(bytes(data))
+            flipped += 1
+    return flipped
+
+
+def test_flipped_bytes_in_stored_files_are_misses_and_rebuilt(tmp_path, llvm_vadd):
+    # LLVM IR text (about 49 KB) is stored as a file beside the database (>= 32 KiB).
+    mod, target = llvm_vadd
+    fresh = cc.CodegenCache(tmp_path, write_behind=False).lower(mod, target, compile_device=False)
+    assert _flip_every_file(tmp_path / "source") == 1
+    cache = cc.CodegenCache(tmp_path, write_behind=False)
+    module, outcome = cache.lower_with_outcome(mod, target, compile_device=False)
+    assert outcome.tier == "built"
+    assert module.inspect_source("") == fresh.inspect_source("")
+    assert cache.stats(shared=False).corrupt == 1
+    # Stored again: the next fresh cache hits.
+    assert cc.CodegenCache(tmp_path).lower_with_outcome(mod, target, compile_device=False)[1].tier == "disk"
+
+
+def test_flipped_bytes_in_small_entries_inside_the_database(tmp_path, cuda_vadd):
+    mod, target = cuda_vadd
+    cache = cc.CodegenCache(tmp_path, write_behind=False)
+    cache.lower(mod, target, compile_device=False)
+    store = cache.store("source")
+    (key,) = list(store.keys())
+    blob = bytearray(store.get(key))
+    for pos in range(0, len(blob), 97):
+        bad = bytearray(blob)
+        bad[pos] ^= 1
+        store.put(key, bytes(bad))
+        cache._memory.clear()
+        module, outcome = cache.lower_with_outcome(mod, target, compile_device=False)
+        assert outcome.tier == "built", pos
+        assert "__global__" in module.inspect_source("")
+
+
+def test_forced_collision_with_verify_gives_each_module_its_own_code(tmp_path, monkeypatch):
+    monkeypatch.setattr(_cache, "ir_hash", lambda mod: 42)  # every module has the same hash
+    add, target = cc.lower_for_codegen(kernels.vadd_gpu, CUDA_TARGET)
+    mul, _ = cc.lower_for_codegen(kernels.vmul_gpu, CUDA_TARGET)
+    writer = cc.CodegenCache(tmp_path, write_behind=False, verify=True)
+    assert writer.key_for(add, target, compile_device=False, structural_hash=42) == writer.key_for(
+        mul, target, compile_device=False, structural_hash=42)
+    src_add = writer.lower(add, target, compile_device=False).inspect_source("")
+    # Memory tier: exact by structural_equal.
+    src_mul = writer.lower(mul, target, compile_device=False).inspect_source("")
+    assert "A_1[" in src_add or "+" in src_add
+    assert src_add != src_mul and "*" in src_mul
+    # Disk tier with verify: a fresh cache still tells them apart.
+    reader = cc.CodegenCache(tmp_path, verify=True)
+    assert reader.lower(mul, target, compile_device=False).inspect_source("") == src_mul
+    assert reader.lower(add, target, compile_device=False).inspect_source("") == src_add
+    assert reader.stats(shared=False).collisions >= 1
+
+
+def test_without_verify_a_collision_on_disk_is_trusted(tmp_path, monkeypatch):
+    # The documented 64-bit risk: without verify=True a disk hit trusts the key.
+    monkeypatch.setattr(_cache, "ir_hash", lambda mod: 42)
+    add, target = cc.lower_for_codegen(kernels.vadd_gpu, CUDA_TARGET)
+    mul, _ = cc.lower_for_codegen(kernels.vmul_gpu, CUDA_TARGET)
+    src_add = cc.CodegenCache(tmp_path, write_behind=False).lower(add, target, compile_device=False).inspect_source("")
+    assert cc.CodegenCache(tmp_path).lower(mul, target, compile_device=False).inspect_source("") == src_add
+
+
+def test_use_cache_routes_device_codegen_lower(tmp_path, llvm_vadd):
+    mod, target = llvm_vadd
+    codegen, calls = _counting()
+    cache = cc.CodegenCache(tmp_path)
+    with cc.use_cache(cache):
+        assert cc.get_cache() is cache
+        codegen.lower(mod, target, compile_device=True)
+        codegen.lower(mod, target, compile_device=True)
+    assert len(calls) == 1
+    with cc.use_cache(None):
+        assert cc.get_cache() is None
+        codegen.lower(mod, target, compile_device=True)
+    assert len(calls) == 2
+
+
+def test_use_cache_rejects_other_objects():
+    with pytest.raises(TypeError, match="CodegenCache or None, got dict"):
+        with cc.use_cache({}):  # type: ignore[arg-type]
+            pass
+
+
+def _default_cache_dir_in_fresh_process(env):
+    script = "import codegen_cache as cc; c = cc.get_cache(); print(c.directory if c else 'disabled')"
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_default_cache_honours_env(tmp_path):
+    env = {**os.environ, "CODEGEN_CACHE_DIR": str(tmp_path / "d")}
+    env.pop("CODEGEN_CACHE_DISABLE", None)
+    assert _default_cache_dir_in_fresh_process(env) == str(tmp_path / "d")
+    assert _default_cache_dir_in_fresh_process({**env, "CODEGEN_CACHE_DISABLE": "1"}) == "disabled"
+    env.pop("CODEGEN_CACHE_DIR")
+    env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")
+    assert _default_cache_dir_in_fresh_process(env) == str(tmp_path / "xdg" / "codegen-cache")
+
+
+def test_clear_empties_both_stores(cache, llvm_vadd):
+    mod, target = llvm_vadd
+    cache.lower(mod, target, compile_device=True)
+    cache.lower(mod, target, compile_device=False)
+    assert cache.clear() == 2
+    assert len(cache.store("compiled")) == 0 and len(cache.store("source")) == 0
+    assert cache.lower_with_outcome(mod, target)[1].tier == "built"
+
+
+def test_unwritable_directory_still_compiles(tmp_path, llvm_vadd):
+    if os.geteuid() == 0:
+        target_dir = Path("/proc/codegen-cache-test")  # not creatable even for root
+    else:
+        target_dir = tmp_path / "ro"
+        target_dir.mkdir()
+        target_dir.chmod(0o500)
+    mod, target = llvm_vadd
+    cache = cc.CodegenCache(target_dir, write_behind=False)
+    module, outcome = cache.lower_with_outcome(mod, target)
+    assert outcome.tier == "built"
+    np.testing.assert_array_equal(_run_vadd(module), 2 * np.arange(1024, dtype="float32"))
+    assert cache.lower_with_outcome(mod, target)[1].tier == "memory"
+
+
+def test_bad_input_errors_name_the_value(cache, llvm_vadd):
+    mod, _ = llvm_vadd
+    with pytest.raises(TypeError, match="Expected a tvm.IRModule to lower, got str"):
+        cache.lower("not a module", "llvm")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="No device codegen named 'nope' for target kind 'llvm'"):
+        cache.lower(mod, "llvm", codegen="nope")
+    with pytest.raises(cc.ConfigError, match="invalid value -1 for memory_entries"):
+        cc.CodegenCache("/tmp/x", memory_entries=-1)
+
+
+def test_context_default_is_reset_between_tests():
+    assert _context.active_cache is not None
