@@ -128,3 +128,33 @@ def test_compiled_cuda_loads_through_stub_driver(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split()[-5:] == ["built", "disk", "cuda", "True", "True"]
+
+
+PRECOMPILED_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {tests!r})
+    import codegen_cache as cc, kernels
+    mod, target = cc.lower_for_codegen(kernels.vadd_gpu, {{"kind": "cuda", "arch": "sm_90"}})
+    module, outcome = cc.CodegenCache({cache!r}).lower_with_outcome(mod, target, compile_device=True)
+    print(outcome.tier, module.kind, module.implements_function("vadd_gpu_kernel"))
+    """
+)
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(not HAS_NVCC, reason="nvcc is not on PATH")
+def test_gpu_less_host_fills_compiled_store_for_gpu_host(tmp_path, cuda_vadd):
+    mod, target = cuda_vadd
+    cache = cc.CodegenCache(tmp_path / "cache", write_behind=False)
+    key = cache.precompile_cuda(mod, target)
+    assert key == cache.key_for(mod, target, compile_device=True).digest
+    assert len(cache.store("compiled")) == 1
+    stub = build_stub(tmp_path / "stub")
+    if stub is None:
+        pytest.skip("cannot build the stub CUDA driver here")
+    env = {**os.environ, "LD_LIBRARY_PATH": f"{stub}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
+    script = PRECOMPILED_SCRIPT.format(tests=str(Path(__file__).parent), cache=str(tmp_path / "cache"))
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-3:] == ["disk", "cuda", "True"]

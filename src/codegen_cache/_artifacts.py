@@ -28,7 +28,7 @@ from ._errors import ArtifactError, CudaRuntimeUnavailableError
 from ._key import ARTIFACT_FORMAT_VERSION
 from .codegens import cuda as cuda_codegen
 
-__all__ = ["Artifact", "decode", "encode", "read_meta", "unframe"]
+__all__ = ["Artifact", "decode", "encode", "encode_cuda_binary", "read_meta", "unframe"]
 
 MAGIC = b"CGCA"
 _HEAD = struct.Struct("<4sHB")
@@ -156,7 +156,7 @@ def encode(module: Module, meta: Mapping[str, Any], *, func_names: Sequence[str]
         if payload.fmt == "cuda":
             return frame("source", {**meta, "source_format": "cu"}, [payload.code])
         source = module.inspect_source("cuda") or cuda_codegen.recall_source(payload.code) or ""
-        return frame("cuda-bin", meta, [payload.fmt.encode(), payload.fmap, payload.code, source.encode()])
+        return encode_cuda_binary(payload, source, meta, func_names=func_names)
     if kind == "c":
         # The C module's function names are not readable; probe the names TVM gives them.
         probes = [p for n in func_names for p in (f"__tvm_ffi_{n}", n)] + ["__tvm_ffi_main"]
@@ -165,6 +165,13 @@ def encode(module: Module, meta: Mapping[str, Any], *, func_names: Sequence[str]
     text = module.inspect_source("")
     fmt = _SOURCE_FORMATS.get(kind, kind)
     return frame("source", {**meta, "source_format": fmt}, [text.encode()])
+
+
+def encode_cuda_binary(payload: cuda_codegen.CudaPayload, source: str, meta: Mapping[str, Any],
+                       *, func_names: Sequence[str]) -> bytes:
+    """Frame a compiled CUDA payload without loading it (a GPU-less host filling a cache)."""
+    meta = {**meta, "module_kind": "cuda", "func_names": list(func_names)}
+    return frame("cuda-bin", meta, [payload.fmt.encode(), payload.fmap, payload.code, source.encode()])
 
 
 # ---- decoders -------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from tvm.ir import IRModule
 from tvm.runtime import Module
 from tvm.target import Target
 
-from ._artifacts import decode, encode, frame, unframe
+from ._artifacts import decode, encode, encode_cuda_binary, frame, unframe
 from ._config import Settings, settings_from_env
 from ._errors import ArtifactError, CachedCodegenError, CudaRuntimeUnavailableError
 from ._key import CacheKey, compute_key, ir_hash
@@ -291,6 +291,34 @@ class CodegenCache:
         elif leased:
             self._leases.release(key.digest)
         return done("built", module, 0.0, build_seconds, stored)
+
+    def precompile_cuda(self, mod: IRModule, target: TargetLike, *, codegen: DeviceCodegen | str | None = None) -> str:
+        """Compile CUDA with nvcc and store the binary for compile_device=True, without a driver.
+
+        This is how a GPU-less host fills the compiled store for GPU hosts. Returns the key.
+        """
+        from .codegens.cuda import compile_cuda_payload
+
+        target = as_target(target)
+        entry = self.resolve(target, codegen)
+        key = self._key(mod, target, entry, True, None)
+        if self._guard("read", self._stores["compiled"].get, key.digest) is not None:
+            return key.digest
+        t0 = time.perf_counter()
+        payload, source = compile_cuda_payload(mod, target)
+        seconds = time.perf_counter() - t0
+        self._stats.add("builds")
+        self._stats.add("build_seconds", seconds)
+        meta = {"key": key.digest, "parts": key.as_dict(), "codegen": entry.name, "mode": "compiled",
+                "target_kind": target.kind.name, "build_seconds": seconds, "created": time.time()}
+        if self.settings.verify:
+            meta["ir_digest"] = _ir_digest(mod)
+        blob = encode_cuda_binary(payload, source, meta, func_names=_func_names(mod))
+        if self._guard("write", self._stores["compiled"].put, key.digest, blob):
+            self._stats.add("stores")
+            if self._remote is not None:
+                self._remote.put(key.digest, blob)
+        return key.digest
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every queued store of this process is written (or skipped)."""
