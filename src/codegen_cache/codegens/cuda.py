@@ -47,7 +47,6 @@ COMPILE_ENV = (
     "TVM_CUDA_NVCC_NO_FAST_MATH",
     "TVM_KERNEL_DEBUG",
     "TVM_KERNEL_DUMP",
-    "CUDA_PATH",
 )
 _U64 = struct.Struct("<Q")
 # TVM_COMPILE_FORCE_FALLBACK is process-wide: one thread at a time may set it.
@@ -176,7 +175,10 @@ def find_nvcc() -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def nvcc_version() -> str:
-    """`nvcc --version`'s last line, or 'none' where nvcc is not found."""
+    """`nvcc --version`'s last line (the build id), or 'none' where nvcc is not found.
+
+    The path is left out, so hosts with the same nvcc share keys wherever it is installed.
+    """
     nvcc = find_nvcc()
     if nvcc is None:
         return "none"
@@ -185,7 +187,7 @@ def nvcc_version() -> str:
     except (OSError, subprocess.SubprocessError):
         return "unusable"
     lines = out.stdout.strip().splitlines()
-    return f"{lines[-1] if lines else 'unknown'} @ {nvcc}"
+    return lines[-1] if lines else "unknown"
 
 
 def compile_cuda_payload(mod: IRModule, target: Target) -> tuple[CudaPayload, str]:
