@@ -28,7 +28,7 @@ from ._errors import ArtifactError, CudaRuntimeUnavailableError
 from ._key import ARTIFACT_FORMAT_VERSION
 from .codegens import cuda as cuda_codegen
 
-__all__ = ["Artifact", "decode", "encode", "encode_cuda_binary", "read_meta", "unframe"]
+__all__ = ["Artifact", "PendingArtifact", "decode", "encode", "encode_cuda_binary", "prepare", "read_meta", "unframe"]
 
 MAGIC = b"CGCA"
 _HEAD = struct.Struct("<4sHB")
@@ -131,40 +131,74 @@ def unframe(blob: bytes | memoryview) -> Artifact:
 # ---- encoders -------------------------------------------------------------------------------
 
 
-def _link_shared_library(module: Module, scratch: str) -> bytes:
+def _shared_library_from_ir(llvm_ir: str, scratch: str) -> bytes:
+    """Compile LLVM IR text into a shared library, in a private LLVM module.
+
+    The module handed to the caller is never touched here: TVM's LLVM module is not safe to
+    emit code from while the caller JIT-runs, inspects or exports it in another thread.
+    Re-parsing its IR gives a byte-identical object file (measured).
+    """
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise OSError("no C compiler (cc/gcc) to link the llvm module into a shared library")
     with tempfile.TemporaryDirectory(dir=scratch) as tmp:
-        obj, lib = os.path.join(tmp, "lib.o"), os.path.join(tmp, "lib.so")
-        module.write_to_file(obj)
-        subprocess.run([cc, "-shared", "-o", lib, obj], check=True, capture_output=True, timeout=300)
+        ir, obj, lib = (os.path.join(tmp, name) for name in ("lib.ll", "lib.o", "lib.so"))
+        with open(ir, "w") as f:
+            f.write(llvm_ir)
+        tvm.get_global_func("ffi.Module.load_from_file.ll")(ir, "ll").write_to_file(obj)
+        done = subprocess.run([cc, "-shared", "-o", lib, obj], capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise OSError(f"{cc} -shared failed ({done.returncode}): {done.stderr.strip()[-500:]}")
         with open(lib, "rb") as f:
             return f.read()
 
 
-def encode(module: Module, meta: Mapping[str, Any], *, func_names: Sequence[str], scratch: str) -> bytes:
-    """Frame a runtime module: llvm as a shared library, CUDA binaries, c and source modules."""
+class PendingArtifact:
+    """What the caller's thread takes from a module; `finish` makes the bytes (may be slow)."""
+
+    __slots__ = ("codec", "fields", "llvm_ir", "meta")
+
+    def __init__(self, codec: str, meta: Mapping[str, Any], fields: Sequence[bytes] = (),
+                 llvm_ir: str | None = None) -> None:
+        self.codec = codec
+        self.meta = dict(meta)
+        self.fields = list(fields)
+        self.llvm_ir = llvm_ir
+
+    def finish(self, scratch: str, extra_meta: Mapping[str, Any] | None = None) -> bytes:
+        """The framed artifact bytes (for llvm: compile the IR into a shared library now)."""
+        fields = self.fields
+        if self.llvm_ir is not None:
+            fields = [_shared_library_from_ir(self.llvm_ir, scratch)]
+        return frame(self.codec, {**self.meta, **(extra_meta or {})}, fields)
+
+
+def prepare(module: Module, meta: Mapping[str, Any], *, func_names: Sequence[str]) -> PendingArtifact:
+    """Take what is needed from `module` now (cheap), leaving slow work to `finish`."""
     if len(module.imports):
         raise ValueError(f"cannot cache a {module.kind} module with {len(module.imports)} imports")
     kind = module.kind
     meta = {**meta, "module_kind": kind, "func_names": list(func_names)}
     if kind == "llvm":
-        return frame("llvm-so", meta, [_link_shared_library(module, scratch)])
+        return PendingArtifact("llvm-so", meta, llvm_ir=module.inspect_source("ll"))
     if kind == "cuda":
         payload = cuda_codegen.module_payload(module)
         if payload.fmt == "cuda":
-            return frame("source", {**meta, "source_format": "cu"}, [payload.code])
+            return PendingArtifact("source", {**meta, "source_format": "cu"}, [payload.code])
         source = module.inspect_source("cuda") or cuda_codegen.recall_source(payload.code) or ""
-        return encode_cuda_binary(payload, source, meta, func_names=func_names)
+        return PendingArtifact("cuda-bin", meta, [payload.fmt.encode(), payload.fmap, payload.code, source.encode()])
     if kind == "c":
         # The C module's function names are not readable; probe the names TVM gives them.
         probes = [p for n in func_names for p in (f"__tvm_ffi_{n}", n)] + ["__tvm_ffi_main"]
         exported = [p for p in probes if module.implements_function(p)]
-        return frame("c", {**meta, "c_func_names": exported}, [module.inspect_source("").encode()])
-    text = module.inspect_source("")
+        return PendingArtifact("c", {**meta, "c_func_names": exported}, [module.inspect_source("").encode()])
     fmt = _SOURCE_FORMATS.get(kind, kind)
-    return frame("source", {**meta, "source_format": fmt}, [text.encode()])
+    return PendingArtifact("source", {**meta, "source_format": fmt}, [module.inspect_source("").encode()])
+
+
+def encode(module: Module, meta: Mapping[str, Any], *, func_names: Sequence[str], scratch: str) -> bytes:
+    """Frame a runtime module: llvm as a shared library, CUDA binaries, c and source modules."""
+    return prepare(module, meta, func_names=func_names).finish(scratch)
 
 
 def encode_cuda_binary(payload: cuda_codegen.CudaPayload, source: str, meta: Mapping[str, Any],

@@ -21,7 +21,7 @@ from tvm.ir import IRModule
 from tvm.runtime import Module
 from tvm.target import Target
 
-from ._artifacts import decode, encode, encode_cuda_binary, frame, unframe
+from ._artifacts import PendingArtifact, decode, encode_cuda_binary, frame, prepare, unframe
 from ._config import Settings, settings_from_env
 from ._errors import ArtifactError, CachedCodegenError, CudaRuntimeUnavailableError
 from ._key import CacheKey, compute_key, ir_hash
@@ -53,8 +53,7 @@ class _StoreJob:
     store: str
     module: Module
     ir: IRModule
-    meta: dict[str, Any]
-    func_names: list[str]
+    pending: PendingArtifact
     release_lease: bool
 
 
@@ -284,10 +283,19 @@ class CodegenCache:
             "build_seconds": build_seconds,
             "created": time.time(),
         }
+        pending = None
         if stored:
-            estimate = max(len(module.inspect_source("")) if module.kind != "llvm" else 0, 1 << 16)
-            self._memory.put(key.digest, MemoryEntry(module, mod, estimate, meta))
-            self._enqueue(_StoreJob(key, mode, module, mod, meta, _func_names(mod), leased))
+            # Taken on this thread: the module is the caller's from here on (see _artifacts).
+            try:
+                pending = prepare(module, meta, func_names=_func_names(mod))
+            except _ENCODE_ERRORS as err:
+                self._stats.add("stores_skipped")
+                self._count_error("encode", err)
+                stored = False
+        if pending is not None:
+            size = sum(len(f) for f in pending.fields) or len(pending.llvm_ir or "")
+            self._memory.put(key.digest, MemoryEntry(module, mod, size, meta))
+            self._enqueue(_StoreJob(key, mode, module, mod, pending, leased))
         elif leased:
             self._leases.release(key.digest)
         return done("built", module, 0.0, build_seconds, stored)
@@ -499,16 +507,14 @@ class CodegenCache:
 
     def _write(self, job: _StoreJob) -> None:
         try:
-            meta = dict(job.meta)
-            if self.settings.verify:
-                meta["ir_digest"] = _ir_digest(job.ir)
+            extra = {"ir_digest": _ir_digest(job.ir)} if self.settings.verify else None
             try:
-                blob = encode(job.module, meta, func_names=job.func_names, scratch=self._scratch())
+                blob = job.pending.finish(self._scratch(), extra)
             except _ENCODE_ERRORS as err:
                 self._stats.add("stores_skipped")
                 self._count_error("encode", err)
                 return
-            self._memory.put(job.key.digest, MemoryEntry(job.module, job.ir, len(blob), job.meta))
+            self._memory.put(job.key.digest, MemoryEntry(job.module, job.ir, len(blob), job.pending.meta))
             if self._guard("write", self._stores[job.store].put, job.key.digest, blob):
                 self._stats.add("stores")
             else:
