@@ -381,6 +381,57 @@ class CodegenCache:
         if self._remote is not None and hasattr(self._remote, "close"):
             self._remote.close()
 
+    # ---- lookups by digest (codegen_cache.build's index) ----------------------------------
+
+    def lookup_digest(self, digest: str, mode: str | None, *, ir: IRModule | None = None,
+                      fresh: bool = False) -> tuple[Module, dict[str, Any]] | None:
+        """The module and metadata stored under a key digest, or None; never calls a codegen.
+
+        For codegen_cache.build, whose index knows the digests of a build's entries but not
+        their lowered IRModules. Memory first (unless fresh): with `ir`, a hit must hold an
+        equal IRModule, as in lower(); without it the digest is trusted. Then, unless mode is
+        None (memory only), that mode's store and the remote tier; a module read there is not
+        put in memory (a memory entry needs its IRModule). fresh=True returns a newly decoded
+        module the caller may change (import_module) without touching what the cache holds.
+        Hits are counted; None is not a miss (the caller lowers, and that lowering counts).
+        With verify=True, nothing is served by digest alone (`ir` is required).
+        """
+        if mode is not None and mode not in self._stores:
+            raise ValueError(f"unknown mode {mode!r}; expected one of {STORE_NAMES} or None")
+        if self.settings.recache or (self.settings.verify and ir is None):
+            return None
+        if not fresh:
+            hit = self._memory.get(digest)
+            if hit is not None and (ir is None or hit.ir.same_as(ir)
+                                    or tvm_ffi.structural_equal(hit.ir, ir, map_free_vars=True)):
+                self._count_hit("hits_memory", hit.meta)
+                return hit.module, hit.meta
+        if mode is None or self.settings.verify:
+            return None
+        blob = self._guard("read", self._stores[mode].get, digest)
+        tier = "disk"
+        if blob is None and self._remote is not None:
+            blob, tier = self._remote.get(digest), "remote"
+        if blob is None:
+            return None
+        # _load reads only the digest of its key (and the IRModule only with verify=True).
+        loaded = self._load(CacheKey((("digest", digest),), digest), blob, None, mode, tier)
+        if loaded is None:
+            return None
+        if tier == "remote":
+            self._guard("write", self._stores[mode].put, digest, blob)
+        self._count_hit("hits_remote" if tier == "remote" else "hits_disk", loaded[1])
+        return loaded
+
+    def remember(self, digest: str, module: Module, ir: IRModule, meta: dict[str, Any],
+                 nbytes: int = 1 << 16) -> None:
+        """Keep `module` in the memory tier under `digest`, with the IRModule that makes hits exact.
+
+        For results that are not one codegen's (codegen_cache.build keeps a whole built module
+        under its build key): this process only, dropped by clear() and by LRU eviction.
+        """
+        self._memory.put(digest, MemoryEntry(module, ir, nbytes, meta))
+
     # ---- tiers ----------------------------------------------------------------------------
 
     def _lookup_tiers(self, key: CacheKey, mod: IRModule, mode: str):
