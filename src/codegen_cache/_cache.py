@@ -143,7 +143,8 @@ class CodegenCache:
             return None
         from ._remote import RedisTier
 
-        return RedisTier(settings.remote, secret=settings.remote_secret, on_event=self._stats.add)
+        return RedisTier(settings.remote, secret=settings.remote_secret, on_event=self._stats.add,
+                         ttl=settings.remote_ttl, max_entry_bytes=settings.remote_max_entry_bytes)
 
     def __repr__(self) -> str:
         return f"CodegenCache({str(self.directory)!r})"
@@ -329,11 +330,9 @@ class CodegenCache:
         return key.digest
 
     def flush(self, timeout: float | None = None) -> None:
-        """Wait until every queued store of this process is written (or skipped)."""
-        if self._writer is None:
-            return
+        """Wait until every queued store of this process is written (or skipped); flush stats."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self._queue.unfinished_tasks:
+        while self._writer is not None and self._queue.unfinished_tasks:
             if deadline is not None and time.monotonic() > deadline:
                 break
             time.sleep(0.005)

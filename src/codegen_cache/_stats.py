@@ -37,6 +37,9 @@ COUNTERS = (
     "lease_takeovers",
     "remote_stores",
     "remote_rejected",
+    "remote_misses",
+    "remote_skipped",
+    "remote_offline",
     "build_seconds",
     "saved_seconds",
 )
@@ -63,6 +66,9 @@ class CacheStats:
     lease_takeovers: int = 0
     remote_stores: int = 0
     remote_rejected: int = 0
+    remote_misses: int = 0
+    remote_skipped: int = 0
+    remote_offline: int = 0
     build_seconds: float = 0.0
     saved_seconds: float = 0.0
     errors: dict[str, int] = field(default_factory=dict)
@@ -107,13 +113,14 @@ class StatsRecorder:
 
     def add(self, name: str, amount: float = 1, *, saved_seconds: float = 0.0) -> None:
         """Count `amount` more of `name` (and, for a hit, the build time it saved)."""
-        # No lock on this hot path: the GIL makes each update whole; flush swaps the dict.
-        pending, local = self._pending, self._local
-        pending[name] += amount
-        local[name] += amount
-        if saved_seconds:
-            pending["saved_seconds"] += saved_seconds
-            local["saved_seconds"] += saved_seconds
+        # Locked: flush() swaps _pending on another thread, and a count added to the old dict
+        # after the swap would be lost.
+        with self._lock:
+            self._pending[name] += amount
+            self._local[name] += amount
+            if saved_seconds:
+                self._pending["saved_seconds"] += saved_seconds
+                self._local["saved_seconds"] += saved_seconds
 
     def local(self) -> CacheStats:
         """Counts of this process only, since it opened the cache."""
