@@ -98,6 +98,8 @@ class Settings:
     verify: bool = False
     remote: str | None = None
     remote_secret: str | None = None
+    remote_ttl: float = 14 * 86400.0
+    remote_max_entry_bytes: int = 32 << 20
     lease_timeout: float = 30.0
     lease_wait: float = 600.0
     failure_ttl: float = 24 * 3600.0
@@ -116,6 +118,8 @@ ENV_VARS: dict[str, tuple[str, object, str]] = {
     "CODEGEN_CACHE_VERIFY": ("verify", parse_bool, "1 makes every disk/remote hit exact"),
     "CODEGEN_CACHE_REMOTE": ("remote", lambda n, v: v or None, "redis://host:port/db of a shared tier"),
     "CODEGEN_CACHE_REMOTE_SECRET": ("remote_secret", lambda n, v: v or None, "HMAC key for remote entries"),
+    "CODEGEN_CACHE_REMOTE_TTL": ("remote_ttl", parse_age, "remote entries expire this long after a write (0: never)"),
+    "CODEGEN_CACHE_REMOTE_MAX_ENTRY": ("remote_max_entry_bytes", parse_size, "larger entries stay local-only"),
     "CODEGEN_CACHE_LEASE_TIMEOUT": ("lease_timeout", parse_age, "a compile lease expires unless renewed"),
     "CODEGEN_CACHE_LEASE_WAIT": ("lease_wait", parse_age, "longest wait for another process's compile"),
     "CODEGEN_CACHE_FAILURE_TTL": ("failure_ttl", parse_age, "how long a codegen failure is remembered"),

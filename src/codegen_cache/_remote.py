@@ -1,0 +1,317 @@
+"""A shared remote tier on Redis: signed, checksummed artifact bytes under namespaced keys.
+
+Value layout (the framed artifact of `_artifacts` inside a small envelope):
+    magic b"CGCR" | u8 envelope version | u8 signature length (0 or 32) | signature | frame
+
+The signature is HMAC-SHA256 over the Redis key and the frame, so an entry signed for one key
+is rejected under another. Nothing read from Redis is unpickled: a value is bytes that must
+pass the envelope, signature and frame checks before the cache decodes it.
+
+Every Redis call has short socket timeouts and no client-side retries. A failed call puts the
+tier offline for a backoff that doubles up to a cap; while offline, get() and put() return at
+once, so a down, slow or refusing Redis costs a compile at most one timeout per backoff period.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import struct
+import threading
+import time
+from collections.abc import Callable
+from urllib.parse import urlsplit, urlunsplit
+
+from ._artifacts import unframe
+from ._errors import ArtifactError, ConfigError
+from ._key import ARTIFACT_FORMAT_VERSION
+
+__all__ = ["DEFAULT_MAX_ENTRY_BYTES", "DEFAULT_TTL", "RedisTier", "check_url"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_ENTRY_BYTES = 32 << 20
+DEFAULT_TTL = 14 * 86400.0
+_MAGIC = b"CGCR"
+_ENVELOPE_VERSION = 1
+_HEAD = struct.Struct("<4sBB")
+_SIG_LEN = hashlib.sha256().digest_size
+_SCHEMES = ("redis", "rediss", "unix")
+_ACCEPTED_URLS = (
+    "redis://[[user]:password@]host[:port][/db], rediss://... (TLS) or unix:///path/to/redis.sock[?db=N]"
+)
+_LOOPBACK = ("localhost", "127.0.0.1", "::1")
+_ABSENT_SECONDS = 1.0
+
+EventSink = Callable[..., None]
+
+
+def _redact(url: str) -> str:
+    """The URL with its password replaced, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def check_url(url: object) -> str:
+    """Check a redis://, rediss:// or unix:// URL; ConfigError naming the (redacted) value if not."""
+    if not isinstance(url, str) or not url.strip():
+        raise ConfigError("remote (CODEGEN_CACHE_REMOTE)", url, _ACCEPTED_URLS)
+
+    def bad(why: str) -> ConfigError:
+        return ConfigError("remote (CODEGEN_CACHE_REMOTE)", _redact(url), f"{_ACCEPTED_URLS} ({why})")
+
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # ValueError when not a number in 0..65535
+    except ValueError as err:
+        raise bad(str(err)) from None
+    if "://" not in url:
+        raise bad("no scheme: write it as redis://host:port/db")
+    if parts.scheme not in _SCHEMES:
+        raise bad(f"scheme {parts.scheme!r} is not one of {', '.join(_SCHEMES)}")
+    if parts.scheme == "unix":
+        if not parts.path:
+            raise bad("a unix:// URL needs the socket path")
+        return url
+    if not parts.hostname:
+        raise bad("no host")
+    if port == 0:
+        raise bad("port 0")
+    db = parts.path.strip("/")
+    if db and not db.isdigit():
+        raise bad(f"database {db!r} is not a number")
+    return url
+
+
+class RedisTier:
+    """The remote tier: get(digest) -> framed bytes or None, put(digest, framed bytes), close()."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        secret: str | bytes | None = None,
+        on_event: EventSink | None = None,
+        max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES,
+        ttl: float = DEFAULT_TTL,
+        timeout: float = 0.5,
+        backoff: float = 5.0,
+        max_backoff: float = 300.0,
+        prefix: str = "codegen-cache",
+    ) -> None:
+        self.url = check_url(url)
+        if isinstance(secret, str):
+            secret = secret.encode()
+        if secret is not None and not secret:
+            raise ConfigError("remote_secret (CODEGEN_CACHE_REMOTE_SECRET)", "", "a non-empty shared secret")
+        if not isinstance(max_entry_bytes, int) or isinstance(max_entry_bytes, bool) or max_entry_bytes <= 0:
+            raise ConfigError("remote_max_entry_bytes", max_entry_bytes, "a whole number of bytes, 1 or more")
+        for name, value in (("remote_ttl", ttl), ("timeout", timeout), ("backoff", backoff),
+                            ("max_backoff", max_backoff)):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+                raise ConfigError(name, value, "a number of seconds, 0 or more")
+        if timeout == 0:
+            raise ConfigError("timeout", timeout, "a number of seconds above 0 (0 would mean no timeout)")
+        self._secret = secret
+        self._on_event = on_event
+        self.max_entry_bytes = max_entry_bytes
+        self.ttl = float(ttl)
+        self.timeout = float(timeout)
+        self.backoff = float(backoff)
+        self.max_backoff = max(float(max_backoff), self.backoff)
+        # The format version is in the prefix: readers of another layout never see these keys.
+        self.prefix = f"{prefix}:v{ARTIFACT_FORMAT_VERSION}:"
+        self._client = _make_client(self.url, self.timeout)
+        self._lock = threading.Lock()
+        self._offline_until = 0.0
+        self._next_backoff = self.backoff
+        self._warned = False
+        self._warned_rejected = False
+        # digest -> when Redis last answered "missing" or "rejected" for it. The cache looks a key
+        # up twice on a cold miss (before and after taking its compile lease) and every 20 ms
+        # while another local process builds it; remembering the answer for a moment saves those
+        # round trips, and counts and logs a bad entry once per read rather than once per poll.
+        self._absent: dict[str, float] = {}
+        if secret is None and urlsplit(url).scheme != "unix" and urlsplit(url).hostname not in _LOOPBACK:
+            logger.warning(
+                "codegen cache: remote entries at %s are not signed; anyone who can write to that Redis "
+                "can make this process load code of their choosing. Set CODEGEN_CACHE_REMOTE_SECRET.",
+                _redact(url),
+            )
+
+    def __repr__(self) -> str:
+        return f"RedisTier({_redact(self.url)!r}, signed={self._secret is not None})"
+
+    @property
+    def signed(self) -> bool:
+        """Whether entries are signed and checked with a shared secret."""
+        return self._secret is not None
+
+    def redis_key(self, digest: str) -> str:
+        """The Redis key of a cache key digest."""
+        return self.prefix + digest
+
+    # ---- the tier -------------------------------------------------------------------------
+
+    def get(self, digest: str) -> bytes | None:
+        """The framed artifact stored for `digest`, or None (missing, rejected, or offline)."""
+        if self._is_offline():
+            self._event("remote_offline")
+            return None
+        if self._recently_absent(digest):
+            return None
+        name = self.redis_key(digest)
+        try:
+            value = self._client.get(name)
+        except _redis_errors() as err:
+            self._failed("get", err)
+            return None
+        self._succeeded()
+        if value is None:
+            self._event("remote_misses")
+            self._absent[digest] = time.monotonic()
+            return None
+        try:
+            return self._open(name, value)
+        except ArtifactError as err:
+            self._event("remote_rejected")
+            self._absent[digest] = time.monotonic()
+            first, self._warned_rejected = not self._warned_rejected, True
+            (logger.warning if first else logger.debug)(
+                "codegen cache: rejected remote entry %s (not loaded; rebuilt and replaced): %s", name, err)
+            return None
+
+    def put(self, digest: str, blob: bytes) -> bool:
+        """Store a framed artifact under `digest` with the TTL; False when skipped or failed."""
+        if len(blob) > self.max_entry_bytes:
+            self._event("remote_skipped")
+            logger.debug("codegen cache: not storing %s remotely: %d bytes is over the cap of %d",
+                         digest[:16], len(blob), self.max_entry_bytes)
+            return False
+        if self._is_offline():
+            self._event("remote_offline")
+            return False
+        self._absent.pop(digest, None)
+        name = self.redis_key(digest)
+        value = self._seal(name, blob)
+        try:
+            # Plain SET, not NX: a rejected (garbled or badly signed) entry is replaced by the rebuild.
+            self._client.set(name, value, px=int(self.ttl * 1000) or None)
+        except _redis_errors() as err:
+            self._failed("put", err)
+            return False
+        self._succeeded()
+        self._event("remote_stores")
+        return True
+
+    def close(self) -> None:
+        """Close the connections to Redis."""
+        try:
+            self._client.close()
+        except _redis_errors() as err:
+            logger.debug("codegen cache: closing %s: %s", _redact(self.url), err)
+
+    # ---- envelope -------------------------------------------------------------------------
+
+    def _signature(self, name: str, blob: bytes | memoryview) -> bytes:
+        assert self._secret is not None
+        mac = hmac.new(self._secret, digestmod=hashlib.sha256)
+        mac.update(name.encode() + b"\0")
+        mac.update(blob)
+        return mac.digest()
+
+    def _seal(self, name: str, blob: bytes) -> bytes:
+        signature = self._signature(name, blob) if self._secret is not None else b""
+        return _HEAD.pack(_MAGIC, _ENVELOPE_VERSION, len(signature)) + signature + blob
+
+    def _open(self, name: str, value: bytes) -> bytes:
+        """The frame inside `value`, after the envelope, signature and frame checks."""
+        if len(value) < _HEAD.size:
+            raise ArtifactError(f"{len(value)} bytes is shorter than the remote envelope")
+        magic, version, sig_len = _HEAD.unpack_from(value, 0)
+        if magic != _MAGIC or version != _ENVELOPE_VERSION:
+            raise ArtifactError(f"bad remote envelope {bytes(value[:5])!r}")
+        if sig_len not in (0, _SIG_LEN) or len(value) < _HEAD.size + sig_len:
+            raise ArtifactError(f"bad signature length {sig_len}")
+        view = memoryview(value)
+        signature, blob = bytes(view[_HEAD.size : _HEAD.size + sig_len]), view[_HEAD.size + sig_len :]
+        if self._secret is not None:
+            if not signature:
+                raise ArtifactError("entry is not signed (a shared secret is configured)")
+            if not hmac.compare_digest(signature, self._signature(name, blob)):
+                raise ArtifactError("bad signature (written with another secret, or tampered with)")
+        unframe(blob)  # framing, format version and checksum, before anything decodes it
+        return bytes(blob)
+
+    # ---- availability ---------------------------------------------------------------------
+
+    def _recently_absent(self, digest: str) -> bool:
+        seen = self._absent.get(digest)
+        if seen is not None and time.monotonic() - seen < _ABSENT_SECONDS:
+            return True
+        if len(self._absent) > 4096:
+            # Dict operations are atomic under the GIL; a racing put at worst costs one extra GET.
+            cutoff = time.monotonic() - _ABSENT_SECONDS
+            self._absent = {d: t for d, t in list(self._absent.items()) if t > cutoff}
+        return False
+
+    def _is_offline(self) -> bool:
+        return time.monotonic() < self._offline_until
+
+    def _failed(self, op: str, err: BaseException) -> None:
+        self._event("error:remote")
+        with self._lock:
+            if self._is_offline():
+                return  # another thread already took it offline
+            delay = self._next_backoff
+            self._offline_until = time.monotonic() + delay
+            self._next_backoff = min(delay * 2, self.max_backoff)
+            first, self._warned = not self._warned, True
+        # One warning per tier; later outages and retries log at DEBUG.
+        (logger.warning if first else logger.debug)(
+            "codegen cache: remote %s failed on %s (%s: %s); local-only for %.0fs, then retrying",
+            _redact(self.url), op, type(err).__name__, err, delay,
+        )
+
+    def _succeeded(self) -> None:
+        if self._next_backoff != self.backoff:
+            with self._lock:
+                self._next_backoff = self.backoff
+            logger.info("codegen cache: remote %s is reachable again", _redact(self.url))
+
+    def _event(self, name: str) -> None:
+        if self._on_event is not None:
+            self._on_event(name)
+
+
+def _redis_errors() -> tuple[type[BaseException], ...]:
+    import redis
+
+    # RedisError covers connection, timeout, auth and refusals (OOM, READONLY); OSError what the
+    # socket layer raises outside them.
+    return (redis.RedisError, OSError)
+
+
+def _make_client(url: str, timeout: float):
+    try:
+        import redis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+    except ImportError as err:
+        raise ImportError(
+            f"the Redis remote tier needs the redis client: pip install 'tvm-codegen-cache[redis]' ({err})"
+        ) from err
+    try:
+        # No retries: the tier's own backoff decides when to try again. The connection is lazy:
+        # nothing is sent before the first get or put.
+        return redis.Redis.from_url(
+            url, socket_timeout=timeout, socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 0), retry_on_timeout=False, health_check_interval=0,
+        )
+    except ValueError as err:
+        raise ConfigError("remote (CODEGEN_CACHE_REMOTE)", _redact(url), f"{_ACCEPTED_URLS} ({err})") from None
