@@ -1,0 +1,553 @@
+"""The Redis remote tier, against a real redis-server on a loopback port started here."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tvm
+
+import codegen_cache as cc
+import kernels
+from codegen_cache._artifacts import frame
+from codegen_cache._key import ARTIFACT_FORMAT_VERSION
+from codegen_cache._registry import DeviceCodegen, global_func_device_codegen
+from codegen_cache._remote import RedisTier
+from conftest import CUDA_TARGET
+
+redis = pytest.importorskip("redis", reason="the redis client is not installed (pip install 'tvm-codegen-cache[redis]')")
+
+SECRET = "team-secret-for-tests"
+REMOTE_LOGGER = "codegen_cache._remote"
+# A remote failure must cost at most one socket timeout (0.5 s) plus a build; this bound is
+# generous for a busy 2-core machine and still far below anything that looks like a hang.
+NO_HANG_SECONDS = 10.0
+
+
+class RedisServer:
+    """A redis-server process on a free loopback port, in its own directory."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.proc: subprocess.Popen | None = None
+        self.port = 0
+        for _attempt in range(5):
+            self.port = _free_port()
+            self.proc = subprocess.Popen(
+                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                 "--appendonly", "no", "--dir", str(directory)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+            if self._wait_ready():
+                return
+            self.close()  # the port was taken between the probe and the start: try another
+        raise RuntimeError(f"redis-server did not start on a loopback port (last tried {self.port})")
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self):
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
+
+    def _wait_ready(self) -> bool:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            try:
+                with self.client() as client:
+                    if client.ping():
+                        return True
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        return False
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def close(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)  # in case a test stopped it
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.proc = None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _need_redis_server() -> None:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (apt-get install redis-server; .ci/run installs it), "
+                    "and these tests need a real server")
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    """One redis-server for the session, reaped at the end."""
+    _need_redis_server()
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def redis_url(redis_server):
+    """The session server's URL, emptied before the test."""
+    with redis_server.client() as client:
+        client.flushall()
+    return redis_server.url
+
+
+@pytest.fixture
+def own_redis(tmp_path):
+    """A redis-server of this test alone (to kill or stop), reaped at the end."""
+    _need_redis_server()
+    server = RedisServer(tmp_path)
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def hosts(tmp_path):
+    """Make caches in separate directories ("hosts"); all closed at the end."""
+    made = []
+
+    def make(name, url, *, secret=SECRET, **kwargs):
+        c = cc.CodegenCache(tmp_path / name, remote=url, remote_secret=secret, write_behind=False, **kwargs)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.close()
+
+
+def _counting(kind="llvm"):
+    calls = []
+    inner = global_func_device_codegen(f"target.build.{kind}")
+
+    def build(mod, target):
+        calls.append(mod)
+        return inner(mod, target)
+
+    return DeviceCodegen(kind, build=build, build_without_compile=build), calls
+
+
+def _run(module, func="vadd"):
+    a = np.arange(1024, dtype="float32")
+    out = tvm.runtime.tensor(np.zeros(1024, "float32"))
+    module[func](tvm.runtime.tensor(a), tvm.runtime.tensor(a), out)
+    return out.numpy()
+
+
+def _check_vadd(module, kind):
+    if kind == "llvm":
+        np.testing.assert_array_equal(_run(module), 2 * np.arange(1024, dtype="float32"))
+    else:
+        assert "__global__" in module.inspect_source("") and "vadd" in module.inspect_source("")
+
+
+def _remote_records(caplog, level=logging.WARNING):
+    return [r for r in caplog.records if r.name == REMOTE_LOGGER and r.levelno >= level]
+
+
+# ---- sharing ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["llvm", "cuda"])
+def test_two_hosts_share_one_redis(hosts, redis_url, llvm_vadd, cuda_vadd, kind):
+    mod, target = llvm_vadd if kind == "llvm" else cuda_vadd
+    compile_device = kind == "llvm"  # CUDA: source-only, what a GPU-less host can produce
+    codegen, calls = _counting(kind)
+    a, b = hosts("a", redis_url), hosts("b", redis_url)
+    built, o1 = a.lower_with_outcome(mod, target, codegen=codegen, compile_device=compile_device)
+    module, o2 = b.lower_with_outcome(mod, target, codegen=codegen, compile_device=compile_device)
+    assert (o1.tier, o2.tier, len(calls)) == ("built", "remote", 1)
+    _check_vadd(module, kind)
+    if kind == "cuda":
+        assert module.inspect_source("") == built.inspect_source("")
+    assert a.stats().remote_stores == 1
+    assert (b.stats().hits_remote, b.stats().builds) == (1, 0)
+    # The remote hit was stored on B's disk: another process on host B hits its disk.
+    again = cc.CodegenCache(b.directory)
+    try:
+        assert again.lower_with_outcome(mod, target, codegen=codegen, compile_device=compile_device)[1].tier == "disk"
+    finally:
+        again.close()
+    assert len(calls) == 1
+
+
+def test_keys_are_namespaced_with_the_format_version(hosts, redis_url, redis_server, llvm_vadd):
+    mod, target = llvm_vadd
+    a = hosts("a", redis_url)
+    a.lower(mod, target)
+    key = a.key_for(mod, target).digest
+    with redis_server.client() as client:
+        assert [k.decode() for k in client.keys("*")] == [f"codegen-cache:v{ARTIFACT_FORMAT_VERSION}:{key}"]
+
+
+def test_remote_from_environment(tmp_path, redis_url, monkeypatch, llvm_vadd):
+    monkeypatch.setenv("CODEGEN_CACHE_REMOTE", redis_url)
+    monkeypatch.setenv("CODEGEN_CACHE_REMOTE_SECRET", SECRET)
+    mod, target = llvm_vadd
+    codegen, calls = _counting()
+    for name, tier in (("a", "built"), ("b", "remote")):
+        c = cc.CodegenCache(tmp_path / name, write_behind=False)
+        try:
+            assert isinstance(c._remote, RedisTier) and c._remote.signed  # noqa: SLF001
+            assert c.lower_with_outcome(mod, target, codegen=codegen)[1].tier == tier
+        finally:
+            c.close()
+    assert len(calls) == 1
+
+
+# ---- rejected entries ------------------------------------------------------------------------
+
+
+def _stored_value(server, cache, mod, target, codegen):
+    name = cache._remote.redis_key(cache.key_for(mod, target, codegen=codegen).digest)  # noqa: SLF001
+    with server.client() as client:
+        return name, client.get(name)
+
+
+@pytest.mark.parametrize("where", ["payload", "signature", "envelope", "truncated"])
+def test_garbled_entry_is_rejected_counted_and_rebuilt(hosts, redis_url, redis_server, llvm_vadd, where, caplog):
+    mod, target = llvm_vadd
+    codegen, calls = _counting()
+    a = hosts("a", redis_url)
+    a.lower(mod, target, codegen=codegen)
+    name, value = _stored_value(redis_server, a, mod, target, codegen)
+    garbled = bytearray(value)
+    if where == "truncated":
+        garbled = garbled[: len(garbled) // 2]
+    else:
+        garbled[{"payload": -100, "signature": 10, "envelope": 0}[where]] ^= 0xFF
+    with redis_server.client() as client:
+        client.set(name, bytes(garbled))
+    b = hosts("b", redis_url)
+    module, outcome = b.lower_with_outcome(mod, target, codegen=codegen)
+    assert outcome.tier == "built" and len(calls) == 2
+    np.testing.assert_array_equal(_run(module), 2 * np.arange(1024, dtype="float32"))
+    assert (b.stats().remote_rejected, b.stats().hits_remote) == (1, 0)
+    assert any("rejected remote entry" in r.getMessage() for r in _remote_records(caplog))
+    # B's rebuild replaced the bad entry: a third host hits it.
+    assert hosts("c", redis_url).lower_with_outcome(mod, target, codegen=codegen)[1].tier == "remote"
+    assert len(calls) == 2
+
+
+@pytest.mark.parametrize("writer_secret", [None, "another-secret"], ids=["unsigned", "other-secret"])
+def test_unsigned_or_badly_signed_entry_is_rejected(hosts, redis_url, llvm_vadd, writer_secret):
+    mod, target = llvm_vadd
+    codegen, calls = _counting()
+    hosts("writer", redis_url, secret=writer_secret).lower(mod, target, codegen=codegen)
+    reader = hosts("reader", redis_url)
+    module, outcome = reader.lower_with_outcome(mod, target, codegen=codegen)
+    assert outcome.tier == "built" and len(calls) == 2
+    np.testing.assert_array_equal(_run(module), 2 * np.arange(1024, dtype="float32"))
+    assert reader.stats().remote_rejected == 1
+
+
+def test_signature_binds_the_key(hosts, redis_url, redis_server):
+    """A validly signed entry copied under another key is rejected."""
+    vadd, target = cc.lower_for_codegen(kernels.vadd, "llvm")
+    vmul, _ = cc.lower_for_codegen(kernels.vmul, "llvm")
+    codegen, calls = _counting()
+    a = hosts("a", redis_url)
+    a.lower(vadd, target, codegen=codegen)
+    _name, value = _stored_value(redis_server, a, vadd, target, codegen)
+    vmul_name = a._remote.redis_key(a.key_for(vmul, target, codegen=codegen).digest)  # noqa: SLF001
+    with redis_server.client() as client:
+        client.set(vmul_name, value)
+    b = hosts("b", redis_url)
+    module, outcome = b.lower_with_outcome(vmul, target, codegen=codegen)
+    assert outcome.tier == "built" and b.stats().remote_rejected == 1
+    a_in = np.arange(1024, dtype="float32")
+    np.testing.assert_array_equal(_run(module, "vmul"), a_in * a_in)
+
+
+def test_signed_entry_with_bad_checksum_is_rejected(hosts, redis_url, llvm_vadd):
+    """A writer holding the secret but storing a broken frame: the checksum catches it."""
+    mod, target = llvm_vadd
+    codegen, calls = _counting()
+    a = hosts("a", redis_url)
+    a.lower(mod, target, codegen=codegen)
+    digest = a.key_for(mod, target, codegen=codegen).digest
+    good = a._remote.get(digest)  # noqa: SLF001
+    broken = bytearray(good)
+    broken[-1] ^= 0x01
+    assert a._remote.put(digest, bytes(broken))  # noqa: SLF001 - put signs whatever it is given
+    b = hosts("b", redis_url)
+    assert b.lower_with_outcome(mod, target, codegen=codegen)[1].tier == "built"
+    assert b.stats().remote_rejected == 1 and len(calls) == 2
+
+
+def test_a_pickle_in_redis_is_never_unpickled(hosts, redis_url, redis_server, llvm_vadd, tmp_path):
+    mod, target = llvm_vadd
+    marker = tmp_path / "unpickled"
+
+    class Bomb:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+
+    b = hosts("b", redis_url)
+    name = b._remote.redis_key(b.key_for(mod, target).digest)  # noqa: SLF001
+    with redis_server.client() as client:
+        client.set(name, pickle.dumps(Bomb()))
+    module, outcome = b.lower_with_outcome(mod, target)
+    assert outcome.tier == "built" and b.stats().remote_rejected == 1 and not marker.exists()
+    np.testing.assert_array_equal(_run(module), 2 * np.arange(1024, dtype="float32"))
+
+
+# ---- size cap and TTL -------------------------------------------------------------------------
+
+
+def test_entries_over_the_size_cap_stay_local(hosts, redis_url, redis_server, llvm_vadd, monkeypatch):
+    monkeypatch.setenv("CODEGEN_CACHE_REMOTE_MAX_ENTRY", "1K")
+    mod, target = llvm_vadd
+    codegen, calls = _counting()
+    a = hosts("a", redis_url)
+    assert a._remote.max_entry_bytes == 1024  # noqa: SLF001
+    a.lower(mod, target, codegen=codegen)
+    stats = a.stats()
+    assert (stats.stores, stats.remote_stores, stats.remote_skipped) == (1, 0, 1)
+    with redis_server.client() as client:
+        assert client.dbsize() == 0
+    assert hosts("b", redis_url).lower_with_outcome(mod, target, codegen=codegen)[1].tier == "built"
+    assert len(calls) == 2
+
+
+def test_ttl_from_environment_is_set_on_each_entry(hosts, redis_url, redis_server, llvm_vadd, monkeypatch):
+    monkeypatch.setenv("CODEGEN_CACHE_REMOTE_TTL", "30s")
+    mod, target = llvm_vadd
+    a = hosts("a", redis_url)
+    a.lower(mod, target)
+    name = a._remote.redis_key(a.key_for(mod, target).digest)  # noqa: SLF001
+    with redis_server.client() as client:
+        assert 25_000 < client.pttl(name) <= 30_000
+
+
+def test_entries_expire_after_the_ttl_and_zero_means_never(redis_url, redis_server):
+    events = []
+    short = RedisTier(redis_url, secret=SECRET, ttl=0.3, on_event=lambda name, amount=1: events.append(name))
+    forever = RedisTier(redis_url, secret=SECRET, ttl=0)
+    blob = frame("source", {"key": "k"}, [b"__global__ void k() {}"])
+    try:
+        assert short.put("a" * 32, blob) and forever.put("b" * 32, blob)
+        assert short.get("a" * 32) == blob
+        time.sleep(0.6)
+        assert short.get("a" * 32) is None and events[-1] == "remote_misses"
+        with redis_server.client() as client:
+            assert client.pttl(forever.redis_key("b" * 32)) == -1
+    finally:
+        short.close()
+        forever.close()
+
+
+# ---- Redis down, slow, refusing --------------------------------------------------------------
+
+
+def test_redis_killed_mid_run_still_correct_and_fast(tmp_path, own_redis, caplog):
+    vadd, target = cc.lower_for_codegen(kernels.vadd, "llvm")
+    vmul, _ = cc.lower_for_codegen(kernels.vmul, "llvm")
+    codegen, calls = _counting()
+    a = cc.CodegenCache(tmp_path / "a", remote=own_redis.url, remote_secret=SECRET)  # write-behind, as in use
+    b = cc.CodegenCache(tmp_path / "b", remote=own_redis.url, remote_secret=SECRET)
+    try:
+        a.lower(vadd, target, codegen=codegen)
+        a.flush()
+        own_redis.kill()
+        ones = np.arange(1024, dtype="float32")
+        for cache, mod, func, expected in ((a, vmul, "vmul", ones * ones), (b, vadd, "vadd", 2 * ones),
+                                           (b, vmul, "vmul", ones * ones)):
+            t0 = time.perf_counter()
+            module, outcome = cache.lower_with_outcome(mod, target, codegen=codegen)
+            elapsed = time.perf_counter() - t0
+            assert outcome.tier in ("built", "memory") and elapsed < NO_HANG_SECONDS, (outcome, elapsed)
+            np.testing.assert_array_equal(_run(module, func), expected)
+        a.flush()
+        b.flush()
+        sa, sb = a.stats(), b.stats()
+        assert sa.errors.get("remote", 0) + sb.errors.get("remote", 0) >= 2
+        assert sb.remote_offline >= 1  # later calls did not even try the dead server
+    finally:
+        a.close()
+        b.close()
+    assert len(calls) == 4  # vadd on A before the kill; then vmul on A, vadd and vmul on B
+    # One warning per tier (cache), whatever the number of failed calls.
+    warnings = [r for r in _remote_records(caplog) if "local-only" in r.getMessage()]
+    assert len(warnings) == 2
+
+
+def test_hung_redis_costs_one_timeout_then_local_only(tmp_path, own_redis, caplog):
+    """A server that accepts connections but never answers (SIGSTOP): no hang, one warning."""
+    vadd, target = cc.lower_for_codegen(kernels.vadd, "llvm")
+    vmul, _ = cc.lower_for_codegen(kernels.vmul, "llvm")
+    c = cc.CodegenCache(tmp_path / "c", remote=own_redis.url, remote_secret=SECRET)
+    try:
+        own_redis.proc.send_signal(signal.SIGSTOP)
+        t0 = time.perf_counter()
+        c.lower(vadd, target)
+        c.lower(vmul, target)
+        c.flush()
+        elapsed = time.perf_counter() - t0
+        assert elapsed < NO_HANG_SECONDS
+        stats = c.stats()
+        # The first lookup timed out; the rest (the lease re-check, vmul, both stores) skipped Redis.
+        assert stats.errors.get("remote") == 1 and stats.remote_offline >= 3 and stats.builds == 2
+    finally:
+        own_redis.proc.send_signal(signal.SIGCONT)
+        c.close()
+    assert len([r for r in _remote_records(caplog) if "local-only" in r.getMessage()]) == 1
+
+
+def test_tier_comes_back_after_the_backoff(own_redis, caplog):
+    caplog.set_level(logging.INFO, logger=REMOTE_LOGGER)
+    tier = RedisTier(own_redis.url, secret=SECRET, timeout=0.2, backoff=0.3)
+    blob = frame("source", {"key": "k"}, [b"x"])  # noqa: SLF001
+    try:
+        own_redis.proc.send_signal(signal.SIGSTOP)
+        assert tier.put("k" * 32, blob) is False
+        assert tier.get("k" * 32) is None  # offline: no wait
+        own_redis.proc.send_signal(signal.SIGCONT)
+        time.sleep(0.4)
+        assert tier.put("k" * 32, blob) and tier.get("k" * 32) == blob
+    finally:
+        own_redis.proc.send_signal(signal.SIGCONT)
+        tier.close()
+    assert any("reachable again" in r.getMessage() for r in _remote_records(caplog, logging.INFO))
+
+
+def test_refused_connection_compiles_locally(tmp_path, llvm_vadd, caplog):
+    """Nothing listens on the port: connection refused, the cache works local-only."""
+    mod, target = llvm_vadd
+    url = f"redis://127.0.0.1:{_free_port()}/0"
+    c = cc.CodegenCache(tmp_path / "c", remote=url, remote_secret=SECRET, write_behind=False)
+    try:
+        t0 = time.perf_counter()
+        module = c.lower(mod, target)
+        assert time.perf_counter() - t0 < NO_HANG_SECONDS
+        np.testing.assert_array_equal(_run(module), 2 * np.arange(1024, dtype="float32"))
+        assert c.lower_with_outcome(mod, target)[1].tier == "memory"
+        assert c.stats().errors.get("remote") == 1
+    finally:
+        c.close()
+    assert len(_remote_records(caplog)) == 1
+
+
+# ---- configuration ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("http://cache.example:6379", "scheme 'http'"),
+        ("127.0.0.1:6379", "no scheme"),
+        ("redis://", "no host"),
+        ("redis://127.0.0.1:99999/0", "out of range"),
+        ("redis://127.0.0.1:6379/zero", "database 'zero'"),
+        ("unix://", "socket path"),
+        ("", ""),
+    ],
+)
+def test_bad_url_error_names_the_value_and_what_is_accepted(url, why):
+    with pytest.raises(cc.ConfigError, match="CODEGEN_CACHE_REMOTE") as info:
+        RedisTier(url)
+    message = str(info.value)
+    assert repr(url) in message and why in message
+    assert "redis://" in message and "rediss://" in message and "unix://" in message
+
+
+def test_bad_url_error_hides_the_password():
+    with pytest.raises(cc.ConfigError, match=r"redis://:\*\*\*@h:6379/x") as info:
+        RedisTier("redis://:hunter2@h:6379/x")
+    assert "hunter2" not in str(info.value)
+
+
+def test_cache_with_bad_remote_fails_at_construction(tmp_path):
+    with pytest.raises(cc.ConfigError, match="'ftp://x'.*expected redis://"):
+        cc.CodegenCache(tmp_path, remote="ftp://x")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"max_entry_bytes": 0}, "remote_max_entry_bytes"),
+        ({"ttl": -1}, "remote_ttl"),
+        ({"timeout": 0}, "timeout"),
+        ({"secret": ""}, "remote_secret"),
+    ],
+)
+def test_bad_options_fail_at_construction(kwargs, match):
+    with pytest.raises(cc.ConfigError, match=match):
+        RedisTier("redis://127.0.0.1:6379/0", **kwargs)
+
+
+def test_good_urls_are_accepted_without_connecting():
+    for url in ("redis://127.0.0.1:1/0", "rediss://user:pw@cache.internal:6380/2",
+                "unix:///run/redis/redis.sock?db=1", "redis://[::1]:6379"):
+        RedisTier(url, secret=SECRET).close()
+
+
+# ---- measurement (not in the default run) ------------------------------------------------------
+
+
+@pytest.mark.stress
+def test_measure_remote_costs(tmp_path, redis_url, capsys):
+    """Figures for docs/remote.md: pytest tests/test_remote.py --stress -k measure -s"""
+    tier = RedisTier(redis_url, secret=SECRET)
+    lines = []
+    for size in (16 << 10, 1 << 20, 16 << 20):
+        blob = frame("source", {"key": "k"}, [os.urandom(size)])
+        puts, gets = [], []
+        for i in range(20 if size < (16 << 20) else 5):
+            t0 = time.perf_counter()
+            assert tier.put(f"{size}-{i}", blob)
+            puts.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            assert tier.get(f"{size}-{i}") == blob
+            gets.append(time.perf_counter() - t0)
+        lines.append(f"entry {size >> 10:>6} KiB: put {statistics.median(puts) * 1e3:8.2f} ms, "
+                     f"get+verify {statistics.median(gets) * 1e3:8.2f} ms (median)")
+    tier.close()
+
+    # What a miss costs the caller with and without the remote (write-behind: the put is on the
+    # writer thread). recache=True rebuilds and stores every time.
+    mod, target = cc.lower_for_codegen(kernels.vadd, "llvm")
+    for label, remote in (("no remote", None), ("remote", redis_url)):
+        c = cc.CodegenCache(tmp_path / label, remote=remote, remote_secret=SECRET, recache=True)
+        c.lower(mod, target)
+        c.flush()
+        times = []
+        for _ in range(20):
+            t0 = time.perf_counter()
+            c.lower(mod, target)
+            times.append(time.perf_counter() - t0)
+            c.flush()
+        c.close()
+        lines.append(f"lower() of a built llvm vadd, caller side, {label}: {statistics.median(times) * 1e3:.2f} ms")
+    blob_size = len(frame("source", {}, [b""]))
+    lines.append(f"(frame overhead {blob_size} bytes, envelope 6 + 32 bytes)")
+    with capsys.disabled():
+        print("\n" + "\n".join(lines))
