@@ -235,3 +235,13 @@ def test_stats_from_processes_add_up_and_reset(tmp_path):
     assert stats.saved_seconds > 0
     cache.reset_stats()
     assert cache.stats().hits == 0 and cache.stats().builds == 0
+
+
+def test_evictions_are_counted(tmp_path):
+    cache = cc.CodegenCache(tmp_path / "cache", memory_entries=1, source_size_limit=200_000, write_behind=False)
+    for i in range(50, 58):
+        mod, target = variant(i)
+        cache.lower(mod, target, compile_device=False)  # LLVM IR text, about 10 KB each
+    stats = cache.stats(shared=False)
+    assert stats.evictions_memory == 7
+    assert stats.evictions >= 1 and len(cache.store("source")) < 8

@@ -115,16 +115,18 @@ class CodegenCache:
         self.directory = Path(settings.directory)
         self.registry = default_registry if registry is None else registry
         self.write_behind = write_behind
+        self._stats = StatsRecorder(self.directory / "stats.sqlite")
         self._stores = {
-            "compiled": ArtifactStore(self.directory / "compiled", size_limit=settings.compiled_size_limit),
-            "source": ArtifactStore(self.directory / "source", size_limit=settings.source_size_limit),
+            name: ArtifactStore(self.directory / name, size_limit=limit,
+                                on_evict=lambda n: self._stats.add("evictions", n))
+            for name, limit in (("compiled", settings.compiled_size_limit), ("source", settings.source_size_limit))
         }
         self._failures = ArtifactStore(self.directory / "failures", size_limit=64 << 20)
         self._leases = LeaseManager(
             ArtifactStore(self.directory / "leases", size_limit=16 << 20), timeout=settings.lease_timeout
         )
-        self._memory = MemoryTier(max_entries=settings.memory_entries, max_bytes=settings.memory_bytes)
-        self._stats = StatsRecorder(self.directory / "stats.sqlite")
+        self._memory = MemoryTier(max_entries=settings.memory_entries, max_bytes=settings.memory_bytes,
+                                  on_evict=lambda: self._stats.add("evictions_memory"))
         self._warned: set[str] = set()
         self._queue: queue.Queue[_StoreJob | None] = queue.Queue()
         self._writer: threading.Thread | None = None

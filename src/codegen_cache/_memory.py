@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,9 +27,10 @@ class MemoryEntry:
 class MemoryTier:
     """LRU of MemoryEntry by key; evicts past `max_entries` or `max_bytes`."""
 
-    def __init__(self, *, max_entries: int, max_bytes: int) -> None:
+    def __init__(self, *, max_entries: int, max_bytes: int, on_evict: Callable[[], None] | None = None) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
+        self.on_evict = on_evict
         self._entries: OrderedDict[str, MemoryEntry] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
@@ -56,6 +58,8 @@ class MemoryTier:
                 _, evicted = self._entries.popitem(last=False)
                 self._bytes -= evicted.nbytes
                 self.evictions += 1
+                if self.on_evict is not None:
+                    self.on_evict()
 
     def discard(self, key: str) -> None:
         """Forget `key`."""

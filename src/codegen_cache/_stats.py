@@ -28,6 +28,7 @@ COUNTERS = (
     "stores",
     "stores_skipped",
     "evictions",
+    "evictions_memory",
     "collisions",
     "corrupt",
     "failures_stored",
@@ -57,6 +58,7 @@ class CacheStats:
     stores: int = 0
     stores_skipped: int = 0
     evictions: int = 0
+    evictions_memory: int = 0
     collisions: int = 0
     corrupt: int = 0
     failures_stored: int = 0

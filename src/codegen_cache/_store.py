@@ -11,7 +11,7 @@ import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import diskcache
@@ -61,10 +61,12 @@ class SafeDisk(diskcache.Disk):
 class ArtifactStore:
     """One diskcache store (e.g. <dir>/compiled) of framed artifacts, opened lazily."""
 
-    def __init__(self, directory: Path, *, size_limit: int, timeout: float = 2.0) -> None:
+    def __init__(self, directory: Path, *, size_limit: int, timeout: float = 2.0,
+                 on_evict: Callable[[int], None] | None = None) -> None:
         self.directory = Path(directory)
         self.size_limit = size_limit
         self.timeout = timeout
+        self.on_evict = on_evict
         self._cache: diskcache.Cache | None = None
         self._pid = -1
         self._lock = threading.Lock()
@@ -83,7 +85,7 @@ class ArtifactStore:
                     disk=SafeDisk,
                     size_limit=self.size_limit,
                     eviction_policy="least-recently-stored",  # no write on every hit
-                    cull_limit=10,
+                    cull_limit=0,  # we cull after each put, to count what goes
                     statistics=False,
                 )
                 self._pid = os.getpid()
@@ -94,8 +96,14 @@ class ArtifactStore:
         return self._open().get(key, default=None, retry=False)
 
     def put(self, key: str, blob: bytes, *, expire: float | None = None, tag: str | None = None) -> bool:
-        """Store `blob` under `key` (atomic for readers); True when stored."""
-        return bool(self._open().set(key, blob, expire=expire, tag=tag, retry=False))
+        """Store `blob` under `key` (atomic for readers), then evict to the size limit."""
+        cache = self._open()
+        stored = bool(cache.set(key, blob, expire=expire, tag=tag, retry=False))
+        if cache.volume() > self.size_limit:
+            evicted = int(cache.cull(retry=False))
+            if evicted and self.on_evict is not None:
+                self.on_evict(evicted)
+        return stored
 
     def add(self, key: str, blob: bytes, *, expire: float | None = None) -> bool:
         """Store `blob` only if `key` is absent; True when this call stored it."""
