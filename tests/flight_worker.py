@@ -30,11 +30,15 @@ def main() -> None:
     parser.add_argument("count", type=int)
     parser.add_argument("--lease-timeout", type=float, default=None)
     parser.add_argument("--lease-wait", type=float, default=None)
+    parser.add_argument("--start-at", type=float, default=None, help="time.time() to start lowering at")
     args = parser.parse_args()
     cache = cc.CodegenCache(args.directory, lease_timeout=args.lease_timeout, lease_wait=args.lease_wait)
     inputs = [variant(i) for i in range(args.first, args.first + args.count)]
     print(json.dumps({"ready": True}), flush=True)
     tiers, wrong = [], []
+    if args.start_at:
+        time.sleep(max(0.0, args.start_at - time.time()))  # a common start for all workers
+    started = time.time()
     start = time.perf_counter()
     for i, (mod, target) in zip(range(args.first, args.first + args.count), inputs):
         module, outcome = cache.lower_with_outcome(mod, target, codegen=SLOW_LLVM)
@@ -46,7 +50,7 @@ def main() -> None:
             wrong.append(i)
     wall = time.perf_counter() - start
     cache.close()
-    print(json.dumps({"tiers": tiers, "wrong": wrong, "wall": wall, "stats": cache.stats(shared=False).as_dict()}), flush=True)
+    print(json.dumps({"tiers": tiers, "wrong": wrong, "wall": wall, "started": started, "ended": started + wall, "stats": cache.stats(shared=False).as_dict()}), flush=True)
 
 
 if __name__ == "__main__":
