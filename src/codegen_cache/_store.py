@@ -7,10 +7,15 @@ hostile cache directory yields an error that the cache turns into a miss.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
+import re
 import sqlite3
+import stat
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -18,7 +23,15 @@ import diskcache
 
 from ._errors import ArtifactError
 
-__all__ = ["STORAGE_ERRORS", "ArtifactStore", "SafeDisk", "UnsafeEntryError"]
+__all__ = [
+    "STORAGE_ERRORS",
+    "ArtifactStore",
+    "ReadOnlyStoreError",
+    "SafeDisk",
+    "UnsafeEntryError",
+    "share_file_mode",
+    "storage_fault",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -30,8 +43,60 @@ class UnsafeEntryError(ArtifactError):
         super().__init__(reason, kind="store row")
 
 
+class ReadOnlyStoreError(OSError):
+    """A write to a store whose directory cannot be written (read-only mount, no permission)."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(errno.EROFS, "cache store is read-only", str(directory))
+
+
 # What the storage can raise; the cache turns each into a miss or a skipped store.
 STORAGE_ERRORS = (sqlite3.Error, OSError, diskcache.Timeout)
+# diskcache names value files <2 hex>/<2 hex>/<28 hex>.val; a row naming anything else was
+# planted, and following it would read or delete files outside the store.
+_VALUE_FILE = re.compile(r"^[0-9a-f]{2}[/\\][0-9a-f]{2}[/\\][0-9a-f]{28}\.val$")
+_DB_FILES = ("cache.db", "cache.db-wal", "cache.db-shm")
+_SQLITE_READONLY, _SQLITE_FULL = 8, 13  # result codes (sqlite3 names them only from Python 3.11)
+
+
+def storage_fault(err: BaseException) -> str | None:
+    """'no-space' or 'read-only' when a storage error is one of those, else None."""
+    if isinstance(err, OSError):
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return "no-space"
+        if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            return "read-only"
+    if isinstance(err, sqlite3.Error):
+        code = getattr(err, "sqlite_errorcode", None)  # Python 3.11+
+        text = str(err).lower()
+        if code == _SQLITE_FULL or "disk is full" in text:
+            return "no-space"
+        if code == _SQLITE_READONLY or "readonly database" in text:
+            return "read-only"
+    return None
+
+
+def share_file_mode(path: str | os.PathLike[str]) -> None:
+    """Give a file we own the group-write bit of its directory, and never world-write.
+
+    SQLite creates databases 0644 whatever the umask, so in a group-writable (team) directory
+    the second user could not write them; value files and directories follow the umask,
+    which could make them world-writable (umask 000).
+    """
+    try:
+        info = os.stat(path)
+        if info.st_uid != os.geteuid():
+            return
+        mode = stat.S_IMODE(info.st_mode)
+        if mode & stat.S_ISVTX:
+            return  # a sticky directory (/tmp-like) is meant to be shared: not ours to narrow
+        wanted = mode & ~stat.S_IWOTH
+        if stat.S_ISREG(info.st_mode) and os.stat(os.path.dirname(os.path.abspath(path))).st_mode & stat.S_IWGRP:
+            wanted |= stat.S_IWGRP | stat.S_IRGRP
+        if wanted != mode:
+            os.chmod(path, wanted)
+    except OSError:
+        pass  # gone, or not ours to change: leave it
 
 
 class SafeDisk(diskcache.Disk):
@@ -55,7 +120,114 @@ class SafeDisk(diskcache.Disk):
     def fetch(self, mode, filename, value, read):
         if mode != diskcache.core.MODE_RAW and mode != diskcache.core.MODE_BINARY:
             raise UnsafeEntryError(f"refusing to read a cache row of mode {mode} (only bytes are stored)")
+        if mode == diskcache.core.MODE_BINARY and not _VALUE_FILE.match(str(filename)):
+            raise UnsafeEntryError(f"refusing to read value file {str(filename)[:80]!r} (not a store file name)")
         return super().fetch(mode, filename, value, read)
+
+    def remove(self, file_path):
+        # diskcache removes the file a row names when the row goes (delete, cull, clear):
+        # a planted '../../x' must not delete files outside the store.
+        if not _VALUE_FILE.match(str(file_path)):
+            logger.warning("codegen cache: not removing %r named by a store row (not a store file name)",
+                           str(file_path)[:200])
+            return
+        super().remove(file_path)
+
+    def _write(self, full_path, iterator, mode, encoding=None):
+        # diskcache leaves a partly written value file behind when the write fails (a full
+        # disk): no row refers to it, so it would hold that space for good. Remove it.
+        existed = os.path.exists(full_path)
+        try:
+            size = super()._write(full_path, iterator, mode, encoding)
+        except OSError:
+            if not existed:
+                with contextlib.suppress(OSError):
+                    os.remove(full_path)
+            raise
+        subdir = os.path.dirname(full_path)
+        for path in (full_path, subdir, os.path.dirname(subdir)):
+            share_file_mode(path)
+        return size
+
+
+def _writable(directory: Path) -> bool:
+    """Whether a store can be opened for writing (checks the nearest existing ancestor)."""
+    existing = directory
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return False
+    db = directory / "cache.db"
+    return not db.exists() or os.access(db, os.R_OK | os.W_OK)
+
+
+class ReadOnlyView:
+    """The read side of a diskcache store in a directory that cannot be written.
+
+    diskcache itself cannot open one (it writes its settings on open, and a WAL database
+    needs its -shm file), so rows are read with SQLite in read-only mode, through SafeDisk's
+    checks; every write raises ReadOnlyStoreError, which the cache turns into a skipped store.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._disk = SafeDisk(str(directory))
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        db = directory / "cache.db"
+        if db.exists():
+            try:
+                self._conn = self._connect(db, immutable=False)
+            except sqlite3.Error:
+                # A WAL database on read-only media without its -shm file opens only as
+                # immutable (SQLite then skips locking: entries are still checksummed).
+                self._conn = self._connect(db, immutable=True)
+
+    @staticmethod
+    def _connect(db: Path, *, immutable: bool) -> sqlite3.Connection:
+        uri = f"{db.absolute().as_uri()}?mode=ro" + ("&immutable=1" if immutable else "")
+        conn = sqlite3.connect(uri, uri=True, timeout=2.0, check_same_thread=False)
+        conn.execute("SELECT COUNT(*) FROM Cache").fetchone()
+        return conn
+
+    def _query(self, sql: str, args: tuple = ()) -> list[tuple]:
+        if self._conn is None:
+            return []
+        with self._lock:
+            return self._conn.execute(sql, args).fetchall()
+
+    def get(self, key: str, default=None, retry: bool = False):
+        rows = self._query("SELECT mode, filename, value, expire_time FROM Cache WHERE key = ? AND raw = 1", (key,))
+        if not rows:
+            return default
+        mode, filename, value, expire_time = rows[0]
+        if expire_time is not None and expire_time < time.time():
+            return default
+        try:
+            return self._disk.fetch(mode, filename, value, False)
+        except FileNotFoundError:
+            return default
+
+    def __iter__(self) -> Iterator[str]:
+        for key, raw in self._query("SELECT key, raw FROM Cache ORDER BY rowid"):
+            yield self._disk.get(key, raw)
+
+    def __len__(self) -> int:
+        return int(self._query("SELECT COUNT(*) FROM Cache")[0][0]) if self._conn is not None else 0
+
+    def volume(self) -> int:
+        return int(self._query("SELECT COALESCE(SUM(size), 0) FROM Cache")[0][0]) if self._conn is not None else 0
+
+    def _refuse(self, *args, **kwargs):
+        raise ReadOnlyStoreError(self.directory)
+
+    set = add = delete = expire = clear = cull = _refuse
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+            self._conn = None
 
 
 class ArtifactStore:
@@ -78,6 +250,10 @@ class ArtifactStore:
             return cache
         with self._lock:
             if self._cache is None or self._pid != os.getpid():
+                if not _writable(self.directory):
+                    self._cache = ReadOnlyView(self.directory)  # type: ignore[assignment]
+                    self._pid = os.getpid()
+                    return self._cache
                 self.directory.mkdir(parents=True, exist_ok=True)
                 self._cache = diskcache.Cache(
                     str(self.directory),
@@ -89,7 +265,14 @@ class ArtifactStore:
                     statistics=False,
                 )
                 self._pid = os.getpid()
+                for path in (self.directory, *(self.directory / n for n in _DB_FILES)):
+                    share_file_mode(path)
             return self._cache
+
+    @property
+    def read_only(self) -> bool:
+        """True when the store's directory cannot be written: reads work, writes raise."""
+        return isinstance(self._open(), ReadOnlyView)
 
     def get(self, key: str) -> bytes | None:
         """The bytes stored under `key`, or None."""
