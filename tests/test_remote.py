@@ -35,29 +35,44 @@ NO_HANG_SECONDS = 10.0
 
 
 class RedisServer:
-    """A redis-server process on a free loopback port, in its own directory."""
+    """A redis-server process on a free loopback port, in its own directory (TLS: with certs)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, tls: Path | None = None) -> None:
         self.directory = directory
+        self.tls = tls
         self.proc: subprocess.Popen | None = None
         self.port = 0
+        log = directory / "redis-server.log"
         for _attempt in range(5):
             self.port = _free_port()
-            self.proc = subprocess.Popen(
-                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                 "--appendonly", "no", "--dir", str(directory)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )
+            ports = ["--port", str(self.port)]
+            if tls is not None:
+                ports = ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", str(tls / "server.pem"),
+                         "--tls-key-file", str(tls / "server.key"), "--tls-ca-cert-file", str(tls / "ca.pem"),
+                         "--tls-auth-clients", "no"]
+            with open(log, "wb") as out:
+                self.proc = subprocess.Popen(
+                    ["redis-server", *ports, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                     "--dir", str(directory)],
+                    stdout=out, stderr=subprocess.STDOUT,
+                )
             if self._wait_ready():
                 return
             self.close()  # the port was taken between the probe and the start: try another
+            if tls is not None and "tls" in log.read_text(errors="replace").lower():
+                pytest.skip(f"redis-server cannot serve TLS here: {log.read_text(errors='replace')[-300:]}")
         raise RuntimeError(f"redis-server did not start on a loopback port (last tried {self.port})")
 
     @property
     def url(self) -> str:
+        if self.tls is not None:
+            return f"rediss://127.0.0.1:{self.port}/0?ssl_ca_certs={self.tls / 'ca.pem'}"
         return f"redis://127.0.0.1:{self.port}/0"
 
     def client(self):
+        if self.tls is not None:
+            return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5, ssl=True,
+                               ssl_ca_certs=str(self.tls / "ca.pem"))
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
 
     def _wait_ready(self) -> bool:
@@ -456,6 +471,52 @@ def test_refused_connection_compiles_locally(tmp_path, llvm_vadd, caplog):
     assert len(_remote_records(caplog)) == 1
 
 
+# ---- TLS -------------------------------------------------------------------------------------
+
+
+def _make_certs(directory: Path) -> Path:
+    """A throwaway CA and a server certificate for 127.0.0.1, made with openssl."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed; the rediss:// test needs it to make certificates")
+    directory.mkdir()
+
+    def run(*args):
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True, timeout=120)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+        "-subj", "/CN=codegen-cache test CA")
+    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
+        "-subj", "/CN=127.0.0.1")
+    (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+        "-out", "server.pem", "-days", "2", "-extfile", "san.ext")
+    return directory
+
+
+@pytest.fixture
+def tls_redis(tmp_path):
+    """A redis-server that speaks only TLS, with its CA; reaped at the end."""
+    _need_redis_server()
+    server = RedisServer(tmp_path, tls=_make_certs(tmp_path / "certs"))
+    yield server
+    server.close()
+
+
+def test_rediss_shares_entries_and_an_untrusted_server_is_local_only(hosts, tls_redis, llvm_vadd, caplog):
+    mod, target = llvm_vadd
+    codegen, calls = _counting()
+    hosts("a", tls_redis.url).lower(mod, target, codegen=codegen)
+    assert hosts("b", tls_redis.url).lower_with_outcome(mod, target, codegen=codegen)[1].tier == "remote"
+    assert len(calls) == 1
+    # Without the team CA the server's certificate does not verify: nothing is read from it.
+    untrusted = hosts("c", tls_redis.url.partition("?")[0])
+    module, outcome = untrusted.lower_with_outcome(mod, target, codegen=codegen)
+    assert outcome.tier == "built" and len(calls) == 2
+    np.testing.assert_array_equal(_run(module), 2 * np.arange(1024, dtype="float32"))
+    assert untrusted.stats().errors.get("remote") == 1
+    assert any("CERTIFICATE_VERIFY_FAILED" in r.getMessage() for r in _remote_records(caplog))
+
+
 # ---- configuration ---------------------------------------------------------------------------
 
 
@@ -530,6 +591,12 @@ def test_measure_remote_costs(tmp_path, redis_url, capsys):
             gets.append(time.perf_counter() - t0)
         lines.append(f"entry {size >> 10:>6} KiB: put {statistics.median(puts) * 1e3:8.2f} ms, "
                      f"get+verify {statistics.median(gets) * 1e3:8.2f} ms (median)")
+    misses = []
+    for i in range(50):
+        t0 = time.perf_counter()
+        assert tier.get(f"missing-{i}") is None
+        misses.append(time.perf_counter() - t0)
+    lines.append(f"get of a missing key: {statistics.median(misses) * 1e3:.2f} ms (median)")
     tier.close()
 
     # What a miss costs the caller with and without the remote (write-behind: the put is on the
