@@ -30,7 +30,8 @@ from ._memory import MemoryEntry, MemoryTier
 from ._outcome import Outcome, _emit_fields, last_outcome
 from ._registry import DeviceCodegen, DeviceCodegenRegistry, default_registry
 from ._stats import CacheStats, StatsRecorder
-from ._store import STORAGE_ERRORS, ArtifactStore
+from ._fsprobe import warn_if_unsafe
+from ._store import STORAGE_ERRORS, ArtifactStore, storage_fault
 from ._targets import TargetLike, as_target
 
 __all__ = ["CodegenCache"]
@@ -113,6 +114,7 @@ class CodegenCache:
         _check_settings(settings)
         self.settings = settings
         self.directory = Path(settings.directory)
+        warn_if_unsafe(self.directory)  # SQLite is not safe on NFS/SMB/FUSE: say so once per directory
         self.registry = default_registry if registry is None else registry
         self.write_behind = write_behind
         self._stats = StatsRecorder(self.directory / "stats.sqlite")
@@ -261,6 +263,9 @@ class CodegenCache:
         if not collision and not self.settings.recache:
             leased, found = self._single_flight(key, mod, mode)
             if found is not None:
+                # Stored by another process while we waited: counted as a hit by the lookup,
+                # so take back the miss (each lower counts as exactly one hit or miss).
+                self._stats.add("misses", -1)
                 tier, module, meta, load = found
                 return done(tier, module, load, float(meta.get("build_seconds", 0.0)))
         try:
@@ -569,6 +574,7 @@ class CodegenCache:
             self._memory.put(job.key.digest, MemoryEntry(job.module, job.ir, len(blob), job.pending.meta))
             if self._guard("write", self._stores[job.store].put, job.key.digest, blob):
                 self._stats.add("stores")
+                self._warned.discard("no-space")  # space is back: warn again if it fills up
             else:
                 self._stats.add("stores_skipped")
             if self._remote is not None:
@@ -600,8 +606,18 @@ class CodegenCache:
 
     def _count_error(self, kind: str, err: BaseException) -> None:
         self._stats.add(f"error:{kind}")
-        self._warn_once(kind, "codegen cache: %s failed (%s: %s); continuing without the cache for it",
-                        kind, type(err).__name__, err)
+        # A full disk or a read-only directory fails reads, encodes and writes alike: one
+        # warning per fault says what is wrong, not one per operation it broke.
+        fault = storage_fault(err)
+        if fault == "no-space":
+            self._warn_once(fault, "codegen cache: no space left for %s (%s); compiling without storing "
+                            "until space is freed", self.directory, err)
+        elif fault == "read-only":
+            self._warn_once(fault, "codegen cache: %s cannot be written (%s); serving the entries it has "
+                            "and storing nothing new", self.directory, err)
+        else:
+            self._warn_once(kind, "codegen cache: %s failed (%s: %s); continuing without the cache for it",
+                            kind, type(err).__name__, err)
 
     def _warn_once(self, kind: str, msg: str, *args: object) -> None:
         if kind in self._warned:
