@@ -31,7 +31,7 @@ from ._outcome import Outcome, _emit_fields, last_outcome
 from ._registry import DeviceCodegen, DeviceCodegenRegistry, default_registry
 from ._stats import CacheStats, StatsRecorder
 from ._fsprobe import warn_if_unsafe
-from ._store import STORAGE_ERRORS, ArtifactStore, storage_fault
+from ._store import STORAGE_ERRORS, ArtifactStore, ReadOnlyStoreError, storage_fault
 from ._targets import TargetLike, as_target
 
 __all__ = ["CodegenCache"]
@@ -609,7 +609,9 @@ class CodegenCache:
         # A full disk or a read-only directory fails reads, encodes and writes alike: one
         # warning per fault says what is wrong, not one per operation it broke.
         fault = storage_fault(err)
-        if fault == "no-space":
+        if isinstance(err, ReadOnlyStoreError):
+            logger.debug("codegen cache: %s skipped: %s", kind, err)  # the store warned when it opened
+        elif fault == "no-space":
             self._warn_once(fault, "codegen cache: no space left for %s (%s); compiling without storing "
                             "until space is freed", self.directory, err)
         elif fault == "read-only":

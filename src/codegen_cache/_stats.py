@@ -15,6 +15,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ._store import share_file_mode, storage_fault
+
 __all__ = ["COUNTERS", "CacheStats", "StatsRecorder"]
 
 logger = logging.getLogger(__name__)
@@ -137,6 +139,7 @@ class StatsRecorder:
     def _connect(self) -> sqlite3.Connection:
         assert self.path is not None
         conn = sqlite3.connect(str(self.path), timeout=2.0, isolation_level=None)
+        share_file_mode(self.path)  # SQLite creates it 0644: a team cache needs it group-writable
         conn.execute("CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value REAL NOT NULL)")
         return conn
 
@@ -163,7 +166,9 @@ class StatsRecorder:
             with self._lock:
                 self._pending.update(pending)
             if not self._failed:
-                logger.warning("codegen cache: cannot write stats to %s (%s); counting in memory", self.path, err)
+                # A full disk or a read-only directory is the cache's one warning, not ours too.
+                log = logger.debug if storage_fault(err) else logger.warning
+                log("codegen cache: cannot write stats to %s (%s); counting in memory", self.path, err)
                 self._failed = True
 
     def shared(self) -> CacheStats:

@@ -150,6 +150,17 @@ class SafeDisk(diskcache.Disk):
         return size
 
 
+_read_only_warned: set[Path] = set()
+
+
+def _warn_read_only(root: Path) -> None:
+    # Once per cache directory and process: its four stores open read-only together.
+    if root not in _read_only_warned:
+        _read_only_warned.add(root)
+        logger.warning("codegen cache: %s cannot be written (read-only mount or no permission); "
+                       "serving the entries it has and storing nothing new", root)
+
+
 def _writable(directory: Path) -> bool:
     """Whether a store can be opened for writing (checks the nearest existing ancestor)."""
     existing = directory
@@ -253,6 +264,7 @@ class ArtifactStore:
                 if not _writable(self.directory):
                     self._cache = ReadOnlyView(self.directory)  # type: ignore[assignment]
                     self._pid = os.getpid()
+                    _warn_read_only(self.directory.parent)
                     return self._cache
                 self.directory.mkdir(parents=True, exist_ok=True)
                 self._cache = diskcache.Cache(
