@@ -66,7 +66,7 @@ def test_four_processes_compile_each_cold_key_once(tmp_path):
     tiers = Counter(t for r in results for t in r["tiers"])
     assert tiers["built"] == 5 and tiers["disk"] == 15
     stats = cc.CodegenCache(tmp_path / "cache").stats()
-    assert (stats.builds, stats.hits_disk, stats.misses) == (5, 15, 20)
+    assert (stats.builds, stats.hits_disk, stats.misses) == (5, 15, 5)  # one hit or miss per lower
 
 
 def test_killed_lease_holder_is_taken_over(tmp_path):

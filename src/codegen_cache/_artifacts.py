@@ -2,8 +2,9 @@
 
 Frame (little-endian):
     magic b"CGCA" | u16 format version | u8 codec length | codec name | u32 meta length |
-    meta (UTF-8 JSON) | u64 payload length | u64 xxh3-64 of everything after the magic but
-    the checksum itself | payload
+    meta (UTF-8 JSON: what a hit needs) | u32 info length | info (UTF-8 JSON: descriptive,
+    for tools; not parsed on a hit) | u64 payload length | u64 xxh3-64 of everything after
+    the magic but the checksum itself | payload
 
 The payload of each codec is a sequence of u64-length-prefixed fields.
 """
@@ -36,6 +37,8 @@ _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _TAIL = struct.Struct("<QQ")
 # Formats that runtime.SourceModuleCreate is given per fallback module kind.
+# Metadata a hit reads; everything else goes to the info section, parsed only by tools.
+HOT_META = frozenset({"key", "build_seconds", "source_format", "c_func_names", "module_kind", "ir_digest"})
 _SOURCE_FORMATS = {"cuda": "cu", "opencl": "cl", "metal": "metal", "webgpu": "wgsl", "source": ""}
 
 
@@ -69,16 +72,20 @@ def _unpack_fields(payload: bytes, codec: str) -> tuple[bytes, ...]:
 def frame(codec: str, meta: Mapping[str, Any], fields: Sequence[bytes]) -> bytes:
     """Frame a codec's fields with metadata and a checksum."""
     name = codec.encode("ascii")
-    meta_bytes = json.dumps(dict(meta), sort_keys=True, separators=(",", ":")).encode()
+    hot = {k: v for k, v in meta.items() if k in HOT_META}
+    info = {k: v for k, v in meta.items() if k not in HOT_META}
+    meta_bytes = json.dumps(hot, sort_keys=True, separators=(",", ":")).encode()
+    info_bytes = json.dumps(info, sort_keys=True, separators=(",", ":")).encode()
     payload = _pack_fields(fields)
-    body = _HEAD.pack(MAGIC, ARTIFACT_FORMAT_VERSION, len(name)) + name + _U32.pack(len(meta_bytes)) + meta_bytes
+    body = (_HEAD.pack(MAGIC, ARTIFACT_FORMAT_VERSION, len(name)) + name + _U32.pack(len(meta_bytes)) + meta_bytes
+            + _U32.pack(len(info_bytes)) + info_bytes)
     checksum = xxhash.xxh3_64(body[4:])
     checksum.update(_U64.pack(len(payload)))
     checksum.update(payload)
     return body + _TAIL.pack(len(payload), checksum.intdigest()) + payload
 
 
-def _parse_header(blob: bytes | memoryview) -> tuple[str, dict[str, Any], int, int, int]:
+def _parse_header(blob: bytes | memoryview, info: bool = True) -> tuple[str, dict[str, Any], int, int, int]:
     if len(blob) < _HEAD.size:
         raise ArtifactError(f"{len(blob)} bytes is shorter than the frame header")
     magic, version, name_len = _HEAD.unpack_from(blob, 0)
@@ -96,6 +103,16 @@ def _parse_header(blob: bytes | memoryview) -> tuple[str, dict[str, Any], int, i
             raise ArtifactError(f"metadata of {meta_len} bytes runs past the end", kind=codec)
         meta = json.loads(bytes(blob[pos : pos + meta_len]))
         pos += meta_len
+        (info_len,) = _U32.unpack_from(blob, pos)
+        pos += 4
+        if pos + info_len > len(blob):
+            raise ArtifactError(f"info of {info_len} bytes runs past the end", kind=codec)
+        if info:
+            extra = json.loads(bytes(blob[pos : pos + info_len]))
+            if not isinstance(extra, dict) or not isinstance(meta, dict):
+                raise ArtifactError("metadata is not a JSON object", kind=codec)
+            meta = {**extra, **meta}
+        pos += info_len
         payload_len, checksum = _TAIL.unpack_from(blob, pos)
     except (UnicodeDecodeError, ValueError, struct.error) as err:
         if isinstance(err, ArtifactError):
@@ -112,9 +129,12 @@ def read_meta(blob: bytes | memoryview) -> tuple[str, dict[str, Any]]:
     return codec, meta
 
 
-def unframe(blob: bytes | memoryview) -> Artifact:
-    """Check the framing and checksum of `blob` and split it; ArtifactError when malformed."""
-    codec, meta, pos, payload_len, checksum = _parse_header(blob)
+def unframe(blob: bytes | memoryview, *, info: bool = True) -> Artifact:
+    """Check the framing and checksum of `blob` and split it; ArtifactError when malformed.
+
+    info=False leaves the descriptive metadata unparsed (the hit path needs only the rest).
+    """
+    codec, meta, pos, payload_len, checksum = _parse_header(blob, info)
     start = pos + _TAIL.size
     if start + payload_len != len(blob):
         raise ArtifactError(
@@ -223,8 +243,11 @@ def _load_shared_library(data: bytes, scratch: str) -> Module:
 
 
 def decode(blob: bytes | memoryview, *, scratch: str) -> tuple[Module, dict[str, Any]]:
-    """Rebuild the runtime module of a framed artifact; ArtifactError when malformed."""
-    art = unframe(blob)
+    """Rebuild the runtime module of a framed artifact; ArtifactError when malformed.
+
+    The returned metadata holds what a hit needs (key, build_seconds, ...), not the info part.
+    """
+    art = unframe(blob, info=False)
     expected = {"llvm-so": 1, "cuda-bin": 4, "c": 1, "source": 1}
     if art.codec not in expected:
         raise ArtifactError(f"unknown codec {art.codec!r}; known: {sorted(expected)}")

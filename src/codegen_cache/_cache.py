@@ -134,6 +134,8 @@ class CodegenCache:
         self._writer: threading.Thread | None = None
         self._writer_lock = threading.Lock()
         self._remote = self._make_remote(remote, settings)
+        self._scratch_dir: str | None = None
+        self._scratch_pid = -1
         # Keys whose verified lookup found a different IRModule (a real hash collision).
         self._verify_collision: dict[str, bool] = {}
         _all_caches.add(self)
@@ -584,14 +586,18 @@ class CodegenCache:
                 self._leases.release(job.key.digest)
 
     def _scratch(self) -> str:
-        path = self.directory / "tmp"
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-            return str(path)
-        except OSError:
-            import tempfile
+        # Made once per process: a hit must not pay a mkdir.
+        if self._scratch_dir is None or self._scratch_pid != os.getpid():
+            path = self.directory / "tmp"
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+                self._scratch_dir = str(path)
+            except OSError:
+                import tempfile
 
-            return tempfile.gettempdir()
+                self._scratch_dir = tempfile.gettempdir()
+            self._scratch_pid = os.getpid()
+        return self._scratch_dir
 
     # ---- accounting -----------------------------------------------------------------------
 
