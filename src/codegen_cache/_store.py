@@ -12,6 +12,7 @@ import errno
 import logging
 import os
 import re
+import shutil
 import sqlite3
 import stat
 import threading
@@ -56,7 +57,16 @@ STORAGE_ERRORS = (sqlite3.Error, OSError, diskcache.Timeout)
 # planted, and following it would read or delete files outside the store.
 _VALUE_FILE = re.compile(r"^[0-9a-f]{2}[/\\][0-9a-f]{2}[/\\][0-9a-f]{28}\.val$")
 _DB_FILES = ("cache.db", "cache.db-wal", "cache.db-shm")
-_SQLITE_READONLY, _SQLITE_FULL = 8, 13  # result codes (sqlite3 names them only from Python 3.11)
+_SQLITE_READONLY, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_NOTADB = 8, 11, 13, 26  # sqlite3 names them from 3.11
+
+
+def _is_corrupt(err: sqlite3.DatabaseError) -> bool:
+    """True when SQLite says the database file itself is damaged (not locked, full or read-only)."""
+    code = getattr(err, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (_SQLITE_CORRUPT, _SQLITE_NOTADB)
+    text = str(err).lower()
+    return "malformed" in text or "not a database" in text
 
 
 def storage_fault(err: BaseException) -> str | None:
@@ -267,19 +277,58 @@ class ArtifactStore:
                     _warn_read_only(self.directory.parent)
                     return self._cache
                 self.directory.mkdir(parents=True, exist_ok=True)
-                self._cache = diskcache.Cache(
-                    str(self.directory),
-                    timeout=self.timeout,
-                    disk=SafeDisk,
-                    size_limit=self.size_limit,
-                    eviction_policy="least-recently-stored",  # no write on every hit
-                    cull_limit=0,  # we cull after each put, to count what goes
-                    statistics=False,
-                )
+                try:
+                    self._cache = self._connect()
+                except sqlite3.DatabaseError as err:
+                    if not _is_corrupt(err):
+                        raise
+                    self._start_afresh(err)
+                    self.directory.mkdir(parents=True, exist_ok=True)
+                    self._cache = self._connect()
                 self._pid = os.getpid()
                 for path in (self.directory, *(self.directory / n for n in _DB_FILES)):
                     share_file_mode(path)
             return self._cache
+
+    def _connect(self) -> diskcache.Cache:
+        return diskcache.Cache(
+            str(self.directory),
+            timeout=self.timeout,
+            disk=SafeDisk,
+            size_limit=self.size_limit,
+            eviction_policy="least-recently-stored",  # no write on every hit
+            cull_limit=0,  # we cull after each put, to count what goes
+            statistics=False,
+        )
+
+    def _start_afresh(self, err: sqlite3.DatabaseError) -> None:
+        # The index is damaged (not a database, malformed): none of its entries can be found
+        # again, and every process would fail on it for good. Move the whole store aside (one
+        # atomic rename: a racing process sees the old store or none, never half of each), then
+        # delete it; the caller opens an empty store in its place.
+        logger.warning("codegen cache: the index of %s is corrupt (%s); starting that store afresh",
+                       self.directory, err)
+        if self._cache is not None:
+            with contextlib.suppress(*STORAGE_ERRORS):
+                self._cache.close()
+        self._cache = None
+        aside = self.directory.with_name(f".{self.directory.name}.corrupt-{os.getpid()}-{time.time_ns()}")
+        try:
+            os.rename(self.directory, aside)
+        except OSError:
+            return  # another process moved it first
+        shutil.rmtree(aside, ignore_errors=True)
+
+    def _checked(self, func, *args, **kwargs):
+        # A store can also turn out damaged after it opened: start afresh, then fail this call
+        # (the cache counts it as a miss or a skipped store); the next call opens the new store.
+        try:
+            return func(*args, **kwargs)
+        except sqlite3.DatabaseError as err:
+            if _is_corrupt(err) and not isinstance(self._cache, ReadOnlyView):
+                with self._lock:
+                    self._start_afresh(err)
+            raise
 
     @property
     def read_only(self) -> bool:
@@ -288,7 +337,7 @@ class ArtifactStore:
 
     def get(self, key: str) -> bytes | None:
         """The bytes stored under `key`, or None."""
-        return self._open().get(key, default=None, retry=False)
+        return self._checked(lambda: self._open().get(key, default=None, retry=False))
 
     def put(self, key: str, blob: bytes, *, expire: float | None = None, tag: str | None = None) -> bool:
         """Store `blob` under `key` (atomic for readers), then evict to the size limit."""
