@@ -16,6 +16,7 @@ import threading
 import time
 import weakref
 
+from ._errors import ArtifactError
 from ._store import STORAGE_ERRORS, ArtifactStore
 
 __all__ = ["LeaseManager"]
@@ -55,7 +56,11 @@ class LeaseManager:
             if self.store.add(key, owner, expire=self.timeout):
                 self._hold(key, owner)
                 return True
-            current = self.store.get(key)
+            try:
+                current = self.store.get(key)
+            except ArtifactError:
+                # A row we did not write (SafeDisk refuses to unpickle it): stale, replace it.
+                current = b"unreadable"
             if current is not None and self._is_stale(current):
                 # Stale owner on this host: replace it; re-check that ours is the row now.
                 self.store.put(key, owner, expire=self.timeout)
@@ -80,7 +85,7 @@ class LeaseManager:
         """True while some other live owner holds the lease on `key`."""
         try:
             current = self.store.get(key)
-        except STORAGE_ERRORS:
+        except (*STORAGE_ERRORS, ArtifactError):
             return False
         return current is not None and not self._is_stale(current)
 
@@ -103,7 +108,7 @@ class LeaseManager:
         try:
             if self.store.get(key) == owner:
                 self.store.delete(key)
-        except STORAGE_ERRORS as err:
+        except (*STORAGE_ERRORS, ArtifactError) as err:
             logger.debug("could not release lease %s: %s", key[:16], err)
 
     def renew_all(self) -> None:
