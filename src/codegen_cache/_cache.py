@@ -473,6 +473,11 @@ class CodegenCache:
         except STORAGE_ERRORS as err:
             self._count_error("load", err)
             return None
+        except CudaRuntimeUnavailableError as err:
+            # A well-formed compiled CUDA entry (precompile_cuda, or another host's) that this
+            # process cannot load: a miss, not a crash of lower(); kept, it is good for GPU hosts.
+            logger.debug("codegen cache: %s entry %s not loadable here: %s", tier, key.digest[:16], err)
+            return None
         if meta.get("key") != key.digest:
             self._stats.add("corrupt")
             self._warn_once("mismatch", "codegen cache: entry %s holds key %s; ignored", key.digest[:16], str(meta.get("key"))[:16])
