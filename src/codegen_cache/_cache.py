@@ -30,7 +30,7 @@ from ._memory import MemoryEntry, MemoryTier
 from ._outcome import Outcome, _emit_fields, last_outcome
 from ._registry import DeviceCodegen, DeviceCodegenRegistry, default_registry
 from ._stats import CacheStats, StatsRecorder
-from ._fsprobe import warn_if_unsafe
+from ._fsprobe import scratch_dir, warn_if_unsafe
 from ._store import STORAGE_ERRORS, ArtifactStore, ReadOnlyStoreError, storage_fault
 from ._targets import TargetLike, as_target
 
@@ -593,14 +593,9 @@ class CodegenCache:
     def _scratch(self) -> str:
         # Made once per process: a hit must not pay a mkdir.
         if self._scratch_dir is None or self._scratch_pid != os.getpid():
-            path = self.directory / "tmp"
-            try:
-                path.mkdir(parents=True, exist_ok=True)
-                self._scratch_dir = str(path)
-            except OSError:
-                import tempfile
-
-                self._scratch_dir = tempfile.gettempdir()
+            # <dir>/tmp unless it is unwritable or mounted noexec (dlopen of a cached llvm
+            # library fails there, so every hit looked corrupt); sweeps killed processes' leftovers.
+            self._scratch_dir = scratch_dir(self.directory / "tmp")
             self._scratch_pid = os.getpid()
         return self._scratch_dir
 
