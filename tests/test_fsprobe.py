@@ -1,0 +1,147 @@
+"""_fsprobe: which mount holds a cache directory, network filesystems, scratch directory choice."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+import codegen_cache as cc
+from codegen_cache import _fsprobe
+from codegen_cache._fsprobe import FsReport, probe, scratch_dir
+
+MOUNTS = """\
+/dev/vda / ext4 rw,relatime 0 0
+proc /proc proc rw,nosuid,nodev,noexec,relatime 0 0
+server:/export/home {root}/nfs nfs4 rw,relatime,vers=4.2 0 0
+//files/share {root}/smb cifs rw,relatime 0 0
+user@host:/data {root}/sshfs fuse.sshfs rw,nosuid,nodev 0 0
+/dev/sdb1 {root}/ntfs fuseblk rw,relatime 0 0
+tmpfs {root}/nfs/local tmpfs rw,relatime 0 0
+tmpfs {root}/ro tmpfs ro,relatime 0 0
+tmpfs {root}/noexec tmpfs rw,nosuid,nodev,noexec 0 0
+tmpfs {root}/with\\040space tmpfs rw 0 0
+server:/a {root}/twice nfs rw 0 0
+tmpfs {root}/twice tmpfs rw 0 0
+"""
+
+
+@pytest.fixture
+def fake_mounts(tmp_path, monkeypatch):
+    """A mounts table naming directories under tmp_path; probe() reads it instead of the real one."""
+    root = tmp_path / "m"
+    for name in ("nfs/local/deeper", "smb", "sshfs", "ntfs", "ro", "noexec", "with space", "twice"):
+        (root / name).mkdir(parents=True)
+    path = tmp_path / "mounts"
+    path.write_text(MOUNTS.format(root=root))
+    monkeypatch.setattr(_fsprobe, "MOUNTS_FILE", str(path))
+    monkeypatch.setattr(_fsprobe, "_warned", set())
+    return root
+
+
+@pytest.mark.parametrize(
+    ("sub", "fs_type", "network"),
+    [
+        ("nfs", "nfs4", True),
+        ("nfs/cache/not/yet/created", "nfs4", True),  # the nearest existing ancestor decides
+        ("nfs/local/deeper", "tmpfs", False),  # the longest mount point wins
+        ("smb", "cifs", True),
+        ("sshfs/x", "fuse.sshfs", True),
+        ("ntfs", "fuseblk", False),
+        ("with space", "tmpfs", False),  # \040 in /proc/self/mounts is a space
+        ("twice", "tmpfs", False),  # a later mount on the same point hides the earlier one
+    ],
+)
+def test_probe_finds_the_mount_and_its_type(fake_mounts, sub, fs_type, network):
+    report = probe(fake_mounts / sub)
+    assert isinstance(report, FsReport)
+    assert (report.fs_type, report.is_network) == (fs_type, network)
+    assert report.mount_point != "/"
+    assert bool(report.warnings) == network
+    if network:
+        assert "Redis remote tier" in report.warnings[0] and fs_type in report.warnings[0]
+
+
+def test_probe_reports_flags_and_free_space(fake_mounts):
+    ro = probe(fake_mounts / "ro")
+    assert ro.read_only and not ro.noexec and any("not writable" in w for w in ro.warnings)
+    noexec = probe(fake_mounts / "noexec")
+    assert noexec.noexec and not noexec.read_only and any("noexec" in w for w in noexec.warnings)
+    root = probe(fake_mounts)
+    assert (root.fs_type, root.mount_point) == ("ext4", "/")
+    assert isinstance(root.free_bytes, int) and root.free_bytes > 0
+    assert probe("/proc/self").free_bytes is None  # a pseudo filesystem has no free space to speak of
+
+
+def test_probe_is_frozen():
+    report = probe(".")
+    with pytest.raises(AttributeError):
+        report.fs_type = "nfs"  # type: ignore[misc]
+
+
+def test_probe_without_a_mounts_table(tmp_path):
+    report = probe(tmp_path, mounts_file=str(tmp_path / "missing"))
+    assert (report.fs_type, report.mount_point, report.is_network) == ("unknown", "/", False)
+
+
+def test_real_mounts_of_this_machine(tmp_path):
+    report = probe(tmp_path)
+    assert report.mount_point in [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+    assert not report.is_network
+
+
+def test_cache_on_a_network_fs_warns_once_per_directory(fake_mounts, caplog):
+    caplog.set_level(logging.WARNING, logger="codegen_cache")
+    for _ in range(2):
+        cc.CodegenCache(fake_mounts / "nfs" / "cache").close()
+    cc.CodegenCache(fake_mounts / "smb" / "cache").close()
+    cc.CodegenCache(fake_mounts / "nfs" / "local" / "cache").close()  # tmpfs: no warning
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2, messages
+    assert "nfs4" in messages[0] and "SQLite is not safe" in messages[0] and "CODEGEN_CACHE_REMOTE" in messages[0]
+    assert "cifs" in messages[1]
+
+
+def test_scratch_dir_prefers_the_cache_and_sweeps_old_leftovers(tmp_path):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    old_file, old_dir, fresh, other = scratch / "tmpold.so", scratch / "tmpolddir", scratch / "tmpfresh.so", scratch / "keep"
+    old_file.write_bytes(b"x")
+    old_dir.mkdir()
+    (old_dir / "lib.o").write_bytes(b"x")
+    fresh.write_bytes(b"x")
+    other.write_bytes(b"x")
+    two_hours_ago = time.time() - 7200
+    for path in (old_file, old_dir, other):
+        os.utime(path, (two_hours_ago, two_hours_ago))
+    assert scratch_dir(scratch) == str(scratch)
+    assert sorted(p.name for p in scratch.iterdir()) == ["keep", "tmpfresh.so"]
+
+
+def test_scratch_dir_falls_back_when_world_writable_without_sticky_bit(tmp_path, monkeypatch):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(os, "geteuid", lambda: -1)  # not ours: share_file_mode leaves it alone
+    scratch.chmod(0o777)
+    assert scratch_dir(scratch) != str(scratch)
+
+
+def _mount_tmpfs(path: Path, options: str) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or 'not root'})")
+
+
+def test_scratch_dir_avoids_a_noexec_mount(tmp_path):
+    mnt = tmp_path / "noexec"
+    _mount_tmpfs(mnt, "size=1m,noexec")
+    try:
+        assert probe(mnt).noexec
+        assert scratch_dir(mnt / "tmp") != str(mnt / "tmp")
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
