@@ -1,13 +1,17 @@
 """Settings: explicit arguments, then environment variables, then defaults.
 
-This is the only module that reads the environment for our own settings.
+This is the only module that reads the environment for our own settings. Every variable is
+listed in ENV_VARS with its parser; docs/configuration.md documents each one and its default.
+An empty value counts as unset (so `CODEGEN_CACHE_DIR= cmd` means "the default").
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -15,7 +19,24 @@ import platformdirs
 
 from ._errors import ConfigError
 
-__all__ = ["ENV_VARS", "Settings", "parse_age", "parse_bool", "parse_size", "settings_from_env"]
+__all__ = [
+    "ENV_VARS",
+    "Settings",
+    "SettingRow",
+    "check_directory",
+    "configure_logging",
+    "describe_settings",
+    "format_age",
+    "format_size",
+    "parse_age",
+    "parse_bool",
+    "parse_size",
+    "redact_url",
+    "settings_from_env",
+    "unknown_env_vars",
+]
+
+ENV_PREFIX = "CODEGEN_CACHE_"
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
@@ -79,6 +100,39 @@ def _parse_level(name: str, value: str) -> str:
     return level
 
 
+def _parse_dir(name: str, value: str | os.PathLike[str]) -> Path:
+    text = os.fspath(value)
+    if not text.strip():
+        raise ConfigError(name, value, "a directory path, e.g. ~/.cache/codegen-cache")
+    return Path(text).expanduser()
+
+
+def _parse_text(name: str, value: str) -> str | None:
+    return str(value) or None
+
+
+_REMOTE_ACCEPTED = "redis://host[:port][/db], rediss://... (TLS) or unix:///path/to/redis.sock (empty: unset)"
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced by ***, for messages and listings."""
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, host = rest.rpartition("@")
+    if not sep or not at or ":" not in userinfo:
+        return url
+    return f"{scheme}://{userinfo.partition(':')[0]}:***@{host}"
+
+
+def _parse_remote(name: str, value: str) -> str | None:
+    text = str(value).strip()
+    if not text:
+        return None
+    # Only the scheme here; the remote tier checks the rest of the URL when it connects.
+    if text.partition("://")[0].lower() not in ("redis", "rediss", "unix") or "://" not in text:
+        raise ConfigError(name, redact_url(text), _REMOTE_ACCEPTED)
+    return text
+
+
 def default_directory() -> Path:
     """The default cache directory: the user cache dir of this tool (platformdirs)."""
     return Path(platformdirs.user_cache_dir("codegen-cache", appauthor=False))
@@ -108,7 +162,7 @@ class Settings:
 
 # name -> (Settings field, parser, one-line description); docs/configuration.md lists them all.
 ENV_VARS: dict[str, tuple[str, object, str]] = {
-    "CODEGEN_CACHE_DIR": ("directory", lambda n, v: Path(v).expanduser(), "cache directory"),
+    "CODEGEN_CACHE_DIR": ("directory", _parse_dir, "cache directory"),
     "CODEGEN_CACHE_DISABLE": ("disable", parse_bool, "1 turns caching off: lower() calls the codegen"),
     "CODEGEN_CACHE_RECACHE": ("recache", parse_bool, "1 rebuilds every kernel and overwrites its entry"),
     "CODEGEN_CACHE_COMPILED_SIZE_LIMIT": ("compiled_size_limit", parse_size, "size limit of compiled/"),
@@ -116,8 +170,8 @@ ENV_VARS: dict[str, tuple[str, object, str]] = {
     "CODEGEN_CACHE_MEMORY_ENTRIES": ("memory_entries", _parse_count, "entries in the in-process tier"),
     "CODEGEN_CACHE_MEMORY_BYTES": ("memory_bytes", parse_size, "bytes in the in-process tier"),
     "CODEGEN_CACHE_VERIFY": ("verify", parse_bool, "1 makes every disk/remote hit exact"),
-    "CODEGEN_CACHE_REMOTE": ("remote", lambda n, v: v or None, "redis://host:port/db of a shared tier"),
-    "CODEGEN_CACHE_REMOTE_SECRET": ("remote_secret", lambda n, v: v or None, "HMAC key for remote entries"),
+    "CODEGEN_CACHE_REMOTE": ("remote", _parse_remote, "redis://host:port/db of a shared tier"),
+    "CODEGEN_CACHE_REMOTE_SECRET": ("remote_secret", _parse_text, "HMAC key for remote entries"),
     "CODEGEN_CACHE_REMOTE_TTL": ("remote_ttl", parse_age, "remote entries expire this long after a write (0: never)"),
     "CODEGEN_CACHE_REMOTE_MAX_ENTRY": ("remote_max_entry_bytes", parse_size, "larger entries stay local-only"),
     "CODEGEN_CACHE_LEASE_TIMEOUT": ("lease_timeout", parse_age, "a compile lease expires unless renewed"),
@@ -127,14 +181,129 @@ ENV_VARS: dict[str, tuple[str, object, str]] = {
 }
 
 
+# What each parser accepts, for docs and `codegen-cache config`.
+ACCEPTED: dict[object, str] = {
+    _parse_dir: "a directory path (~ is expanded)",
+    parse_bool: "1/0, true/false, yes/no, on/off",
+    parse_size: "bytes, or a number with K, M, G or T (powers of 1024), e.g. 512M, 2G",
+    parse_age: "seconds, or a number with s, m, h, d or w, e.g. 30s, 12h, 7d",
+    _parse_count: "a whole number of 0 or more",
+    _parse_level: "one of " + ", ".join(_LOG_LEVELS),
+    _parse_text: "text (empty: unset)",
+    _parse_remote: _REMOTE_ACCEPTED,
+}
+_FIELD_PARSERS = {field: (var, parse) for var, (field, parse, _doc) in ENV_VARS.items()}
+
+
 def settings_from_env(environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
-    """Build Settings from explicit overrides, then the environment, then defaults."""
+    """Build Settings from explicit overrides, then the environment, then defaults.
+
+    Overrides are parsed like the variable they replace (so `compiled_size_limit="2G"` works)
+    and a bad one raises ConfigError naming the argument; a bad variable names the variable.
+    """
     environ = os.environ if environ is None else environ
     values: dict[str, object] = {}
     for var, (field, parse, _doc) in ENV_VARS.items():
-        if var in environ:
-            values[field] = parse(var, environ[var])  # type: ignore[operator]
+        raw = environ.get(var)
+        if raw is not None and raw.strip():
+            values[field] = parse(var, raw)  # type: ignore[operator]
+    fields = {f.name for f in dataclasses.fields(Settings)}
     for field, value in overrides.items():
-        if value is not None:
-            values[field] = value
+        if field not in fields:
+            raise TypeError(f"unknown setting {field!r}; known settings: {sorted(fields)}")
+        if value is None:
+            continue
+        _var, parse = _FIELD_PARSERS.get(field, (None, None))
+        values[field] = value if parse is None else parse(field, value)  # type: ignore[operator]
     return Settings(**values)  # type: ignore[arg-type]
+
+
+def unknown_env_vars(environ: Mapping[str, str] | None = None) -> list[str]:
+    """CODEGEN_CACHE_* variables that are set but mean nothing (typos, old names)."""
+    environ = os.environ if environ is None else environ
+    return sorted(v for v in environ if v.startswith(ENV_PREFIX) and v not in ENV_VARS)
+
+
+def check_directory(path: str | os.PathLike[str], name: str = "CODEGEN_CACHE_DIR") -> Path:
+    """Create `path` if needed and check that this user can write there; ConfigError if not.
+
+    The cache itself never fails on a read-only directory (it serves what is there); commands
+    that must write (warm, clear, prune, verify --fix) check first so the user learns why.
+    """
+    path = Path(path).expanduser()
+    accepted = "a directory this user can create and write to"
+    if path.exists() and not path.is_dir():
+        raise ConfigError(name, str(path), f"{accepted} (it is a file)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(name, str(path), f"{accepted} (cannot create it: {err.strerror or err})") from None
+    # access() misses read-only mounts for some filesystems and ACLs; a real write does not.
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".write-check-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise ConfigError(name, str(path), f"{accepted} (cannot write there: {err.strerror or err})") from None
+    return path
+
+
+def configure_logging(settings: Settings) -> None:
+    """Apply CODEGEN_CACHE_LOG_LEVEL to the codegen_cache logger (only when it is set)."""
+    if settings.log_level is None:
+        return
+    logger = logging.getLogger("codegen_cache")
+    logger.setLevel(settings.log_level)
+    # Only the user's explicit setting adds a handler, and only where logging is unconfigured.
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+
+
+def format_size(n: float) -> str:
+    """Bytes as B, KiB, MiB, GiB or TiB with one decimal."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def format_age(seconds: float) -> str:
+    """Seconds as the largest whole unit that fits: 45s, 12m, 3h, 2d, 5w."""
+    for unit, size in (("w", 7 * 86400), ("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0 or seconds >= 2 * size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SettingRow:
+    """One setting as `codegen-cache config` shows it."""
+
+    variable: str
+    field: str
+    value: object
+    default: object
+    origin: str  # "argument", "environment" or "default"
+    accepted: str
+    description: str
+
+
+def describe_settings(environ: Mapping[str, str] | None = None, **overrides: object) -> list[SettingRow]:
+    """Every setting: its variable, effective value, default, and where the value came from."""
+    environ = os.environ if environ is None else environ
+    settings = settings_from_env(environ, **overrides)
+    defaults = Settings()
+    rows = []
+    for var, (field, parse, doc) in ENV_VARS.items():
+        if overrides.get(field) is not None:
+            origin = "argument"
+        elif (environ.get(var) or "").strip():
+            origin = "environment"
+        else:
+            origin = "default"
+        rows.append(SettingRow(var, field, getattr(settings, field), getattr(defaults, field), origin,
+                               ACCEPTED.get(parse, ""), doc))
+    return rows
