@@ -1,7 +1,20 @@
-"""Kernels the demo lowers (TVMScript needs them in a source file)."""
+"""Kernels the demo and `doctor` lower (TVMScript needs them in a source file).
 
+Also a kernels source for `codegen-cache warm codegen_cache._demo_kernels -t ...`:
+`variants(target)` gives the 54 CUDA matmul tile configs for GPU targets and the CPU
+matmul schedules for llvm/c.
+"""
+
+import itertools
+
+import tvm
 import tvm.s_tir  # noqa: F401
 from tvm.script import tirx as T
+
+N = 512
+# The sweep an autotuner would try: threads per block (x, y) and the k-loop unroll factor.
+CUDA_TILES = tuple(itertools.product((8, 16, 32), (8, 16, 32), (1, 2, 4, 8, 16, 32)))  # 54 configs
+CPU_TILES = tuple(itertools.product((8, 16, 32), (8, 16, 32), (1, 4)))  # 18 configs
 
 
 @T.prim_func(s_tir=True)
@@ -22,16 +35,47 @@ def vadd_gpu(A: T.Buffer((1024,), "float32"), B: T.Buffer((1024,), "float32"), C
 
 
 @T.prim_func(s_tir=True)
-def matmul_gpu(A: T.Buffer((256, 256), "float32"), B: T.Buffer((256, 256), "float32"), C: T.Buffer((256, 256), "float32")):
-    for bx in T.thread_binding(16, thread="blockIdx.x"):
-        for by in T.thread_binding(16, thread="blockIdx.y"):
-            for tx in T.thread_binding(16, thread="threadIdx.x"):
-                for ty in T.thread_binding(16, thread="threadIdx.y"):
-                    for k in range(256):
-                        with T.sblock("C"):
-                            vi = T.axis.spatial(256, bx * 16 + tx)
-                            vj = T.axis.spatial(256, by * 16 + ty)
-                            vk = T.axis.reduce(256, k)
-                            with T.init():
-                                C[vi, vj] = T.float32(0)
-                            C[vi, vj] = C[vi, vj] + A[vi, vk] * B[vk, vj]
+def matmul(A: T.Buffer((N, N), "float32"), B: T.Buffer((N, N), "float32"), C: T.Buffer((N, N), "float32")):
+    for i, j, k in T.grid(N, N, N):
+        with T.sblock("C"):
+            vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+            with T.init():
+                C[vi, vj] = T.float32(0)
+            C[vi, vj] = C[vi, vj] + A[vi, vk] * B[vk, vj]
+
+
+def cuda_matmul(tx: int, ty: int, tk: int):
+    """The matmul with a (tx, ty) thread block per output tile and the k loop unrolled by tk."""
+    sch = tvm.s_tir.Schedule(matmul)
+    i, j, k = sch.get_loops(sch.get_sblock("C"))
+    io, ii = sch.split(i, [None, tx])
+    jo, ji = sch.split(j, [None, ty])
+    ko, ki = sch.split(k, [None, tk])
+    sch.reorder(io, jo, ii, ji, ko, ki)
+    sch.bind(io, "blockIdx.x")
+    sch.bind(jo, "blockIdx.y")
+    sch.bind(ii, "threadIdx.x")
+    sch.bind(ji, "threadIdx.y")
+    sch.unroll(ki)
+    return sch.mod["main"]
+
+
+def cpu_matmul(ti: int, tj: int, tk: int):
+    """The matmul tiled (ti, tj), parallel over row tiles, vectorized along j, k unrolled by tk."""
+    sch = tvm.s_tir.Schedule(matmul)
+    i, j, k = sch.get_loops(sch.get_sblock("C"))
+    io, ii = sch.split(i, [None, ti])
+    jo, ji = sch.split(j, [None, tj])
+    ko, ki = sch.split(k, [None, tk])
+    sch.reorder(io, jo, ko, ii, ki, ji)
+    sch.parallel(io)
+    sch.vectorize(ji)
+    sch.unroll(ki)
+    return sch.mod["main"]
+
+
+def variants(target):
+    """The tuning sweep for `target`: 54 CUDA tile configs on GPUs, 18 CPU schedules otherwise."""
+    if "gpu" in target.keys:
+        return {f"matmul_{x}x{y}_k{k}": cuda_matmul(x, y, k) for x, y, k in CUDA_TILES}
+    return {f"matmul_{i}x{j}_k{k}": cpu_matmul(i, j, k) for i, j, k in CPU_TILES}

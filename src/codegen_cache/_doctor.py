@@ -1,0 +1,202 @@
+"""`codegen-cache doctor`: is the key deterministic here, and is the cache directory a safe place?
+
+Key determinism: several fresh processes, each with its own PYTHONHASHSEED, compute the key
+of the same sample lowerings (every built-in codegen's input, both modes, each lowered twice);
+any key part that differs between processes or between the two lowerings is reported, since
+such a part makes every run miss. Filesystem: `_fsprobe.probe` on the cache directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["check_determinism", "check_filesystem", "check_toolchain", "doctor"]
+
+# (kernel in _demo_kernels, target, modes): the input of every built-in codegen family.
+SAMPLES: tuple[tuple[str, Any, tuple[bool, ...]], ...] = (
+    ("vadd", "llvm", (True, False)),
+    ("vadd", "c", (False,)),
+    ("vadd_gpu", {"kind": "cuda", "arch": "sm_90"}, (True, False)),
+    ("matmul_16x16_k4", {"kind": "cuda", "arch": "sm_80"}, (False,)),
+    ("matmul_16x16_k4", "llvm", (True,)),
+)
+SEEDS = ("0", "1", "4242", "65535", "123456789")
+
+
+def _sample_kernel(name: str, target):
+    from . import _demo_kernels as k
+
+    if name.startswith("matmul_"):
+        return (k.cuda_matmul if "gpu" in target.keys else k.cpu_matmul)(16, 16, 4)
+    return getattr(k, name)
+
+
+def _child(spec: dict[str, Any]) -> dict[str, Any]:
+    """In a fresh process: the key parts of each sample, lowered twice."""
+    from ._cache import CodegenCache
+    from ._config import Settings
+    from ._inventory import target_summary
+    from ._lowering import lower_for_codegen
+    from ._targets import as_target, canonical_target
+    from ._warm import load_kernels, parse_target
+
+    cache = CodegenCache(settings=Settings(directory=Path(spec["directory"])))
+    jobs = [(name, as_target(t), modes, None) for name, t, modes in SAMPLES]
+    if spec.get("kernels"):
+        for text in spec["targets"]:
+            target = parse_target(text)
+            for name, kernel in load_kernels(spec["kernels"], target).items():
+                jobs.append((name, target, (True, False), kernel))
+    out: dict[str, Any] = {}
+    for name, target, modes, kernel in jobs:
+        kernel = kernel if kernel is not None else _sample_kernel(name, target)
+        first, second = lower_for_codegen(kernel, target), lower_for_codegen(kernel, target)
+        for compile_device in modes:
+            if (cache.resolve(first[1]).build if compile_device else True) is None:
+                continue
+            label = f"{name} {target_summary(canonical_target(target))} {'compiled' if compile_device else 'source'}"
+            key = cache.key_for(*first, compile_device=compile_device)
+            again = cache.key_for(*second, compile_device=compile_device)
+            out[label] = {"parts": key.as_dict(), "again": again.as_dict()}
+    return out
+
+
+def check_determinism(processes: int = 3, *, kernels: str | None = None, targets: list[str] | None = None,
+                      timeout: float = 600) -> dict[str, Any]:
+    """Compute the sample keys in `processes` fresh processes; report every part that varies."""
+    seeds = list(SEEDS[:processes]) + [str(1000 + i) for i in range(max(0, processes - len(SEEDS)))]
+    spec = {"kernels": kernels, "targets": targets or []}
+    results: dict[str, dict[str, Any]] = {}
+    errors: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="codegen-cache-doctor-") as tmp:
+        spec["directory"] = tmp
+        procs = {}
+        for seed in seeds:
+            env = {**os.environ, "PYTHONHASHSEED": seed}
+            procs[seed] = subprocess.Popen(
+                [sys.executable, "-m", "codegen_cache._doctor", json.dumps(spec)],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            )
+        for seed, proc in procs.items():
+            try:
+                stdout, stderr = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+                errors.append(f"PYTHONHASHSEED={seed}: no answer within {timeout:.0f} s")
+                continue
+            if proc.returncode != 0:
+                tail = stderr.strip().splitlines()[-1:] or ["(no output)"]
+                errors.append(f"PYTHONHASHSEED={seed}: exited with {proc.returncode}: {tail[0]}")
+                continue
+            results[seed] = json.loads(stdout.strip().splitlines()[-1])
+    unstable = []
+    labels = sorted({label for r in results.values() for label in r})
+    for label in labels:
+        seen = {seed: r[label] for seed, r in results.items() if label in r}
+        parts = list(next(iter(seen.values()))["parts"]) if seen else []
+        for part in parts:
+            across = {seed: v["parts"].get(part) for seed, v in seen.items()}
+            within = {seed: v["again"].get(part) for seed, v in seen.items()}
+            if len(set(across.values())) > 1:
+                unstable.append({"sample": label, "part": part, "where": "between processes", "values": across})
+            elif any(within[s] != across[s] for s in seen):
+                unstable.append({"sample": label, "part": part, "where": "between two lowerings in one process",
+                                 "values": {s: [across[s], within[s]] for s in seen}})
+    return {"processes": len(seeds), "seeds": seeds, "samples": labels, "unstable": unstable, "errors": errors}
+
+
+def check_filesystem(directory: Path, settings) -> dict[str, Any]:
+    """The probe of the cache directory's filesystem, with what its findings mean here."""
+    from ._config import format_size
+    from ._fsprobe import probe
+
+    report = probe(directory)
+    problems = list(report.warnings)
+    limits = settings.compiled_size_limit + settings.source_size_limit
+    if report.free_bytes is not None and report.free_bytes < limits and not report.read_only:
+        problems.append(
+            f"the stores may grow to {format_size(limits)} (CODEGEN_CACHE_COMPILED_SIZE_LIMIT + "
+            f"CODEGEN_CACHE_SOURCE_SIZE_LIMIT) but only {format_size(report.free_bytes)} is free: "
+            "the disk can fill before eviction starts, and then new entries are skipped")
+    return {**dataclasses.asdict(report), "directory": str(directory), "exists": directory.is_dir(),
+            "problems": problems}
+
+
+def check_toolchain() -> dict[str, Any]:
+    """TVM, LLVM, nvcc, a CUDA driver and a C compiler: what this host can make and load."""
+    import tvm
+
+    from ._key import static_salts
+    from .codegens.cuda import cuda_runtime_available, find_nvcc, nvcc_version
+
+    salts = dict(static_salts())
+    cc = shutil.which("cc") or shutil.which("gcc")
+    return {
+        "tvm": salts.get("tvm"),
+        "tvm_ffi": salts.get("tvm_ffi"),
+        "llvm": salts.get("llvm"),
+        "llvm_enabled": bool(tvm.runtime.enabled("llvm")),
+        "nvcc": find_nvcc(),
+        "nvcc_version": nvcc_version(),
+        "cuda_driver": cuda_runtime_available(),
+        "c_compiler": cc,
+    }
+
+
+def toolchain_notes(tool: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(notes, problems) about what the toolchain means for the cache."""
+    notes, problems = [], []
+    if tool["nvcc"]:
+        notes.append(f"nvcc {tool['nvcc']} ({tool['nvcc_version']}): compiled CUDA entries can be made here")
+    else:
+        notes.append("nvcc not found: compiled CUDA entries cannot be made here "
+                     "(pip install 'tvm-codegen-cache[cuda]'); CUDA source entries can")
+    if tool["cuda_driver"]:
+        notes.append("CUDA driver loaded: compiled CUDA entries are loaded and runnable here")
+    else:
+        notes.append("no CUDA driver: compiled CUDA entries can be made (codegen-cache warm) but not loaded here")
+    if tool["c_compiler"]:
+        notes.append(f"C compiler {tool['c_compiler']}: llvm modules are stored as shared libraries")
+    else:
+        problems.append("no C compiler (cc/gcc, or CC): llvm modules cannot be stored, so llvm lowerings always "
+                        "miss on disk (install gcc)")
+    return notes, problems
+
+
+def doctor(settings, *, processes: int = 3, kernels: str | None = None,
+           targets: list[str] | None = None) -> dict[str, Any]:
+    """Every check; `problems` lists what needs attention (empty: healthy)."""
+    from ._config import unknown_env_vars
+
+    report: dict[str, Any] = {"directory": str(settings.directory)}
+    problems: list[str] = []
+    if processes > 0:
+        det = check_determinism(processes, kernels=kernels, targets=targets)
+        report["determinism"] = det
+        problems += [f"key part {u['part']!r} of {u['sample']} differs {u['where']}" for u in det["unstable"]]
+        problems += [f"determinism check: {e}" for e in det["errors"]]
+    fs = check_filesystem(Path(settings.directory), settings)
+    report["filesystem"] = fs
+    problems += fs["problems"]
+    tool = check_toolchain()
+    notes, tool_problems = toolchain_notes(tool)
+    report["toolchain"] = {**tool, "notes": notes}
+    problems += tool_problems
+    unknown = unknown_env_vars()
+    report["unknown_env_vars"] = unknown
+    problems += [f"{v} is set but is not a codegen-cache setting (a typo?)" for v in unknown]
+    report["problems"] = problems
+    return report
+
+
+if __name__ == "__main__":
+    print(json.dumps(_child(json.loads(sys.argv[1]))))

@@ -1,0 +1,222 @@
+"""What is stored in a cache directory: list, find, verify and prune entries (for the CLI).
+
+Only the public ArtifactStore API and the frame reader are used; nothing here decodes a
+module, so listing and checking a cache of CUDA binaries works on a host without a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._artifacts import read_meta, unframe
+from ._errors import ArtifactError
+from ._store import STORAGE_ERRORS, ArtifactStore
+
+__all__ = ["ALL_STORES", "ENTRY_STORES", "Entry", "find_entries", "iter_entries", "prune", "target_summary",
+           "verify_entries"]
+
+ENTRY_STORES = ("compiled", "source")
+ALL_STORES = ("compiled", "source", "failures")
+# The order of the key's parts (_key.compute_key); entry metadata is sorted JSON, so restore it.
+PART_ORDER = ("ir", "target", "codegen", "mode", "tvm", "tvm_ffi", "llvm", "format", "toolchain", "salt")
+# Payload fields per codec, as the decoder expects them (checked without decoding).
+_CODEC_FIELDS = {"llvm-so": 1, "cuda-bin": 4, "c": 1, "source": 1, "failure": 0}
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One stored entry: where it is, its size, and the metadata of its frame."""
+
+    store: str
+    key: str
+    size: int
+    codec: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None  # why the frame header could not be read
+
+    @property
+    def parts(self) -> dict[str, str]:
+        """The named key parts recorded in the entry (empty for failures)."""
+        parts = self.meta.get("parts")
+        if not isinstance(parts, dict):
+            return {}
+        rank = {name: i for i, name in enumerate(PART_ORDER)}
+        return {n: parts[n] for n in sorted(parts, key=lambda n: (rank.get(n, len(rank)), n))}
+
+    @property
+    def created(self) -> float | None:
+        """When the entry was written (seconds since the epoch)."""
+        value = self.meta.get("created")
+        return float(value) if isinstance(value, (int, float)) else None
+
+    @property
+    def target(self) -> str:
+        """A short target description, e.g. 'cuda sm_90' or 'llvm'."""
+        return target_summary(self.parts.get("target")) or str(self.meta.get("target_kind", "?"))
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready description (key parts included)."""
+        created = self.created
+        return {
+            "key": self.key,
+            "store": self.store,
+            "size": self.size,
+            "codec": self.codec,
+            "codegen": self.meta.get("codegen"),
+            "mode": self.meta.get("mode", self.store if self.store in ENTRY_STORES else None),
+            "target": self.target if self.store != "failures" else None,
+            "target_kind": self.meta.get("target_kind"),
+            "module_kind": self.meta.get("module_kind"),
+            "func_names": self.meta.get("func_names", []),
+            "build_seconds": self.meta.get("build_seconds"),
+            "created": created,
+            "age_seconds": None if created is None else max(0.0, time.time() - created),
+            "parts": self.parts,
+            "error": self.error,
+            **({"error_type": self.meta.get("error_type"), "message": self.meta.get("message")}
+               if self.store == "failures" else {}),
+        }
+
+
+def target_summary(canonical: str | None) -> str:
+    """'cuda sm_90' from a canonical target JSON string ('' if unreadable)."""
+    if not canonical:
+        return ""
+    try:
+        target = json.loads(canonical)
+    except ValueError:
+        return ""
+    if not isinstance(target, dict):
+        return ""
+    words = [str(target.get("kind", "?"))]
+    for attr in ("arch", "mcpu", "model"):
+        value = target.get(attr)
+        if value:
+            words.append(str(value) if attr == "arch" else f"-{attr}={value}")
+    return " ".join(words)
+
+
+def _open_stores(cache, names: Iterable[str]) -> Iterator[tuple[str, ArtifactStore]]:
+    for name in names:
+        # A store that was never written has no directory: do not create it by looking.
+        if (cache.directory / name).is_dir():
+            yield name, cache.store(name)
+
+
+def _entry(name: str, key: str, blob: bytes) -> Entry:
+    try:
+        codec, meta = read_meta(blob)
+    except ArtifactError as err:
+        return Entry(name, key, len(blob), error=str(err))
+    return Entry(name, key, len(blob), codec, meta)
+
+
+def iter_entries(cache, stores: Iterable[str] = ENTRY_STORES) -> Iterator[Entry]:
+    """Every readable entry of the named stores (expired ones are skipped)."""
+    for name, store in _open_stores(cache, stores):
+        for key in list(store.keys()):
+            blob = store.get(key)
+            if blob is not None:
+                yield _entry(name, key, blob)
+
+
+def find_entries(cache, prefix: str, stores: Iterable[str] = ALL_STORES) -> list[Entry]:
+    """Entries whose key starts with `prefix` (case-insensitive)."""
+    prefix = prefix.strip().lower()
+    found = []
+    for name, store in _open_stores(cache, stores):
+        for key in list(store.keys()):
+            if key.startswith(prefix):
+                blob = store.get(key)
+                if blob is not None:
+                    found.append(_entry(name, key, blob))
+    return found
+
+
+def _problem(store: str, key: str, blob: bytes) -> str | None:
+    """Why the entry is bad, or None when its frame, checksum and key are sound."""
+    try:
+        art = unframe(blob)
+    except ArtifactError as err:
+        return str(err)
+    expected = _CODEC_FIELDS.get(art.codec)
+    if expected is None:
+        return f"unknown codec {art.codec!r}"
+    if len(art.fields) != expected:
+        return f"{art.codec} entry has {len(art.fields)} payload fields, expected {expected}"
+    if art.meta.get("key") != key:
+        return f"entry is stored under {key[:16]} but its metadata names key {str(art.meta.get('key'))[:16]}"
+    if store in ENTRY_STORES and art.meta.get("mode", store) != store:
+        return f"a {art.meta.get('mode')} entry in {store}/"
+    return None
+
+
+def verify_entries(cache, *, fix: bool = False, stores: Iterable[str] = ALL_STORES) -> dict[str, Any]:
+    """Check framing, checksum and key of every entry; with fix, delete the bad ones."""
+    checked, bad = 0, []
+    for name, store in _open_stores(cache, stores):
+        try:
+            keys = list(store.keys())
+        except ArtifactError as err:  # a row only unpickling could read: not ours
+            bad.append({"store": name, "key": None, "problem": str(err), "removed": False})
+            continue
+        for key in keys:
+            try:
+                blob = store.get(key)
+            except (ArtifactError, *STORAGE_ERRORS) as err:
+                problem: str | None = f"cannot be read ({type(err).__name__}: {err})"
+            else:
+                if blob is None:
+                    continue  # expired or removed meanwhile
+                problem = _problem(name, key, blob)
+            checked += 1
+            if problem is not None:
+                removed = bool(fix and store.delete(key))
+                bad.append({"store": name, "key": key, "problem": problem, "removed": removed})
+    return {"checked": checked, "bad": bad, "removed": sum(1 for b in bad if b["removed"])}
+
+
+def _volume(cache, names: Iterable[str]) -> int:
+    return sum(store.volume() for _name, store in _open_stores(cache, names))
+
+
+def prune(cache, *, max_size: int | None = None, older_than: float | None = None,
+          stores: Iterable[str] = ENTRY_STORES, now: float | None = None) -> dict[str, Any]:
+    """Remove entries older than `older_than` seconds, then the oldest until the stores fit `max_size`."""
+    stores = tuple(stores)
+    now = time.time() if now is None else now
+    before = _volume(cache, stores)
+    expired = sum(store.expire() for _name, store in _open_stores(cache, ALL_STORES))
+    removed, freed = [], 0
+    entries = sorted(iter_entries(cache, stores), key=lambda e: e.created or 0.0)
+    by_store = dict(_open_stores(cache, stores))
+    if older_than is not None:
+        cutoff = now - older_than
+        for entry in entries:
+            if entry.created is not None and entry.created < cutoff and by_store[entry.store].delete(entry.key):
+                removed.append(entry)
+                freed += entry.size
+    if max_size is not None:
+        gone = {(e.store, e.key) for e in removed}
+        # Entry sizes estimate what deleting frees; the stores' SQLite files shrink with them
+        # (diskcache runs with auto_vacuum), so the volume measured after is close.
+        excess = _volume(cache, stores) - max_size
+        for entry in entries:
+            if excess <= 0:
+                break
+            if (entry.store, entry.key) not in gone and by_store[entry.store].delete(entry.key):
+                removed.append(entry)
+                freed += entry.size
+                excess -= entry.size
+    return {
+        "removed": len(removed),
+        "expired": expired,
+        "freed_bytes": freed,
+        "bytes_before": before,
+        "bytes_after": _volume(cache, stores),
+        "keys": [e.key for e in removed],
+    }

@@ -1,0 +1,498 @@
+"""The codegen-cache command, against real caches in tmp_path: in-process via main(argv), and as
+a subprocess for the entry point, exit codes and error output."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from conftest import CUDA_TARGET, HAS_NVCC
+
+import codegen_cache as cc
+from codegen_cache import _cli
+from codegen_cache._artifacts import frame, read_meta
+from codegen_cache._key import CacheKey
+
+TESTS = Path(__file__).parent
+KERNELS = str(TESTS / "kernels.py")
+
+
+@pytest.fixture(scope="module")
+def filled(tmp_path_factory):
+    """A cache directory with llvm (compiled), c and CUDA (source) entries, and their keys."""
+    import kernels
+
+    root = tmp_path_factory.mktemp("filled") / "cache"
+    cache = cc.CodegenCache(root, write_behind=False)
+    keys = {}
+    for label, kernel, target, compiled in (
+        ("llvm", kernels.vadd, "llvm", True),
+        ("c", kernels.vmul, "c", False),
+        ("cuda", kernels.vadd_gpu, CUDA_TARGET, False),
+        ("cuda2", kernels.vmul_gpu, CUDA_TARGET, False),
+    ):
+        mod, tgt = cc.lower_for_codegen(kernel, target)
+        _module, outcome = cache.lower_with_outcome(mod, tgt, compile_device=compiled)
+        keys[label] = outcome.key
+    cache.lower(*cc.lower_for_codegen(kernels.vadd_gpu, CUDA_TARGET), compile_device=False)  # a memory hit
+    cache.close()
+    return root, keys
+
+
+@pytest.fixture
+def copy(filled, tmp_path):
+    """A private copy of the filled cache (for commands that change it), and its keys."""
+    root, keys = filled
+    dest = tmp_path / "cache"
+    shutil.copytree(root, dest)
+    return dest, keys
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    """main(argv) in this process: (exit code, stdout, stderr)."""
+    code = _cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_json(capsys, *argv: str):
+    code, out, err = run(capsys, *argv, "--json")
+    assert code in (0, 1), err
+    return code, json.loads(out)
+
+
+def cli(*argv: str, env: dict[str, str] | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
+    """The command as a subprocess (the installed entry point's module)."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "codegen_cache._cli", *argv], capture_output=True, text=True,
+                          env=full_env, timeout=timeout)
+
+
+# ---- stats, ls, show ------------------------------------------------------------------------------
+
+
+def test_stats_counts_entries_and_lookups(capsys, filled):
+    root, _keys = filled
+    code, data = run_json(capsys, "--dir", str(root), "stats")
+    assert code == 0
+    assert data["stores"]["compiled"]["entries"] == 1
+    assert data["stores"]["source"]["entries"] == 3
+    assert data["stores"]["source"]["bytes"] > 0
+    counters = data["counters"]
+    assert counters["misses"] == 4 and counters["builds"] == 4 and counters["hits_memory"] == 1
+    assert data["hit_rate"] == pytest.approx(1 / 5)
+    code, out, _err = run(capsys, "stats", "--dir", str(root))
+    assert code == 0
+    assert "hits" in out and "memory 1, disk 0" in out and "hit rate 20.0%" in out
+
+
+def test_stats_of_a_missing_directory_does_not_create_it(capsys, tmp_path):
+    missing = tmp_path / "nothing-here"
+    code, data = run_json(capsys, "--dir", str(missing), "stats")
+    assert code == 0 and data["exists"] is False
+    assert all(s["entries"] == 0 for s in data["stores"].values())
+    assert not missing.exists()
+
+
+def test_stats_reset_zeroes_counters_but_keeps_entries(capsys, copy):
+    root, _keys = copy
+    assert run(capsys, "--dir", str(root), "stats", "--reset")[0] == 0
+    _code, data = run_json(capsys, "--dir", str(root), "stats")
+    assert data["counters"]["misses"] == 0 and data["stores"]["source"]["entries"] == 3
+
+
+def test_ls_lists_entries_with_codegen_target_and_parts(capsys, filled):
+    root, keys = filled
+    _code, entries = run_json(capsys, "--dir", str(root), "ls")
+    by_key = {e["key"]: e for e in entries}
+    assert set(by_key) == set(keys.values())
+    cuda = by_key[keys["cuda"]]
+    assert cuda["store"] == "source" and cuda["codegen"] == "cuda" and cuda["target"] == "cuda sm_90"
+    assert cuda["func_names"] == ["vadd_gpu_kernel"] and cuda["build_seconds"] > 0
+    assert list(cuda["parts"])[:4] == ["ir", "target", "codegen", "mode"]  # key order, not sorted JSON
+    assert by_key[keys["llvm"]]["store"] == "compiled"
+    _code, only_compiled = run_json(capsys, "--dir", str(root), "ls", "--compiled")
+    assert [e["key"] for e in only_compiled] == [keys["llvm"]]
+    code, out, err = run(capsys, "--dir", str(root), "ls", "--sort", "size")
+    assert code == 0 and keys["cuda"][:16] in out and "4 entries" in err
+
+
+def test_show_by_prefix_with_code(capsys, filled):
+    root, keys = filled
+    code, out, _err = run(capsys, "--dir", str(root), "show", keys["cuda"][:8], "--code")
+    assert code == 0
+    assert keys["cuda"] in out and "frame and checksum: ok" in out and "vadd_gpu_kernel" in out
+    assert "__global__" in out  # the stored CUDA source
+    _code, data = run_json(capsys, "--dir", str(root), "show", keys["c"][:10].upper())
+    assert data["key"] == keys["c"] and data["integrity"] == "ok" and data["parts"]["codegen"] == "c"
+
+
+def test_show_not_found_and_ambiguous_exit_4(capsys, filled):
+    root, _keys = filled
+    code, _out, err = run(capsys, "--dir", str(root), "show", "zz")
+    assert code == _cli.EXIT_NOT_FOUND and "no entry" in err
+    code, _out, err = run(capsys, "--dir", str(root), "show", "")
+    assert code == _cli.EXIT_NOT_FOUND and "entries match" in err
+
+
+# ---- explain ---------------------------------------------------------------------------------------
+
+
+def test_explain_reports_a_hit(capsys, filled):
+    root, keys = filled
+    code, data = run_json(capsys, "--dir", str(root), "explain", KERNELS, "--kernel", "vadd_gpu",
+                          "-t", "cuda -arch=sm_90", "--mode", "source")
+    assert code == 0
+    (mode,) = data["modes"]
+    assert mode["status"] == "hit" and mode["key"] == keys["cuda"]
+
+
+def test_explain_tells_a_target_change_from_a_kernel_change(capsys, filled):
+    root, keys = filled
+    code, out, _err = run(capsys, "--dir", str(root), "explain", KERNELS, "--kernel", "vadd_gpu",
+                          "-t", "cuda -arch=sm_80", "--mode", "source")
+    assert code == 0
+    assert "MISS" in out
+    assert f"{keys['cuda'][:16]} source" in out.splitlines()[3]  # nearest: the same kernel for sm_90
+    assert "same kernel" in out and "target arch sm_90 → sm_80" in out
+    _code, data = run_json(capsys, "--dir", str(root), "explain", KERNELS, "--kernel", "vadd_gpu",
+                           "-t", "cuda -arch=sm_80", "--mode", "source")
+    nearest = data["modes"][0]["nearest"][0]
+    assert nearest["key"] == keys["cuda"] and nearest["ir_differs_by_target_only"]
+    assert [d["part"] for d in nearest["differs"]] == ["target"]
+
+
+def _plant(cache: cc.CodegenCache, like: str, store: str, **changed: str) -> str:
+    """Store a copy of entry `like` whose key parts differ as given; its new key."""
+    meta = read_meta(cache.store(store).get(like))[1]
+    parts = {**meta["parts"], **changed}
+    key = CacheKey.from_parts(list(parts.items())).digest
+    cache.store(store).put(key, frame("source", {**meta, "key": key, "parts": parts, "source_format": "cu"},
+                                      [b"// planted"]))
+    return key
+
+
+def test_explain_names_the_salt_that_changed(capsys, copy):
+    root, keys = copy
+    cache = cc.CodegenCache(root, write_behind=False)
+    # The vadd_gpu entry as another TVM build would have written it, in place of this build's.
+    planted = _plant(cache, keys["cuda"], "source", tvm="0.26.0+gdeadbee")
+    cache.store("source").delete(keys["cuda"])
+    cache.close()
+    _code, data = run_json(capsys, "--dir", str(root), "explain", KERNELS, "--kernel", "vadd_gpu",
+                           "-t", "cuda -arch=sm_90", "--mode", "source")
+    mode = data["modes"][0]
+    assert mode["status"] == "miss"
+    best = mode["nearest"][0]
+    assert best["key"] == planted
+    assert best["summary"].startswith("same IR and target; tvm 0.26.0+gdeadbee → 0.27")
+    assert any("another TVM build" in line for line in mode["verdict"])
+
+
+def test_explain_an_empty_cache_and_a_cached_failure(capsys, tmp_path):
+    root = tmp_path / "cache"
+    code, out, _err = run(capsys, "--dir", str(root), "explain", KERNELS, "--kernel", "vadd", "-t", "c")
+    assert code == 0 and "holds no entries" in out
+    cache = cc.CodegenCache(root, write_behind=False)
+    mod, target = cc.lower_for_codegen(__import__("kernels").vadd, "c")
+    key = cache.key_for(mod, target, compile_device=False).digest
+    cache.store("failures").put(key, frame("failure", {"key": key, "codegen": "c", "error_type": "ValueError",
+                                                      "message": "boom", "created": time.time()}, []))
+    cache.close()
+    _code, data = run_json(capsys, "--dir", str(root), "explain", KERNELS, "--kernel", "vadd", "-t", "c")
+    (mode,) = data["modes"]  # c has no compiled mode
+    assert mode["status"] == "failure" and "boom" in mode["verdict"][0]
+
+
+def test_explain_a_lowered_module_in_a_tvmscript_file(capsys, filled, tmp_path):
+    root, keys = filled
+    mod, _target = cc.lower_for_codegen(__import__("kernels").vadd_gpu, CUDA_TARGET)
+    path = tmp_path / "device.tvmscript"
+    path.write_text(mod.script())
+    # No --target: a lowered module carries it.
+    _code, data = run_json(capsys, "--dir", str(root), "explain", str(path), "--mode", "source")
+    assert data["modes"][0]["status"] == "hit" and data["modes"][0]["key"] == keys["cuda"]
+
+
+def test_explain_input_errors_exit_5(capsys, filled, tmp_path):
+    root, _keys = filled
+    code, _out, err = run(capsys, "--dir", str(root), "explain", KERNELS, "-t", "llvm")
+    assert code == _cli.EXIT_INPUT and "--kernel" in err  # several kernels in the file
+    code, _out, err = run(capsys, "--dir", str(root), "explain", KERNELS, "--kernel", "vadd", "-t", "cuda -arch=sm_90")
+    assert code == _cli.EXIT_INPUT and "thread binding" in err
+    bad = tmp_path / "bad.py"
+    bad.write_text("raise RuntimeError('nope')\n")
+    code, _out, err = run(capsys, "--dir", str(root), "explain", str(bad), "-t", "llvm")
+    assert code == _cli.EXIT_INPUT and "RuntimeError: nope" in err
+
+
+# ---- clear, prune, verify ----------------------------------------------------------------------------
+
+
+def test_clear_one_store_then_all(capsys, copy):
+    root, keys = copy
+    code, data = run_json(capsys, "--dir", str(root), "clear", "--compiled")
+    assert code == 0 and data["removed"] == 1
+    _code, entries = run_json(capsys, "--dir", str(root), "ls")
+    assert {e["key"] for e in entries} == {keys["c"], keys["cuda"], keys["cuda2"]}
+    code, out, _err = run(capsys, "--dir", str(root), "clear")
+    assert code == 0 and "removed 3 entries" in out
+    assert run_json(capsys, "--dir", str(root), "ls")[1] == []
+
+
+def _age_entry(cache: cc.CodegenCache, store: str, key: str, seconds: float) -> None:
+    blob = cache.store(store).get(key)
+    meta = read_meta(blob)[1]
+    from codegen_cache._artifacts import unframe
+
+    art = unframe(blob)
+    cache.store(store).put(key, frame(art.codec, {**meta, "created": time.time() - seconds}, art.fields))
+
+
+def test_prune_older_than_and_max_size(capsys, copy):
+    root, keys = copy
+    cache = cc.CodegenCache(root, write_behind=False)
+    _age_entry(cache, "source", keys["c"], 10 * 86400)
+    _age_entry(cache, "source", keys["cuda"], 5 * 86400)
+    cache.close()
+    code, data = run_json(capsys, "--dir", str(root), "prune", "--older-than", "7d")
+    assert code == 0 and data["keys"] == [keys["c"]]
+    # The oldest go first until the stores fit.
+    code, data = run_json(capsys, "--dir", str(root), "prune", "--max-size", str(data["bytes_after"] - 1))
+    assert code == 0 and data["keys"][0] == keys["cuda"] and data["bytes_after"] < data["bytes_before"]
+    assert run(capsys, "--dir", str(root), "prune")[0] == _cli.EXIT_USAGE
+    assert run(capsys, "--dir", str(root), "prune", "--max-size", "lots")[0] == _cli.EXIT_USAGE
+    assert run(capsys, "--dir", str(root), "prune", "--older-than", "-1d")[0] == _cli.EXIT_USAGE
+
+
+def test_verify_reports_and_fixes_bad_entries(capsys, copy):
+    root, keys = copy
+    code, data = run_json(capsys, "--dir", str(root), "verify")
+    assert code == 0 and data["checked"] == 4 and data["bad"] == []
+    cache = cc.CodegenCache(root, write_behind=False)
+    blob = bytearray(cache.store("source").get(keys["cuda"]))
+    blob[-3] ^= 0xFF
+    cache.store("source").put(keys["cuda"], bytes(blob))
+    cache.store("compiled").put(keys["llvm"], b"not a frame")
+    good = cache.store("source").get(keys["c"])
+    cache.store("source").put("0" * 32, good)  # a sound frame under the wrong key
+    cache.close()
+    code, out, _err = run(capsys, "--dir", str(root), "verify")
+    assert code == _cli.EXIT_PROBLEMS
+    assert "checksum mismatch" in out and "bad magic" in out and "metadata names key" in out
+    code, data = run_json(capsys, "--dir", str(root), "verify", "--fix")
+    assert code == _cli.EXIT_PROBLEMS and data["removed"] == 3
+    code, data = run_json(capsys, "--dir", str(root), "verify")
+    assert code == 0 and data["checked"] == 2
+
+
+# ---- warm ---------------------------------------------------------------------------------------------
+
+
+def test_warm_in_process_then_all_hits(capsys, tmp_path):
+    root = tmp_path / "cache"
+    argv = ["--dir", str(root), "warm", KERNELS, "-t", "llvm", "-t", "c", "--kernel", "vadd", "--kernel", "vmul",
+            "-j", "0"]
+    code, data = run_json(capsys, *argv)
+    assert code == 0 and data["tasks"] == 4 and data["built"] == 4 and data["failed"] == 0
+    modes = {(r["kernel"], r["target"]): r["mode"] for r in data["results"]}
+    assert modes[("vadd", "llvm")] == "compiled" and modes[("vadd", "c")] == "source"  # --mode auto
+    code, data = run_json(capsys, *argv)
+    assert code == 0 and data["hit"] == 4
+
+
+def test_warm_in_spawned_workers(capsys, tmp_path):
+    root = tmp_path / "cache"
+    code, out, _err = run(capsys, "--dir", str(root), "warm", KERNELS, "-t", "cuda -arch=sm_90", "--mode", "source",
+                          "--kernel", "vadd_gpu", "--kernel", "vmul_gpu", "-j", "2", "--no-progress")
+    assert code == 0 and "2 built" in out and "2 workers" in out
+    _code, entries = run_json(capsys, "--dir", str(root), "ls")
+    assert sorted(e["func_names"][0] for e in entries) == ["vadd_gpu_kernel", "vmul_gpu_kernel"]
+
+
+def test_warm_reports_a_failed_kernel_and_exits_1(capsys, tmp_path):
+    code, data = run_json(capsys, "--dir", str(tmp_path / "c"), "warm", KERNELS, "-t", "cuda -arch=sm_90",
+                          "--kernel", "vadd", "--kernel", "vadd_gpu", "--mode", "source", "-j", "0")
+    assert code == _cli.EXIT_PROBLEMS and data["failed"] == 1 and data["built"] == 1
+    (failed,) = [r for r in data["results"] if r["status"] == "failed"]
+    assert failed["kernel"] == "vadd" and "thread binding" in failed["error"]
+
+
+def test_warm_kernels_file_protocol(capsys, tmp_path):
+    """`variants(target)` gives each target its own kernels; repeated names are numbered."""
+    source = tmp_path / "sweep.py"
+    source.write_text(textwrap.dedent('''
+        import tvm.s_tir
+        from tvm.script import tirx as T
+
+        def scale(factor):
+            @T.prim_func(s_tir=True)
+            def main(A: T.Buffer((256,), "float32"), B: T.Buffer((256,), "float32")):
+                for i in range(256):
+                    with T.sblock("B"):
+                        vi = T.axis.spatial(256, i)
+                        B[vi] = A[vi] * T.float32(factor)
+            return main
+
+        def variants(target):
+            return [scale(f) for f in (2, 3, 4)]
+    '''))
+    code, data = run_json(capsys, "--dir", str(tmp_path / "c"), "warm", str(source), "-t", "c", "-j", "0")
+    assert code == 0 and data["built"] == 3
+    assert sorted(r["kernel"] for r in data["results"]) == ["main[0]", "main[1]", "main[2]"]
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(not HAS_NVCC, reason="nvcc is not on PATH")
+def test_warm_fills_the_compiled_cuda_store_with_nvcc(capsys, tmp_path):
+    root = tmp_path / "cache"
+    argv = ["--dir", str(root), "warm", KERNELS, "-t", json.dumps(CUDA_TARGET), "--kernel", "vadd_gpu", "-j", "0"]
+    code, data = run_json(capsys, *argv)
+    assert code == 0 and data["built"] == 1
+    (result,) = data["results"]
+    assert result["mode"] == "compiled" and result["tier"] in ("nvcc", "built")
+    _code, entries = run_json(capsys, "--dir", str(root), "ls", "--compiled")
+    assert [e["codec"] for e in entries] == ["cuda-bin"]
+    assert run_json(capsys, *argv)[1]["hit"] == 1
+
+
+# ---- doctor, demo, config ----------------------------------------------------------------------------
+
+
+def test_doctor_without_the_process_check(capsys, tmp_path):
+    code, data = run_json(capsys, "--dir", str(tmp_path / "c"), "doctor", "--processes", "0")
+    fs = data["filesystem"]
+    assert fs["fs_type"] and fs["free_bytes"] > 0 and fs["is_network"] is False
+    assert data["toolchain"]["tvm"].startswith("0.27")
+    assert code == (1 if data["problems"] else 0)
+
+
+NONDETERMINISTIC = textwrap.dedent('''
+    import codegen_cache as cc
+    from codegen_cache.codegens.cpu import CODEGENS
+
+    # The c codegen again, with a toolchain salt that follows PYTHONHASHSEED: never the same key twice.
+    (base,) = CODEGENS["c"]
+    cc.register_device_codegen("c", cc.DeviceCodegen(
+        "c", build_without_compile=base.build_without_compile,
+        toolchain=lambda target, compiled: {"seeded": str(hash("codegen"))}), override=True)
+
+    from kernels import vadd
+    kernels = {"vadd": vadd}
+''')
+
+
+def test_doctor_finds_a_key_part_that_is_not_deterministic(tmp_path):
+    source = tmp_path / "seeded.py"
+    source.write_text(NONDETERMINISTIC)
+    env = {"PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    done = cli("--dir", str(tmp_path / "c"), "doctor", "--processes", "2", "--kernels", str(source), "-t", "c",
+               "--json", env=env, timeout=280)
+    assert done.returncode == _cli.EXIT_PROBLEMS, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    unstable = report["determinism"]["unstable"]
+    assert unstable and {u["part"] for u in unstable} == {"toolchain"}
+    assert all(u["sample"].startswith("vadd c") for u in unstable)
+    assert report["determinism"]["errors"] == []
+
+
+def test_demo_cold_then_warm_without_nvcc(capsys, tmp_path):
+    code, data = run_json(capsys, "--dir", str(tmp_path / "demo"), "demo", "--nvcc-configs", "0")
+    assert code == 0
+    names = [s["name"] for s in data["sweeps"]]
+    assert names == ["cuda matmul, source (54 configs)", "llvm matmul (18 schedules)"]
+    for sweep in data["sweeps"]:
+        assert sweep["cold_hits"] == 0 and sweep["warm_hits"] == sweep["kernels"]
+    assert data["sweeps"][1]["speedup"] > 1  # llvm; CUDA source codegen is about as cheap as a disk hit
+    assert data["stats"]["hits_disk"] == 72
+
+
+def test_config_shows_values_and_origins(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("CODEGEN_CACHE_SOURCE_SIZE_LIMIT", "2G")
+    monkeypatch.setenv("CODEGEN_CACHE_REMOTE", "redis://app:hunter2@cache:6379/0")
+    monkeypatch.setenv("CODEGEN_CACHE_REMOTE_SECRET", "s3cret")
+    monkeypatch.setenv("CODEGEN_CACHE_SIZE", "1G")  # a typo of a real name
+    code, data = run_json(capsys, "--dir", str(tmp_path), "config")
+    assert code == 0
+    rows = {r["variable"]: r for r in data["settings"]}
+    assert rows["CODEGEN_CACHE_SOURCE_SIZE_LIMIT"]["value"] == 2 << 30
+    assert rows["CODEGEN_CACHE_SOURCE_SIZE_LIMIT"]["origin"] == "environment"
+    assert rows["CODEGEN_CACHE_DIR"]["origin"] == "argument"
+    assert rows["CODEGEN_CACHE_VERIFY"]["origin"] == "default"
+    assert data["unknown_env_vars"] == ["CODEGEN_CACHE_SIZE"]
+    assert rows["CODEGEN_CACHE_REMOTE"]["value"] == "redis://app:***@cache:6379/0"
+    code, out, _err = run(capsys, "--dir", str(tmp_path), "config")
+    assert code == 0 and "hunter2" not in out and "s3cret" not in out and "CODEGEN_CACHE_SIZE" in out
+
+
+# ---- errors and exit codes (subprocess: what a shell sees) ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "accepted"),
+    [
+        ("CODEGEN_CACHE_SOURCE_SIZE_LIMIT", "lots", "a size of 0 or more bytes"),
+        ("CODEGEN_CACHE_MEMORY_ENTRIES", "-5", "a whole number of 0 or more"),
+        ("CODEGEN_CACHE_LEASE_WAIT", "soon", "a duration of 0 or more"),
+        ("CODEGEN_CACHE_REMOTE", "localhost:6379", "redis://host"),
+        ("CODEGEN_CACHE_LOG_LEVEL", "loud", "one of DEBUG, INFO"),
+    ],
+)
+def test_bad_setting_exits_3_naming_the_variable(capsys, monkeypatch, tmp_path, var, value, accepted):
+    monkeypatch.setenv(var, value)
+    code, _out, err = run(capsys, "--dir", str(tmp_path), "stats")
+    assert code == _cli.EXIT_CONFIG
+    assert f"invalid value {value!r} for {var}: expected {accepted}" in err
+
+
+def test_bad_setting_in_a_shell_gives_one_line_and_no_traceback(tmp_path):
+    done = cli("--dir", str(tmp_path), "ls", env={"CODEGEN_CACHE_COMPILED_SIZE_LIMIT": "lots"})
+    assert done.returncode == _cli.EXIT_CONFIG
+    assert done.stderr.strip() == ("codegen-cache: error: invalid value 'lots' for CODEGEN_CACHE_COMPILED_SIZE_LIMIT: "
+                                   "expected a size of 0 or more bytes, e.g. 512M, 2G or 1048576")
+
+
+def test_unwritable_directory_exits_3(capsys, monkeypatch, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("CODEGEN_CACHE_DIR", str(blocker / "cache"))
+    # Nothing to clear in a directory that does not exist; warm must write there.
+    assert run(capsys, "clear")[0] == 0
+    code, _out, err = run(capsys, "warm", KERNELS, "-t", "c", "--kernel", "vadd")
+    assert code == _cli.EXIT_CONFIG
+    assert "for CODEGEN_CACHE_DIR: expected a directory this user can create and write to" in err
+    code, _out, err = run(capsys, "--dir", str(blocker), "clear")
+    assert code == _cli.EXIT_CONFIG and "for --dir" in err and "it is a file" in err
+
+
+def test_usage_errors_exit_2(capsys):
+    assert run(capsys, "no-such-command")[0] == _cli.EXIT_USAGE
+    assert run(capsys, "ls", "--sort", "colour")[0] == _cli.EXIT_USAGE
+    assert run(capsys, "warm", KERNELS)[0] == _cli.EXIT_USAGE  # --target is required
+    assert run(capsys, "--help")[0] == 0
+
+
+def test_json_goes_before_or_after_the_command(capsys, filled):
+    root, _keys = filled
+    before = json.loads(run(capsys, "--json", "--dir", str(root), "ls")[1])
+    after = json.loads(run(capsys, "ls", "--dir", str(root), "--json")[1])
+    assert [e["key"] for e in before] == [e["key"] for e in after] and len(before) == 4
+
+
+def test_entry_point_runs(filled):
+    root, _keys = filled
+    exe = Path(sys.executable).parent / "codegen-cache"
+    command = [str(exe)] if exe.exists() else [sys.executable, "-m", "codegen_cache._cli"]
+    done = subprocess.run([*command, "--dir", str(root), "stats", "--json"], capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["stores"]["source"]["entries"] == 3
+    assert "exit codes:" in subprocess.run([*command, "--help"], capture_output=True, text=True,
+                                           timeout=240).stdout
