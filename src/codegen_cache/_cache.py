@@ -614,7 +614,7 @@ class CodegenCache:
         self._stats.add(f"error:{kind}")
         # A full disk or a read-only directory fails reads, encodes and writes alike: one
         # warning per fault says what is wrong, not one per operation it broke.
-        fault = storage_fault(err)
+        fault = storage_fault(err, self.directory)
         if isinstance(err, ReadOnlyStoreError):
             logger.debug("codegen cache: %s skipped: %s", kind, err)  # the store warned when it opened
         elif fault == "no-space":

@@ -167,7 +167,7 @@ class StatsRecorder:
                 self._pending.update(pending)
             if not self._failed:
                 # A full disk or a read-only directory is the cache's one warning, not ours too.
-                log = logger.debug if storage_fault(err) else logger.warning
+                log = logger.debug if storage_fault(err, self.path.parent) else logger.warning
                 log("codegen cache: cannot write stats to %s (%s); counting in memory", self.path, err)
                 self._failed = True
 

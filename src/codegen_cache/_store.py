@@ -57,7 +57,8 @@ STORAGE_ERRORS = (sqlite3.Error, OSError, diskcache.Timeout)
 # planted, and following it would read or delete files outside the store.
 _VALUE_FILE = re.compile(r"^[0-9a-f]{2}[/\\][0-9a-f]{2}[/\\][0-9a-f]{28}\.val$")
 _DB_FILES = ("cache.db", "cache.db-wal", "cache.db-shm")
-_SQLITE_READONLY, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_NOTADB = 8, 11, 13, 26  # sqlite3 names them from 3.11
+# SQLite result codes (sqlite3 names them only from Python 3.11).
+_SQLITE_READONLY, _SQLITE_IOERR, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_CANTOPEN, _SQLITE_NOTADB = 8, 10, 11, 13, 14, 26
 
 
 def _is_corrupt(err: sqlite3.DatabaseError) -> bool:
@@ -69,21 +70,43 @@ def _is_corrupt(err: sqlite3.DatabaseError) -> bool:
     return "malformed" in text or "not a database" in text
 
 
-def storage_fault(err: BaseException) -> str | None:
-    """'no-space' or 'read-only' when a storage error is one of those, else None."""
+def storage_fault(err: BaseException, directory: str | os.PathLike[str] | None = None) -> str | None:
+    """'no-space' or 'read-only' when a storage error is one of those, else None.
+
+    With `directory`, SQLite's vaguer errors are told apart: "disk I/O error" is no-space when
+    the filesystem is full (a WAL database's -shm cannot grow), "unable to open database file"
+    is read-only when the directory cannot be written.
+    """
     if isinstance(err, OSError):
         if err.errno in (errno.ENOSPC, errno.EDQUOT):
             return "no-space"
         if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
             return "read-only"
     if isinstance(err, sqlite3.Error):
-        code = getattr(err, "sqlite_errorcode", None)  # Python 3.11+
+        code = getattr(err, "sqlite_errorcode", None)  # Python 3.11+; may be an extended code
+        code = None if code is None else code & 0xFF
         text = str(err).lower()
         if code == _SQLITE_FULL or "disk is full" in text:
             return "no-space"
         if code == _SQLITE_READONLY or "readonly database" in text:
             return "read-only"
+        if (code == _SQLITE_IOERR or "disk i/o error" in text) and directory is not None and _full(directory):
+            return "no-space"
+        if (code == _SQLITE_CANTOPEN or "unable to open" in text) and directory is not None \
+                and not _writable(Path(directory)):
+            return "read-only"
     return None
+
+
+def _full(directory: str | os.PathLike[str]) -> bool:
+    path = os.fspath(directory)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    try:
+        vfs = os.statvfs(path)
+    except OSError:
+        return False
+    return vfs.f_blocks > 0 and vfs.f_bavail * vfs.f_frsize < (1 << 20)
 
 
 def share_file_mode(path: str | os.PathLike[str]) -> None:
@@ -276,6 +299,8 @@ class ArtifactStore:
                     self._pid = os.getpid()
                     _warn_read_only(self.directory.parent)
                     return self._cache
+                # The cache directory too, when this call makes it (an existing one is left as it is).
+                made_root = not self.directory.parent.exists()
                 self.directory.mkdir(parents=True, exist_ok=True)
                 try:
                     self._cache = self._connect()
@@ -286,7 +311,8 @@ class ArtifactStore:
                     self.directory.mkdir(parents=True, exist_ok=True)
                     self._cache = self._connect()
                 self._pid = os.getpid()
-                for path in (self.directory, *(self.directory / n for n in _DB_FILES)):
+                for path in (*((self.directory.parent,) if made_root else ()), self.directory,
+                             *(self.directory / n for n in _DB_FILES)):
                     share_file_mode(path)
             return self._cache
 
