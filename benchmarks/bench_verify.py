@@ -60,6 +60,8 @@ def main() -> None:
             h = median_us(lambda: ir_hash(mod), args.repeat)
             d = median_us(lambda: _ir_digest(mod), max(20, args.repeat // 10))
             m, mv = statistics.median(hit), statistics.median(hit_verify)
+            plain.close()
+            verified.close()
             print(f"{name:<26}{h:>9.1f}{d:>11.1f}{m:>9.1f}{mv:>15.1f}{mv / m:>6.1f}x{cold:>10.0f}")
 
 
