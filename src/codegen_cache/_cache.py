@@ -442,11 +442,11 @@ class CodegenCache:
 
     # ---- tiers ----------------------------------------------------------------------------
 
-    def _lookup_tiers(self, key: CacheKey, mod: IRModule, mode: str):
+    def _lookup_tiers(self, key: CacheKey, mod: IRModule, mode: str, *, remote: bool = True):
         t0 = time.perf_counter()
         blob = self._guard("read", self._stores[mode].get, key.digest)
         tier = "disk"
-        if blob is None and self._remote is not None:
+        if blob is None and remote and self._remote is not None:
             blob = self._remote.get(key.digest)
             tier = "remote"
         if blob is None:
@@ -493,10 +493,14 @@ class CodegenCache:
         return module, meta
 
     def _single_flight(self, key: CacheKey, mod: IRModule, mode: str):
-        """Take the compile lease, or wait for its holder's entry. Returns (leased, found)."""
+        """Take the compile lease, or wait for its holder's entry. Returns (leased, found).
+
+        The re-checks read the local disk only: the remote was asked just before, and a lease
+        holder sharing this directory writes its entry to the disk first.
+        """
         if self._leases.try_acquire(key.digest):
             # Someone may have stored it between our lookup and the lease.
-            found = self._lookup_tiers(key, mod, mode)
+            found = self._lookup_tiers(key, mod, mode, remote=False)
             if found is not None:
                 self._leases.release(key.digest)
             return True, found
@@ -504,12 +508,12 @@ class CodegenCache:
         deadline = time.monotonic() + self.settings.lease_wait
         while time.monotonic() < deadline:
             time.sleep(_POLL_SECONDS)
-            found = self._lookup_tiers(key, mod, mode)
+            found = self._lookup_tiers(key, mod, mode, remote=False)
             if found is not None:
                 return False, found
             if not self._leases.is_held_elsewhere(key.digest):
                 if self._leases.try_acquire(key.digest):
-                    found = self._lookup_tiers(key, mod, mode)
+                    found = self._lookup_tiers(key, mod, mode, remote=False)
                     if found is not None:
                         self._leases.release(key.digest)
                     return True, found
