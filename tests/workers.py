@@ -94,9 +94,9 @@ def mixer(args: dict) -> None:
     for i in range(keys):
         variant(i)
     # Wait for the others, so the operations overlap.
-    Path(args["dir"], f"ready-{os.getpid()}").touch()
+    Path(args["sync"], f"ready-{os.getpid()}").touch()
     deadline = time.monotonic() + 120
-    while len(list(Path(args["dir"]).glob("ready-*"))) < args["workers"] and time.monotonic() < deadline:
+    while len(list(Path(args["sync"]).glob("ready-*"))) < args["workers"] and time.monotonic() < deadline:
         time.sleep(0.01)
     counts = {"lowers": 0, "evictions": 0, "errors": 0, "wrong": 0}
     first_error = None
