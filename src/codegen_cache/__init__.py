@@ -1,5 +1,6 @@
 """tvm-codegen-cache: a device-codegen registry for Apache TVM under a content-addressed cache."""
 
+from ._build import build
 from ._cache import CodegenCache
 from ._config import Settings, settings_from_env
 from ._context import get_cache, use_cache
@@ -51,6 +52,7 @@ __all__ = [
     "Settings",
     "TargetPredicate",
     "allowed_device_codegens_for_target",
+    "build",
     "default_registry",
     "get_cache",
     "global_func_device_codegen",
