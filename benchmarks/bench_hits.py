@@ -1,0 +1,263 @@
+"""Sections 1, 5 and 6 for one (kernel, codegen): hit vs floor vs cold, miss overhead, alternatives.
+
+Every variant of one case is timed in the same rounds, interleaved (timing.interleave), so the
+ratios hold on a noisy machine. Cold builds use a fresh key each time: a copy of the codegen
+with another salt (the salt is a key part; the build work is identical).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from pathlib import Path
+from typing import Any
+
+import tvm
+import tvm_ffi
+from alt_filecache import FileCache
+from timing import interleave, summary
+
+from codegen_cache import CodegenCache, DeviceCodegen
+from codegen_cache._artifacts import decode, encode, encode_cuda_binary, unframe
+from codegen_cache._key import ir_hash
+
+__all__ = ["HitBench", "func_names"]
+
+
+def func_names(mod) -> list[str]:
+    """Sorted global symbols of an IRModule's functions (what the cache records)."""
+    names = []
+    for gv, func in mod.functions.items():
+        symbol = func.attrs.get("global_symbol") if func.attrs is not None else None
+        names.append(str(symbol) if symbol is not None else gv.name_hint)
+    return sorted(names)
+
+
+def _warmup_codegen() -> DeviceCodegen:
+    # A codegen that costs nothing: lowering with it opens every store and the lease table once,
+    # so no measured call pays for creating or opening an SQLite database.
+    def build(mod, target):
+        return tvm.get_global_func("runtime.SourceModuleCreate")("// warm-up", "cu")
+
+    return DeviceCodegen("bench-warmup", build=build, build_without_compile=build)
+
+
+def _equal_copy(mod):
+    """A structurally equal IRModule that is a different object (a re-lowered kernel), or None."""
+    try:
+        copy = tvm.ir.load_json(tvm.ir.save_json(mod))
+    except (RuntimeError, ValueError):
+        return None
+    if copy.same_as(mod) or not tvm_ffi.structural_equal(copy, mod, map_free_vars=True):
+        return None
+    return copy
+
+
+def ir_hash_cost(mod) -> float:
+    """Seconds one structural hash of `mod` takes (a rough, single timing)."""
+    t0 = time.perf_counter()
+    ir_hash(mod)
+    return time.perf_counter() - t0
+
+
+class HitBench:
+    """Caches shared by every case of one run: miss (fills), disk-only, memory, remote, file cache."""
+
+    def __init__(self, root: Path, *, remote_url: str | None = None) -> None:
+        self.root = Path(root)
+        hits = self.root / "hits"
+        # The first cold miss of each case uses the real key, so it also stores the entry that
+        # the hit variants read (no extra build); later misses use salted keys.
+        self.miss = CodegenCache(hits)  # write-behind, the default
+        self.disk = CodegenCache(hits, memory_entries=0)
+        self.mem = CodegenCache(hits)
+        self.files = FileCache(self.root / "files")
+        self.scratch = str(hits / "tmp")
+        Path(self.scratch).mkdir(parents=True, exist_ok=True)
+        self.remote_fill = self.remote = None
+        if remote_url:
+            from codegen_cache._remote import RedisTier
+
+            self.remote_fill = RedisTier(remote_url)  # puts the stored bytes, as another host would
+            self.remote = CodegenCache(self.root / "remote", remote=remote_url, memory_entries=0)
+        self._salts = itertools.count()
+        self._stored = itertools.count()
+        self._warm()
+
+    def caches(self) -> list[CodegenCache]:
+        """Every CodegenCache of this bench."""
+        return [c for c in (self.miss, self.disk, self.mem, self.remote) if c is not None]
+
+    def _warm(self) -> None:
+        warm = _warmup_codegen()
+        mod = tvm.IRModule({})
+        for cache in self.caches():
+            for compiled in (True, False):
+                cache.lower(mod, "llvm", compile_device=compiled, codegen=warm)
+            cache.flush()
+
+    def close(self) -> None:
+        """Flush and close every cache."""
+        for cache in self.caches():
+            cache.close()
+        if self.remote_fill is not None:
+            self.remote_fill.close()
+
+    def salted(self, entry: DeviceCodegen) -> DeviceCodegen:
+        """`entry` with a salt never used before: the same build under a fresh key."""
+        return dataclasses.replace(entry, salt=f"bench-cold-{next(self._salts)}")
+
+    def measure(self, kernel: str, codegen: str, mod, target, compile_device: bool, *,
+                cold_budget: float, hit_budget: float, min_hit_reps: int = 5, max_hit_reps: int = 200,
+                copy_max_hash: float = 10.0, load: bool = True, build=None) -> dict[str, Any]:
+        """All timings of one case. `load=False`: the module cannot be loaded here (no CUDA
+        driver): hits are then key + read + unframe. `build` overrides the bare codegen."""
+        mode = "compiled" if compile_device else "source"
+        entry = self.miss.resolve(target)
+        bare_fn = build or (entry.build if compile_device else entry.build_without_compile)
+        row: dict[str, Any] = {"kernel": kernel, "codegen": codegen, "target": str(target.kind.name),
+                               "mode": mode, "functions": len(mod.functions), "loaded": load}
+
+        # Toolchain salts are computed once per process (nvcc --version takes ~0.5 s): not a miss cost.
+        self.miss.key_for(mod, target, compile_device=compile_device)
+
+        # ---- cold: the bare codegen against a miss through the cache (caller-visible) -------
+        cold: dict[str, list[float]] = {"bare": [], "miss": [], "bg_store": []}
+        keys: list[str] = []
+        tiers: list[str] = []
+
+        def bare() -> None:
+            t0 = time.perf_counter()
+            bare_fn(mod, target)
+            cold["bare"].append(time.perf_counter() - t0)
+
+        def miss() -> None:
+            # The first miss uses the real key: it stores the entry the hits read. Later ones are salted.
+            codegen = self.salted(entry) if keys else entry
+            t0 = time.perf_counter()
+            if load:
+                _, outcome = self.miss.lower_with_outcome(mod, target, compile_device=compile_device, codegen=codegen)
+                tiers.append(outcome.tier)
+                keys.append(outcome.key)
+            else:  # no driver: the cache's compile-and-store path for GPU-less hosts
+                keys.append(self.miss.precompile_cuda(mod, target, codegen=codegen))
+            t1 = time.perf_counter()
+            self.miss.flush()  # the write-behind store: off the caller's path, but not free
+            cold["miss"].append(t1 - t0)
+            cold["bg_store"].append(time.perf_counter() - t1)
+
+        spent = time.perf_counter()
+        bare()
+        estimate = cold["bare"][0]
+        if estimate < cold_budget / 8:
+            cold["bare"].clear()  # a cheap codegen's first call is a warm-up, not a sample
+        miss()
+        per_pair = estimate + cold["miss"][0] + cold["bg_store"][0]
+        left = cold_budget - (time.perf_counter() - spent)
+        for i in range(max(0, min(14, int(left / per_pair)))):
+            for fn in ((bare, miss) if i % 2 else (miss, bare)):
+                fn()
+        if not cold["bare"]:
+            bare()
+        row["cold_reps"] = len(cold["bare"])
+        row["miss_tiers"] = sorted(set(tiers))
+        if load:
+            assert tiers and set(tiers) == {"built"}, f"{kernel}/{codegen}: a cold call was served from {tiers}"
+
+        # ---- what storing costs: encode (for llvm: a shared library) and the two writes ------
+        key = keys[0]
+        blob = self.disk.store(mode).get(key)
+        assert blob is not None, f"{kernel}/{codegen}: the entry was not stored"
+        row["artifact_bytes"] = len(blob)
+        store = self.miss.store(mode)
+        costs: dict[str, list[float]] = {}
+        bg = sorted(cold["bg_store"])[len(cold["bg_store"]) // 2]
+        if load and bg < cold_budget / 8:  # encode again only where that is cheap; else bg_store says it
+            meta = {"key": "store-bench", "codegen": entry.name, "mode": mode, "build_seconds": estimate}
+            names = func_names(mod)
+            module = bare_fn(mod, target)
+            costs = interleave({"encode": lambda: encode(module, meta, func_names=names, scratch=self.scratch)},
+                               max(1, min(7, int(cold_budget / 4 / max(bg, 1e-4)))), warmup=1)
+        costs.update(interleave({
+            "put_ours": lambda: store.put(f"store-{next(self._stored)}", blob),
+            "put_files": lambda: self.files.put(f"{next(self._stored):032x}", blob),
+        }, 5, warmup=1))
+
+        # ---- hits -------------------------------------------------------------------------
+        self.files.put(key, blob)
+        disk_store = self.disk.store(mode)
+        scratch = self.scratch
+
+        def floor():
+            ir_hash(mod)
+            decode(disk_store.get(key), scratch=scratch)
+
+        def floor_noload():
+            ir_hash(mod)
+            unframe(disk_store.get(key))
+
+        def key_only():
+            self.disk.key_for(mod, target, compile_device=compile_device)
+
+        def files_hit():
+            k = self.disk.key_for(mod, target, compile_device=compile_device).digest
+            data = self.files.get(k)
+            if load:
+                decode(data, scratch=scratch)
+            else:
+                unframe(data)
+
+        def disk_noload():
+            k = self.disk.key_for(mod, target, compile_device=compile_device).digest
+            unframe(self.disk.store(mode).get(k))
+
+        variants: dict[str, Any] = {"hash": lambda: ir_hash(mod)}
+        hash_cost = ir_hash_cost(mod)
+        if not load or hash_cost < 1e-3:  # where the hash is large these equal it
+            variants["key"] = key_only
+            variants["floor_noload"] = floor_noload
+        if load:
+            # An equal copy costs save_json + load_json (~20x the hash): skipped for large IR in --quick.
+            copy = _equal_copy(mod) if hash_cost < copy_max_hash else None
+            self.mem.lower(mod, target, compile_device=compile_device)
+            variants["floor"] = floor
+            variants["disk"] = lambda: self.disk.lower(mod, target, compile_device=compile_device)
+            variants["memory"] = lambda: self.mem.lower(mod, target, compile_device=compile_device)
+            if copy is not None:
+                variants["memory_eq"] = lambda: self.mem.lower(copy, target, compile_device=compile_device)
+            if self.remote is not None:
+                self.remote_fill.put(key, blob)
+                remote, rstore = self.remote, self.remote.store(mode)
+                variants["remote"] = (lambda: remote.lower(mod, target, compile_device=compile_device),
+                                      lambda: rstore.delete(key))
+        else:
+            variants["disk"] = disk_noload
+        variants["files"] = files_hit
+        row["hit_tiers"] = self._check_tiers(variants, mod, target, compile_device, key, load)
+
+        t0 = time.perf_counter()
+        interleave(variants, 1, warmup=0)  # warm-up round, and the cost of one round
+        per_round = time.perf_counter() - t0
+        hit_reps = max(min_hit_reps, min(max_hit_reps, int(hit_budget / max(per_round, 1e-6))))
+        hits = interleave(variants, hit_reps, warmup=0)
+        row["hit_reps"] = hit_reps
+
+        row["t"] = {name: summary(xs) for name, xs in {**cold, **costs, **hits}.items() if xs}
+        return row
+
+    def _check_tiers(self, variants, mod, target, compile_device, key, load) -> dict[str, str]:
+        """Which tier each cache variant is served from (a benchmark of the wrong tier is void)."""
+        out = {}
+        if not load:
+            return out
+        for name, cache in (("disk", self.disk), ("memory", self.mem), ("remote", self.remote)):
+            if name not in variants:
+                continue
+            if name == "remote":
+                cache.store("compiled" if compile_device else "source").delete(key)
+            _, outcome = cache.lower_with_outcome(mod, target, compile_device=compile_device)
+            out[name] = outcome.tier
+            if outcome.tier != name:
+                raise RuntimeError(f"the {name} variant was served from {outcome.tier!r}")
+        return out

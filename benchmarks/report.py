@@ -1,0 +1,310 @@
+"""Goals, the printed tables and the plot, from the results dict of run.py."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from timing import fmt_ratio, fmt_time
+
+__all__ = ["evaluate_goals", "plot", "tables"]
+
+GOALS = {
+    "disk_vs_floor": 1.3,
+    "memory_over_hash": 10e-6,
+    "warm_cold_nvcc": 1000.0,
+    "warm_cold_llvm_vadd": 20.0,
+    "warm_cold_llvm_64": 30.0,
+    "scaling": 1.2,
+    "miss_overhead": 0.10,
+}
+
+
+def _m(row: dict, name: str) -> float | None:
+    t = row["t"].get(name)
+    return None if t is None else t["median"]
+
+
+def _rows(results: dict) -> list[dict]:
+    return results["hits"]["rows"] + results["hits"].get("nvcc", {}).get("rows", [])
+
+
+def derived(row: dict) -> dict[str, float | None]:
+    """Ratios of one section-1 row: disk/floor, memory - hash, cold/warm, miss overhead."""
+    disk, floor = _m(row, "disk"), _m(row, "floor") or _m(row, "floor_noload")
+    if not row.get("loaded", True):
+        floor = _m(row, "floor_noload")
+    mem, hsh, miss, bare = _m(row, "memory"), _m(row, "hash"), _m(row, "miss"), _m(row, "bare")
+    bg = _m(row, "bg_store") or 0.0
+    enc = _m(row, "encode")
+    if enc is None:  # not re-measured where it is slow: the background wait holds it
+        enc = max(bg - (_m(row, "put_ours") or 0.0), 0.0)
+    return {
+        "disk_floor": disk / floor if disk and floor else None,
+        "mem_over_hash": mem - hsh if mem is not None and hsh is not None else None,
+        "cold_disk": miss / disk if miss and disk else None,
+        "cold_mem": miss / mem if miss and mem else None,
+        "overhead": (miss - bare) / bare if miss and bare else None,
+        "store_bg": bg,
+        "encode": enc,
+        "files_store": enc + (_m(row, "put_files") or 0.0),
+    }
+
+
+def evaluate_goals(results: dict) -> list[dict[str, Any]]:
+    """One entry per checked goal: what, measured, goal, PASS/FAIL."""
+    goals = []
+
+    def add(section, what, value, target, ok, shown):
+        goals.append({"section": section, "what": what, "value": value, "goal": target,
+                      "status": "PASS" if ok else "FAIL", "shown": shown})
+
+    for row in _rows(results):
+        d = derived(row)
+        case = f"{row['kernel']} / {row['codegen']}"
+        if d["disk_floor"] is not None:
+            add(1, f"disk hit <= 1.3x floor: {case}", d["disk_floor"], GOALS["disk_vs_floor"],
+                d["disk_floor"] <= GOALS["disk_vs_floor"], fmt_ratio(d["disk_floor"]))
+        if d["mem_over_hash"] is not None:
+            add(1, f"memory hit <= hash + 10us: {case}", d["mem_over_hash"], GOALS["memory_over_hash"],
+                d["mem_over_hash"] <= GOALS["memory_over_hash"], f"hash {_signed(d['mem_over_hash'])}")
+        target = None
+        if row["codegen"] == "cuda-nvcc":
+            target = GOALS["warm_cold_nvcc"]
+        elif row["codegen"] == "llvm" and row["kernel"] == "vadd":
+            target = GOALS["warm_cold_llvm_vadd"]
+        elif row["codegen"] == "llvm" and row["kernel"] == "64 funcs":
+            target = GOALS["warm_cold_llvm_64"]
+        if target is not None and d["cold_disk"] is not None:
+            add(1, f"warm/cold >= {target:.0f}x: {case} (cold miss / disk hit)", d["cold_disk"], target,
+                d["cold_disk"] >= target, fmt_ratio(d["cold_disk"]))
+        if d["overhead"] is not None and row.get("loaded", True):
+            add(5, f"miss overhead <= 10% of the build: {case}", d["overhead"], GOALS["miss_overhead"],
+                d["overhead"] <= GOALS["miss_overhead"], f"{d['overhead'] * 100:+.0f}%")
+    scaling = results.get("scaling", {}).get("store", {})
+    for case in scaling.get("cases", []):
+        lo, hi = scaling["sizes"][0], scaling["sizes"][-1]
+        add(2, f"hit at {hi} entries <= 1.2x hit at {lo}: {case['case']}", case["ratio"], GOALS["scaling"],
+            case["ratio"] <= GOALS["scaling"], fmt_ratio(case["ratio"]))
+    sweep = results.get("sweep")
+    if sweep:
+        for name, s in sweep["warm"]["sweeps"].items():
+            add(4, f"warm sweep: 0 codegen calls: {name}", s["codegen_calls"], 0, s["codegen_calls"] == 0,
+                str(s["codegen_calls"]))
+        for name, s in sweep["cold"]["sweeps"].items():
+            add(4, f"cold sweep: compiles = unique configs: {name}", s["codegen_calls"], s["unique"],
+                s["codegen_calls"] == s["unique"], f"{s['codegen_calls']} for {s['unique']} unique / {s['tasks']} tasks")
+    return goals
+
+
+# ---- tables ---------------------------------------------------------------------------------
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) if i < 2 else h.rjust(w) for i, (h, w) in enumerate(zip(headers, widths)))
+    out = [line, "-" * len(line)]
+    for r in rows:
+        out.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    return "\n".join(out)
+
+
+def tables(results: dict) -> str:
+    """Every section as text tables (what run.py prints and docs/benchmarks.md quotes)."""
+    parts = []
+    rows = _rows(results)
+    hits = results["hits"]
+    parts.append("== 1. hit vs floor vs cold (medians; ratios from the same interleaved rounds) ==")
+    parts.append(hits.get("remote_note", ""))
+    nvcc = hits.get("nvcc", {})
+    if nvcc.get("note"):
+        parts.append(nvcc["note"])
+    body = []
+    for r in rows:
+        d = derived(r)
+        floor = _m(r, "floor") if r.get("loaded", True) else _m(r, "floor_noload")
+        disk = _m(r, "disk")
+        body.append([r["kernel"], r["codegen"] + ("" if r.get("loaded", True) else "*"), fmt_time(_m(r, "hash")),
+                     fmt_time(floor), fmt_time(disk), fmt_ratio(d["disk_floor"]), fmt_time(_m(r, "memory")),
+                     _signed(d["mem_over_hash"]),
+                     fmt_time(_m(r, "memory_eq")), fmt_time(_m(r, "remote")), fmt_time(_m(r, "miss")),
+                     fmt_ratio(d["cold_disk"]), fmt_ratio(d["cold_mem"])])
+    parts.append(_table(["kernel", "codegen", "hash", "floor", "disk hit", "disk/floor", "mem hit", "mem-hash",
+                         "mem(eq)", "remote", "cold", "cold/disk", "cold/mem"], body))
+    parts.append("floor = structural hash + raw read of the stored bytes + module load; mem(eq) = memory hit "
+                 "with an equal but distinct IRModule (structural_equal); cold = a miss through the cache, "
+                 "as the caller sees it." + (" * = no CUDA driver: hit = key + read + unframe, no load."
+                                             if any(not r.get("loaded", True) for r in rows) else ""))
+
+    parts.append("\n== 5. miss overhead: what the cache adds to a miss ==")
+    body = []
+    for r in rows:
+        d = derived(r)
+        body.append([r["kernel"], r["codegen"], fmt_time(_m(r, "bare")), fmt_time(_m(r, "miss")),
+                     f"{d['overhead'] * 100:+.0f}%" if d["overhead"] is not None else "-",
+                     _signed(_m(r, "miss") - _m(r, "bare")) if _m(r, "miss") and _m(r, "bare") else "-",
+                     fmt_time(d["store_bg"]), fmt_time(d["encode"]), fmt_time(_m(r, "put_ours")),
+                     f"{r.get('cold_reps', 0)}"])
+    parts.append(_table(["kernel", "codegen", "bare codegen", "miss (caller)", "overhead", "abs", "bg store",
+                         "encode", "put", "reps"], body))
+    parts.append("bg store = how long flush() waited for the write-behind thread after lower() returned "
+                 "(encode + put, off the caller's path); encode = measured alone where cheap, else bg store - put.")
+
+    sc = results.get("scaling", {})
+    if sc.get("store"):
+        st = sc["store"]
+        parts.append("\n== 2. scaling: disk hit vs entries in the store ==")
+        if sc.get("note"):
+            parts.append(sc["note"])
+        heads = ["case", "cache"] + [str(n) for n in st["sizes"]] + ["last/first"]
+        body = []
+        for c in st["cases"]:
+            body.append([c["case"], "ours"] + [fmt_time(c["t"][f"ours/{n}"]["median"]) for n in st["sizes"]]
+                        + [fmt_ratio(c["ratio"])])
+            if any(f"files/{n}" in c["t"] for n in st["sizes"]):
+                body.append([c["case"], "files"] + [fmt_time(c["t"].get(f"files/{n}", {}).get("median"))
+                                                    for n in st["sizes"]] + [fmt_ratio(c.get("files_ratio"))])
+        parts.append(_table(heads, body))
+    if sc.get("keys"):
+        parts.append("\n== 2b. key cost vs IR size (structural hash; full key) ==")
+        body = []
+        for label, k in sc["keys"].items():
+            for n, h, key, per in zip(k["statements"], k["hash"], k["key"], k["per_statement"]):
+                body.append([label, str(n), fmt_time(h), fmt_time(key), f"{per * 1e6:.2f}us"])
+            f = k["fit"]
+            body.append([label, "fit", f"{f['slope'] * 1e6:.2f}us/stmt", f"+{fmt_time(max(f['intercept'], 0))}",
+                         f"r2={f['r2']:.3f}"])
+        parts.append(_table(["target", "stmts", "hash", "key", "hash/stmt"], body))
+
+    ct = results.get("contention")
+    if ct:
+        parts.append(f"\n== 3. contention: {ct['n_keys']} shared keys ({ct['codegen']}), disk tier only ==")
+        body = []
+        for r in ct["runs"]:
+            for phase in ("miss", "hit"):
+                p = r[phase]
+                body.append([str(r["procs"]), phase, str(p["ops"]), f"{p['throughput']:.0f}/s", fmt_time(p["p50"]),
+                             fmt_time(p["p99"]), " ".join(f"{k}:{v}" for k, v in p["tiers"].items()),
+                             str(r["builds"]) if phase == "miss" else "", str(r["lease_waits"]) if phase == "miss" else ""])
+        parts.append(_table(["procs", "phase", "ops", "throughput", "p50", "p99", "tiers", "builds", "lease waits"], body))
+
+    sw = results.get("sweep")
+    if sw:
+        parts.append(f"\n== 4. autotuning sweep: {sw['workers']} spawned workers, "
+                     f"{sw['duplicates'] * 100:.0f}% of configs duplicated ==")
+        body = []
+        for phase in ("cold", "warm"):
+            for name, s in sw[phase]["sweeps"].items():
+                body.append([name, phase, f"{s['tasks']} ({s['unique']} unique)", str(s["codegen_calls"]),
+                             fmt_time(s["codegen_seconds"]), fmt_time(s["lower_seconds"]),
+                             fmt_time(sw[phase]["wall"])])
+        parts.append(_table(["sweep", "run", "tasks", "codegen calls", "codegen time", "lowering time",
+                             "wall (all)"], body))
+        parts.append("codegen/lowering time: summed over both workers; wall: the whole run incl. process start.")
+
+    parts.append("\n== 6. alternatives on the same kernels: no cache, file-per-entry cache ==")
+    body = []
+    for r in rows:
+        d = derived(r)
+        disk, files, bare = _m(r, "disk"), _m(r, "files"), _m(r, "bare")
+        body.append([r["kernel"], r["codegen"], fmt_time(bare), fmt_time(disk), fmt_time(files),
+                     fmt_ratio(files / disk if files and disk else None), fmt_time(_m(r, "put_ours")),
+                     fmt_time(_m(r, "put_files")), fmt_time(_m(r, "miss")),
+                     fmt_time((bare or 0) + d["files_store"])])
+    parts.append(_table(["kernel", "codegen", "no cache", "ours disk", "files hit", "files/ours", "ours put",
+                         "files put", "ours miss", "files miss"], body))
+    parts.append("files miss = bare codegen + encode + file write, all on the caller's path (computed from "
+                 "the medians); ours miss is measured.")
+
+    goals = results.get("goals", [])
+    parts.append("\n== goals ==")
+    parts.append(_table(["status", "section", "goal", "measured"],
+                        [[g["status"], str(g["section"]), g["what"], g["shown"]] for g in goals]))
+    n_pass = sum(g["status"] == "PASS" for g in goals)
+    parts.append(f"{n_pass}/{len(goals)} goals pass")
+    return "\n".join(p for p in parts if p is not None)
+
+
+# ---- plot -----------------------------------------------------------------------------------
+
+
+def plot(results: dict, path: str) -> None:
+    """Draw the summary figure (matplotlib, Agg) to `path`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
+    rows = _rows(results)
+    ax = axes[0][0]
+    series = [("floor", "floor"), ("disk", "disk hit"), ("memory", "memory hit"), ("files", "file cache hit"),
+              ("miss", "cold (miss)")]
+    width = 0.8 / len(series)
+    labels = [f"{r['kernel']}\n{r['codegen']}" for r in rows]
+    for i, (name, label) in enumerate(series):
+        vals = []
+        for r in rows:
+            v = _m(r, name) if name != "floor" or r.get("loaded", True) else _m(r, "floor_noload")
+            vals.append(v * 1e3 if v else float("nan"))
+        ax.bar([j + i * width for j in range(len(rows))], vals, width, label=label)
+    ax.set_yscale("log")
+    ax.set_ylabel("ms (log)")
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], labels, fontsize=6, rotation=90)
+    ax.set_title("1. hit vs floor vs cold")
+    ax.legend(fontsize=7)
+
+    ax = axes[0][1]
+    st = results.get("scaling", {}).get("store")
+    if st:
+        for c in st["cases"]:
+            for cache, style in (("ours", "-o"), ("files", "--s")):
+                xs = [n for n in st["sizes"] if f"{cache}/{n}" in c["t"]]
+                if xs:
+                    ax.plot(xs, [c["t"][f"{cache}/{n}"]["median"] * 1e6 for n in xs], style,
+                            label=f"{c['case']} ({cache})")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("entries in the store")
+        ax.set_ylabel("disk hit, us (log)")
+        ax.legend(fontsize=7)
+    ax.set_title("2. hit latency vs store size")
+
+    ax = axes[1][0]
+    keys = results.get("scaling", {}).get("keys", {})
+    for label, k in keys.items():
+        ax.plot(k["statements"], [h * 1e3 for h in k["hash"]], "-o", label=f"{label}: structural hash")
+        ax.plot(k["statements"], [h * 1e3 for h in k["key"]], ":", label=f"{label}: full key")
+    ax.set_xlabel("statements in the kernel body")
+    ax.set_ylabel("ms")
+    ax.set_title("2b. key cost vs IR size")
+    if keys:
+        ax.legend(fontsize=7)
+
+    ax = axes[1][1]
+    ct = results.get("contention")
+    if ct:
+        procs = [r["procs"] for r in ct["runs"]]
+        for phase, color in (("hit", "tab:blue"), ("miss", "tab:orange")):
+            ax.plot(procs, [r[phase]["throughput"] for r in ct["runs"]], "-o", color=color, label=f"{phase} ops/s")
+        ax.set_xlabel("processes")
+        ax.set_ylabel("ops/s (all processes)")
+        ax.set_xticks(procs)
+        ax2 = ax.twinx()
+        for phase, color in (("hit", "tab:blue"), ("miss", "tab:orange")):
+            ax2.plot(procs, [r[phase]["p99"] * 1e3 for r in ct["runs"]], "--", color=color, label=f"{phase} p99")
+        ax2.set_ylabel("p99 ms (dashed)")
+        ax.legend(fontsize=7, loc="upper left")
+    ax.set_title("3. contention on shared keys")
+    n_pass = sum(g["status"] == "PASS" for g in results.get("goals", []))
+    fig.suptitle(f"tvm-codegen-cache benchmarks ({results.get('mode', '')}, {results['machine'].get('date', '')}): "
+                 f"{n_pass}/{len(results.get('goals', []))} goals pass", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=60)
+    plt.close(fig)
+
+
+def _signed(x: float | None) -> str:
+    if x is None or math.isnan(x):
+        return "-"
+    return ("+" if x >= 0 else "") + fmt_time(x)
