@@ -94,9 +94,7 @@ class _Plan:
     """The input and tvm.tirx.build's steps 0-2: the target to bind, the pipeline's target, the host."""
 
     mod: IRModule
-    # What a memory hit is compared with: the PrimFunc given (immutable), or a copy of the
-    # IRModule given (an IRModule can be changed in place after the build).
-    original: PrimFunc | IRModule
+    original: PrimFunc | IRModule  # what the caller passed: memory hits are compared with it
     func_targets: tuple[Target, ...]
     hashed: list[int]  # the input's structural hash once computed (shared by a PrimFunc's plans)
     bind: Target
@@ -166,7 +164,7 @@ def _input(mod: PrimFunc | IRModule) -> tuple[IRModule, PrimFunc | IRModule, tup
         return memo[1], mod, memo[2], memo[3]
     if not isinstance(mod, IRModule):
         raise TypeError(f"build expects a tvm.tirx.PrimFunc or a tvm.IRModule, got {type(mod).__name__}")
-    return mod, IRModule(mod.functions, attrs=mod.attrs), _func_targets(mod), []
+    return mod, mod, _func_targets(mod), []
 
 
 def _plan(mod: PrimFunc | IRModule, target: str | Target | None, pipeline: str | None) -> _Plan:
@@ -328,12 +326,15 @@ def _key_of(plan: _Plan, registry: DeviceCodegenRegistry) -> CacheKey | None:
             _warn_once("hash", "codegen_cache.build: cannot hash the input module (%s); "
                        "building without the index", err)
             return None
-    memo = (plan.bind, plan.target, plan.pipeline, context, _codegens_part(plan, registry))
+    # The pipeline's target only picks the pipeline when none is named (beyond that, the host
+    # it implies is in the bound target).
+    pipeline_target = plan.target if plan.pipeline is None else None
+    memo = (plan.bind, pipeline_target, plan.pipeline, context, _codegens_part(plan, registry))
     found = _tails.get(memo)
     if found is None:
         parts = (
             ("target", canonical_target(plan.bind)),
-            ("pipeline_target", canonical_target(plan.target) if plan.target is not None else ""),
+            ("pipeline_target", canonical_target(pipeline_target) if pipeline_target is not None else ""),
             ("pipeline", plan.pipeline if plan.pipeline is not None else "<default for target>"),
             ("pass_context", context),
             *static_salts(),
@@ -384,8 +385,10 @@ def _warm(cache: CodegenCache, key: CacheKey, plan: _Plan, start: float) -> tupl
 
 
 def _remember(cache: CodegenCache, key: CacheKey, module: Module, plan: _Plan, record: BuildRecord) -> None:
+    # A PrimFunc cannot change; an IRModule can (mod["main"] = ...), so a copy is compared later.
+    original = plan.original if isinstance(plan.original, PrimFunc) else plan.original.clone()
     # In-process only, so the meta may hold the record object; nothing here is ever serialized.
-    cache.remember(_MEMO_PREFIX + key.digest, module, plan.original, {"key": key.digest, "record": record})
+    cache.remember(_MEMO_PREFIX + key.digest, module, original, {"key": key.digest, "record": record})
 
 
 def _emit(tier: str, key: CacheKey, key_seconds: float, start: float) -> None:
