@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["check_determinism", "check_filesystem", "check_toolchain", "doctor"]
+__all__ = ["check_determinism", "check_filesystem", "check_toolchain", "doctor", "render"]
 
 # (kernel in _demo_kernels, target, modes): the input of every built-in codegen family.
 SAMPLES: tuple[tuple[str, Any, tuple[bool, ...]], ...] = (
@@ -46,7 +46,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
     from ._inventory import target_summary
     from ._lowering import lower_for_codegen
     from ._targets import as_target, canonical_target
-    from ._warm import load_kernels, parse_target
+    from ._kernels import load_kernels, parse_target
 
     cache = CodegenCache(settings=Settings(directory=Path(spec["directory"])))
     jobs = [(name, as_target(t), modes, None) for name, t, modes in SAMPLES]
@@ -196,6 +196,43 @@ def doctor(settings, *, processes: int = 3, kernels: str | None = None,
     problems += [f"{v} is set but is not a codegen-cache setting (a typo?)" for v in unknown]
     report["problems"] = problems
     return report
+
+
+def render(report: dict[str, Any]) -> list[str]:
+    """The report as `codegen-cache doctor` prints it."""
+    from ._config import format_size
+
+    lines: list[str] = []
+    out = lines.append
+    det = report.get("determinism")
+    if det is not None:
+        out(f"key determinism: {len(det['samples'])} sample lowerings in {det['processes']} fresh processes "
+            f"(PYTHONHASHSEED {', '.join(det['seeds'])}), each lowered twice")
+        if not det["unstable"] and not det["errors"]:
+            out("  ok: every key part is the same in every process and on every lowering")
+        for u in det["unstable"]:
+            out(f"  NOT DETERMINISTIC: part {u['part']!r} of {u['sample']} differs {u['where']}: every run "
+                "computes another key, so it always misses")
+        for e in det["errors"]:
+            out(f"  ERROR: {e}")
+    fs = report["filesystem"]
+    free = format_size(fs["free_bytes"]) if fs["free_bytes"] is not None else "unknown"
+    out(f"filesystem: {fs['directory']}" + ("" if fs["exists"] else " (not created yet)"))
+    out(f"  {fs['fs_type']} mounted at {fs['mount_point']}: {'network' if fs['is_network'] else 'local'}, "
+        f"{'read-only' if fs['read_only'] else 'writable'}, {'noexec' if fs['noexec'] else 'exec'}, {free} free")
+    for p in fs["problems"]:
+        out(f"  WARNING: {p}")
+    if not fs["problems"]:
+        out("  ok: a local, writable filesystem with room for the size limits")
+    tool = report["toolchain"]
+    out(f"toolchain: tvm {tool['tvm']}, tvm-ffi {tool['tvm_ffi']}, LLVM {tool['llvm']}")
+    for note in tool["notes"]:
+        out(f"  {note}")
+    for var in report["unknown_env_vars"]:
+        out(f"configuration: WARNING: {var} is set but is not a codegen-cache setting (a typo?)")
+    problems = report["problems"]
+    out(f"{len(problems)} problem{'s' if len(problems) != 1 else ''} found" if problems else "no problems found")
+    return lines
 
 
 if __name__ == "__main__":

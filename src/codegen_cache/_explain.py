@@ -19,7 +19,7 @@ from ._errors import ArtifactError
 from ._inventory import ENTRY_STORES, Entry, iter_entries
 from ._store import STORAGE_ERRORS
 
-__all__ = ["explain", "load_module"]
+__all__ = ["explain", "render"]
 
 _LABELS = {"ir": "IR", "tvm_ffi": "tvm-ffi"}
 _HINTS = {
@@ -38,45 +38,6 @@ _HINTS = {
                  "variable it reads.",
     "salt": "The codegen declares another salt of its own.",
 }
-
-
-def load_module(path: str, target_text: str | None, *, kernel: str | None = None,
-                lowered: bool | None = None):
-    """(codegen input, target, kernel) from a .py file/module of kernels or a TVMScript text file.
-
-    `kernel` is the module before lowering (None when the file holds a lowered module).
-    """
-    from ._lowering import lower_for_codegen
-    from ._warm import KernelSourceError, codegen_target, is_lowered, load_kernels, parse_target
-
-    target = parse_target(target_text) if target_text else None
-    file = Path(path)
-    if file.is_file() and file.suffix != ".py":
-        from tvm.script import from_source
-
-        try:
-            kernels = {file.stem: from_source(file.read_text())}
-        except Exception as err:  # noqa: BLE001 - the TVMScript parser raises many kinds
-            raise KernelSourceError(f"{path} is not TVMScript the parser accepts: {err}") from None
-    else:
-        kernels = load_kernels(path, target, names=[kernel] if kernel else None)
-    if not kernels:
-        raise KernelSourceError(f"{path} exposes no kernels")
-    if len(kernels) > 1:
-        raise KernelSourceError(f"{path} has {len(kernels)} kernels; pick one with --kernel: {sorted(kernels)}")
-    (mod,) = kernels.values()
-    if lowered or (lowered is None and is_lowered(mod)):
-        from tvm.ir import IRModule
-
-        if not isinstance(mod, IRModule):
-            mod = IRModule.from_expr(mod)
-        if target is None:
-            # A lowered module carries its target on each function.
-            target = next(iter(mod.functions.values())).attrs["target"]
-        return mod, codegen_target(target), None
-    if target is None:
-        raise KernelSourceError("a target is needed to lower the kernel (--target)")
-    return (*lower_for_codegen(mod, target), mod)
 
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -145,7 +106,7 @@ class _Relowering:
     def _lower(self, target_json: str) -> str | None:
         from ._key import ir_hash
         from ._lowering import lower_for_codegen
-        from ._warm import parse_target
+        from ._kernels import parse_target
 
         try:
             mod, _target = lower_for_codegen(self.kernel, parse_target(target_json))
@@ -207,7 +168,7 @@ def _failure(cache, digest: str) -> dict[str, Any] | None:
 
 
 def _verdict(status: str, nearest: list[dict[str, Any]], entries: int, wanted_funcs: list[str],
-             failure: dict[str, Any] | None, directory: Path) -> list[str]:
+             failure: dict[str, Any] | None, directory: Path, others_summary: str = "") -> list[str]:
     if status == "hit":
         return ["This lowering is served by the cache."]
     if status == "failure":
@@ -218,6 +179,9 @@ def _verdict(status: str, nearest: list[dict[str, Any]], entries: int, wanted_fu
         return [f"The cache at {directory} holds no entries, so every lowering misses. If your runs "
                 "should have filled it, check that they use this directory (CODEGEN_CACHE_DIR, --dir) "
                 "and that CODEGEN_CACHE_DISABLE is not set."]
+    if not nearest:
+        return [f"No stored entry was made by this codegen ({others_summary}): nothing to compare with. "
+                "Lower or warm this kernel for this target (codegen-cache warm) to fill the cache."]
     lines = []
     best = nearest[0]
     for diff in best["differs"]:
@@ -255,6 +219,10 @@ def explain(cache, mod, target, *, modes: list[bool], limit: int = 3, kernel=Non
         others = [_compare(e, wanted, relower) for e in entries if e is not exact]
         others.sort(key=_rank, reverse=True)
         patterns = Counter(tuple(d["part"] for d in c["differs"]) for c in others)
+        # Entries of another codegen (llvm beside CUDA) differ in everything: not worth listing.
+        nearest = [c for c in others if "codegen" in c["same"]][:limit]
+        codegens = Counter(str(e.meta.get("codegen")) for e in entries)
+        others_summary = "the cache holds " + ", ".join(f"{n} {name}" for name, n in codegens.most_common())
         report["modes"].append({
             "mode": mode,
             "key": key.digest,
@@ -263,8 +231,32 @@ def explain(cache, mod, target, *, modes: list[bool], limit: int = 3, kernel=Non
             "entry": None if exact is None else {"store": exact.store, "created": exact.created,
                                                  "age_seconds": time.time() - (exact.created or time.time())},
             "failure": failure,
-            "nearest": others[:limit],
+            "nearest": nearest,
             "patterns": [{"differs": list(p), "entries": n} for p, n in patterns.most_common(5)],
-            "verdict": _verdict(status, others, len(entries), wanted_funcs, failure, cache.directory),
+            "verdict": _verdict(status, nearest, len(entries), wanted_funcs, failure, cache.directory,
+                                others_summary),
         })
     return report
+
+
+def render(report: dict[str, Any]) -> list[str]:
+    """The report as `codegen-cache explain` prints it."""
+    from ._config import format_age
+
+    lines = [f"cache {report['directory']}: {report['entries']} entries; "
+             f"functions {', '.join(report['func_names'])}"]
+    for m in report["modes"]:
+        lines += ["", f"{m['mode']}: key {m['key']} -> {m['status'].upper()}"]
+        if m["status"] == "hit":
+            lines.append(f"  stored in {m['entry']['store']}/ {format_age(m['entry']['age_seconds'])} ago")
+            lines += [f"  {line}" for line in m["verdict"]]
+            continue
+        for n in m["nearest"]:
+            age = "?" if n["created"] is None else format_age(max(0.0, time.time() - n["created"]))
+            lines.append(f"  {n['key'][:16]} {n['store']:<8} shares {n['shared']}/{n['parts']} parts, "
+                         f"{age} old: {n['summary']}")
+        if len(m["patterns"]) > 1:
+            lines.append("  all stored entries, by what differs:")
+            lines += [f"    {p['entries']:>5}  {', '.join(p['differs']) or '(nothing)'}" for p in m["patterns"]]
+        lines += [f"  why: {line}" for line in m["verdict"]]
+    return lines

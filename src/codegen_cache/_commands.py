@@ -1,0 +1,335 @@
+"""What the maintenance commands do: stats, ls, show, clear, prune, verify.
+
+Also what every command shares: exit codes, CommandError, output helpers. The parser,
+main() and the thin explain/warm/doctor/demo/config commands are in _cli.py; explain, warm,
+doctor and demo keep their work in their own modules.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from ._config import Settings, check_directory, describe_settings, format_age, format_size
+
+__all__ = [
+    "EXIT_CODES",
+    "CommandError",
+    "chosen_stores",
+    "cmd_clear",
+    "cmd_ls",
+    "cmd_prune",
+    "cmd_show",
+    "cmd_stats",
+    "cmd_verify",
+    "fmt_age",
+    "fmt_seconds",
+    "fmt_table",
+    "fmt_when",
+    "open_cache",
+    "print_json",
+    "require_writable",
+]
+
+EXIT_OK = 0
+EXIT_PROBLEMS = 1
+EXIT_USAGE = 2
+EXIT_CONFIG = 3
+EXIT_NOT_FOUND = 4
+EXIT_INPUT = 5
+EXIT_CACHE = 6
+EXIT_INTERRUPTED = 130
+EXIT_CODES = {
+    EXIT_OK: "success",
+    EXIT_PROBLEMS: "problems found: verify found bad entries, doctor a problem, warm a kernel that failed",
+    EXIT_USAGE: "usage error: unknown command or option, or a bad option value",
+    EXIT_CONFIG: "configuration error: a setting (CODEGEN_CACHE_* or --dir) is not accepted, or the cache "
+                 "directory cannot be created or written",
+    EXIT_NOT_FOUND: "not found: no entry matches the key (or the prefix matches several)",
+    EXIT_INPUT: "input error: the kernels file or module cannot be loaded or has no such kernel, a target is "
+                "invalid, or the kernel cannot be lowered for it",
+    EXIT_CACHE: "the cache could not be read or written (I/O or database error)",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
+}
+
+
+class CommandError(Exception):
+    """A command cannot do what was asked; its message is printed and `code` returned."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message, code)
+        self.message = message
+        self.code = code
+
+    def __str__(self) -> str:
+        return self.message
+
+
+# ---- output helpers -------------------------------------------------------------------------
+
+
+def print_json(data: Any) -> None:
+    """Print `data` as indented JSON (anything not JSON-native as its str)."""
+    print(json.dumps(data, indent=2, default=str))
+
+
+def fmt_seconds(value: float | None) -> str:
+    """0.0123 -> '12.3 ms', 3.2 -> '3.20 s'."""
+    if value is None:
+        return "-"
+    return f"{value * 1e3:.1f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def fmt_age(created: float | None) -> str:
+    """How long ago a timestamp was, e.g. '3h'."""
+    return "-" if created is None else format_age(max(0.0, time.time() - created))
+
+
+def fmt_when(created: float | None) -> str:
+    """A timestamp as local date and time, with its age."""
+    if created is None:
+        return "-"
+    return f"{datetime.fromtimestamp(created).isoformat(sep=' ', timespec='seconds')} ({fmt_age(created)} ago)"
+
+
+def fmt_table(rows: list[list[str]], right: set[int] = frozenset()) -> list[str]:
+    """Rows as aligned columns (the `right` ones right-aligned)."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+            for r in rows]
+
+
+# ---- shared steps -----------------------------------------------------------------------------
+
+
+def open_cache(settings: Settings, *, remote: bool = False):
+    """The cache at the settings' directory (without the remote tier unless asked)."""
+    from ._cache import CodegenCache
+
+    if not remote:
+        settings = dataclasses.replace(settings, remote=None)
+    return CodegenCache(settings=settings, write_behind=False)
+
+
+def _dir_setting(args: argparse.Namespace) -> str:
+    """What the user would change to pick another directory (for error messages)."""
+    if args.dir is not None:
+        return "--dir"
+    origin = next(r.origin for r in describe_settings() if r.field == "directory")
+    return "CODEGEN_CACHE_DIR" if origin == "environment" else "the default cache directory (set CODEGEN_CACHE_DIR)"
+
+
+def require_writable(args: argparse.Namespace, settings: Settings) -> None:
+    """ConfigError naming --dir or CODEGEN_CACHE_DIR unless the directory can be written."""
+    check_directory(settings.directory, _dir_setting(args))
+
+
+def chosen_stores(args: argparse.Namespace, default: tuple[str, ...]) -> tuple[str, ...]:
+    """The stores picked with --compiled/--source/--failures, else `default`."""
+    chosen = tuple(s for s in ("compiled", "source", "failures") if getattr(args, s, False))
+    return chosen or default
+
+
+# ---- the maintenance commands ---------------------------------------------------------------
+
+
+def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
+    """Entries and bytes per store, hits and misses per tier, errors, time saved."""
+    from ._inventory import ALL_STORES
+
+    cache = open_cache(settings)
+    if args.reset:
+        require_writable(args, settings)
+        cache.reset_stats()
+    limits = {"compiled": settings.compiled_size_limit, "source": settings.source_size_limit, "failures": None}
+    stores = {}
+    for name in ALL_STORES:
+        present = (cache.directory / name).is_dir()
+        store = cache.store(name)
+        stores[name] = {"entries": len(store) if present else 0, "bytes": store.volume() if present else 0,
+                        "size_limit": limits[name]}
+    stats = cache.stats().as_dict()
+    lookups = stats["hits"] + stats["misses"]
+    data = {"directory": str(cache.directory), "exists": cache.directory.is_dir(), "stores": stores,
+            "counters": stats, "hit_rate": stats["hits"] / lookups if lookups else None}
+    cache.close()
+    if args.json:
+        print_json(data)
+        return EXIT_OK
+    print(f"cache directory  {data['directory']}" + ("" if data["exists"] else "  (does not exist yet)"))
+    rows = [["store", "entries", "size", "limit"]]
+    rows += [[n, str(s["entries"]), format_size(s["bytes"]), format_size(s["size_limit"]) if s["size_limit"] else "-"]
+             for n, s in stores.items()]
+    print("\n".join(fmt_table(rows, right={1, 2, 3})))
+    c = stats
+    rate = f"{data['hit_rate']:.1%}" if data["hit_rate"] is not None else "-"
+    print()
+    print(f"hits        {c['hits']:>8}   memory {c['hits_memory']}, disk {c['hits_disk']}, remote {c['hits_remote']}")
+    print(f"misses      {c['misses']:>8}   hit rate {rate}")
+    print(f"builds      {c['builds']:>8}   codegen time {fmt_seconds(c['build_seconds'])}")
+    print(f"stores      {c['stores']:>8}   skipped {c['stores_skipped']}")
+    print(f"time saved  {fmt_seconds(c['saved_seconds']):>8}   (codegen time of the entries that hit)")
+    other = {k: v for k, v in c.items() if isinstance(v, (int, float)) and v and k not in
+             {"hits", "hits_memory", "hits_disk", "hits_remote", "misses", "builds", "stores", "stores_skipped",
+              "build_seconds", "saved_seconds"}}
+    if other:
+        print("other       " + ", ".join(f"{k} {v}" for k, v in other.items()))
+    errors = c["errors"]
+    print("errors      " + (", ".join(f"{k} {v}" for k, v in sorted(errors.items())) if errors else "none"))
+    return EXIT_OK
+
+
+def cmd_ls(args: argparse.Namespace, settings: Settings) -> int:
+    """Entries with codegen, target, mode, size, age and build time."""
+    from ._inventory import ENTRY_STORES, iter_entries
+
+    cache = open_cache(settings)
+    entries = list(iter_entries(cache, chosen_stores(args, ENTRY_STORES)))
+    cache.close()
+    order: dict[str, Callable] = {
+        "age": lambda e: -(e.created or 0.0), "size": lambda e: -e.size, "key": lambda e: e.key,
+        "build": lambda e: -float(e.meta.get("build_seconds") or 0.0),
+    }
+    entries.sort(key=order[args.sort])
+    if args.json:
+        print_json([e.as_dict() for e in entries])
+        return EXIT_OK
+    rows = [["KEY", "STORE", "CODEGEN", "TARGET", "FUNCTIONS", "SIZE", "AGE", "BUILD"]]
+    for e in entries:
+        funcs = ",".join(e.meta.get("func_names", [])) or (e.meta.get("error_type") or "-")
+        rows.append([e.key[:16], e.store, str(e.meta.get("codegen", "?")), e.target if e.store != "failures" else "-",
+                     funcs if len(funcs) <= 32 else funcs[:31] + "…", format_size(e.size), fmt_age(e.created),
+                     fmt_seconds(e.meta.get("build_seconds"))])
+    if len(rows) > 1:
+        print("\n".join(fmt_table(rows, right={5, 6, 7})))
+    print(f"{len(entries)} entries, {format_size(sum(e.size for e in entries))}", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
+    """One entry in full: metadata, key parts, integrity, and with --code its source."""
+    from ._artifacts import unframe
+    from ._errors import ArtifactError
+    from ._inventory import find_entries
+
+    cache = open_cache(settings)
+    found = find_entries(cache, args.key)
+    if not found:
+        raise CommandError(f"no entry in {cache.directory} has a key starting with {args.key!r}", EXIT_NOT_FOUND)
+    if len(found) > 1:
+        listed = "\n".join(f"  {e.key}  {e.store}" for e in found[:20])
+        raise CommandError(f"{len(found)} entries match {args.key!r}; give more of the key:\n{listed}", EXIT_NOT_FOUND)
+    entry = found[0]
+    blob = cache.store(entry.store).get(entry.key) or b""
+    cache.close()
+    try:
+        art = unframe(blob)
+        integrity, code = "ok", _code_of(art)
+    except ArtifactError as err:
+        integrity, code = str(err), None
+    data = {**entry.as_dict(), "integrity": integrity,
+            **({"code": code} if args.code else {})}
+    if args.json:
+        print_json(data)
+        return EXIT_OK
+    lines = [
+        ("key", entry.key),
+        ("store", f"{entry.store}/  ({entry.codec}, {format_size(entry.size)}, frame and checksum: {integrity})"),
+    ]
+    if entry.store == "failures":
+        lines += [("codegen", str(entry.meta.get("codegen"))),
+                  ("error", f"{entry.meta.get('error_type')}: {entry.meta.get('message')}")]
+    else:
+        lines += [("codegen", f"{entry.meta.get('codegen')}  mode {entry.meta.get('mode')}  "
+                              f"module {entry.meta.get('module_kind')}"),
+                  ("target", entry.target),
+                  ("functions", ", ".join(entry.meta.get("func_names", [])) or "-"),
+                  ("build time", fmt_seconds(entry.meta.get("build_seconds")))]
+    lines.append(("created", fmt_when(entry.created)))
+    for name, value in lines:
+        print(f"{name:<11} {value}")
+    if entry.parts:
+        print("key parts")
+        width = max(len(n) for n in entry.parts)
+        for name, value in entry.parts.items():
+            print(f"  {name:<{width}}  {value}")
+    if args.code:
+        print()
+        print(code if code is not None else "(this entry holds no source text)")
+    return EXIT_OK
+
+
+def _code_of(art) -> str | None:
+    """The source text an artifact holds (CUDA/C source, LLVM IR text), if any."""
+    if art.codec in ("source", "c"):
+        return art.fields[0].decode(errors="replace")
+    if art.codec == "cuda-bin":
+        return art.fields[3].decode(errors="replace") or None
+    return None
+
+
+def cmd_clear(args: argparse.Namespace, settings: Settings) -> int:
+    """Remove every entry of the chosen stores (all three by default)."""
+    chosen = chosen_stores(args, ("compiled", "source", "failures"))
+    removed = 0
+    if settings.directory.exists():
+        require_writable(args, settings)
+        cache = open_cache(settings)
+        removed = cache.clear(compiled="compiled" in chosen, source="source" in chosen,
+                              failures="failures" in chosen)
+        cache.close()
+    if args.json:
+        print_json({"directory": str(settings.directory), "stores": list(chosen), "removed": removed})
+    else:
+        print(f"removed {removed} entries from {', '.join(s + '/' for s in chosen)} in {settings.directory}")
+    return EXIT_OK
+
+
+def cmd_prune(args: argparse.Namespace, settings: Settings) -> int:
+    """Remove entries older than an age, then the oldest until the stores fit a size."""
+    from ._inventory import ENTRY_STORES, prune
+
+    if args.max_size is None and args.older_than is None:
+        raise CommandError("prune needs --max-size SIZE and/or --older-than AGE", EXIT_USAGE)
+    chosen = chosen_stores(args, ENTRY_STORES)
+    result = {"removed": 0, "expired": 0, "freed_bytes": 0, "bytes_before": 0, "bytes_after": 0, "keys": []}
+    if settings.directory.exists():
+        require_writable(args, settings)
+        cache = open_cache(settings)
+        result = prune(cache, max_size=args.max_size, older_than=args.older_than, stores=chosen)
+        cache.close()
+    if args.json:
+        print_json({"directory": str(settings.directory), "stores": list(chosen), **result})
+    else:
+        print(f"removed {result['removed']} entries ({format_size(result['freed_bytes'])}) and "
+              f"{result['expired']} expired ones; {', '.join(s + '/' for s in chosen)} now "
+              f"{format_size(result['bytes_after'])} (was {format_size(result['bytes_before'])})")
+    return EXIT_OK
+
+
+def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
+    """Check every entry's framing, checksum and key; --fix removes the bad ones."""
+    from ._inventory import verify_entries
+
+    if args.fix and settings.directory.exists():
+        require_writable(args, settings)
+    cache = open_cache(settings)
+    result = verify_entries(cache, fix=args.fix)
+    cache.close()
+    if args.json:
+        print_json({"directory": str(settings.directory), **result})
+    else:
+        for bad in result["bad"]:
+            where = f"{bad['store']}/{bad['key'][:16] if bad['key'] else '?'}"
+            print(f"BAD  {where}: {bad['problem']}" + ("  (removed)" if bad["removed"] else ""))
+        print(f"checked {result['checked']} entries: {len(result['bad'])} bad, {result['removed']} removed")
+        if result["bad"] and not args.fix:
+            print("run `codegen-cache verify --fix` to remove them (the cache also drops a corrupt entry "
+                  "when it reads one)")
+    return EXIT_PROBLEMS if result["bad"] else EXIT_OK
