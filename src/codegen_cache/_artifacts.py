@@ -39,6 +39,10 @@ _TAIL = struct.Struct("<QQ")
 # Formats that runtime.SourceModuleCreate is given per fallback module kind.
 # Metadata a hit reads; everything else goes to the info section, parsed only by tools.
 HOT_META = frozenset({"key", "build_seconds", "source_format", "c_func_names", "module_kind", "ir_digest"})
+# The JSON type of each of those; a checksum is not authentication, so a well-framed entry may
+# still hold anything there (a null build_seconds made lower() raise TypeError).
+_HOT_TYPES = {"key": str, "build_seconds": (int, float), "source_format": str, "c_func_names": list,
+              "module_kind": str, "ir_digest": str}
 _SOURCE_FORMATS = {"cuda": "cu", "opencl": "cl", "metal": "metal", "webgpu": "wgsl", "source": ""}
 
 
@@ -248,6 +252,11 @@ def decode(blob: bytes | memoryview, *, scratch: str) -> tuple[Module, dict[str,
     The returned metadata holds what a hit needs (key, build_seconds, ...), not the info part.
     """
     art = unframe(blob, info=False)
+    for name, types in _HOT_TYPES.items():
+        if name in art.meta and not isinstance(art.meta[name], types):
+            raise ArtifactError(f"metadata {name!r} is a {type(art.meta[name]).__name__}", kind=art.codec)
+    if not all(isinstance(n, str) for n in art.meta.get("c_func_names", ())):
+        raise ArtifactError("metadata 'c_func_names' holds a non-string", kind=art.codec)
     expected = {"llvm-so": 1, "cuda-bin": 4, "c": 1, "source": 1}
     if art.codec not in expected:
         raise ArtifactError(f"unknown codec {art.codec!r}; known: {sorted(expected)}")
