@@ -133,8 +133,11 @@ def warm(spec: str, targets: list[str], directory: str, *, workers: int, mode: s
     try:
         if workers <= 0:
             _init_worker(spec, directory, names)
-            for task in tasks:
-                record(_run_task(*task))
+            try:
+                for task in tasks:
+                    record(_run_task(*task))
+            finally:
+                _worker.pop("cache").close()
         else:
             ctx = multiprocessing.get_context("spawn")
             with cf.ProcessPoolExecutor(max_workers=min(workers, max(1, len(tasks))), mp_context=ctx,
