@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ from typing import Any
 import tvm
 import tvm_ffi
 from alt_filecache import FileCache
-from timing import interleave, summary
+from timing import interleave, percentile, summary
 
 from codegen_cache import CodegenCache, DeviceCodegen
 from codegen_cache._artifacts import decode, encode, encode_cuda_binary, unframe
@@ -59,6 +61,22 @@ def ir_hash_cost(mod) -> float:
     t0 = time.perf_counter()
     ir_hash(mod)
     return time.perf_counter() - t0
+
+
+def _paired(hits: dict[str, list[float]], disk: str, floor: str, memory: str, hash_: str) -> dict[str, float]:
+    """Ratios and differences taken round by round (both variants ran in the same round).
+
+    `mem_over_hash_resolution` is the IQR of the per-round differences over sqrt(rounds): a
+    rough size of what the median difference can resolve at this machine's noise.
+    """
+    out: dict[str, float] = {}
+    if hits.get(disk) and hits.get(floor):
+        out["disk_floor"] = statistics.median(d / f for d, f in zip(hits[disk], hits[floor]))
+    if hits.get(memory) and hits.get(hash_):
+        diffs = [m - h for m, h in zip(hits[memory], hits[hash_])]
+        out["mem_over_hash"] = statistics.median(diffs)
+        out["mem_over_hash_resolution"] = (percentile(diffs, 75) - percentile(diffs, 25)) / math.sqrt(len(diffs))
+    return out
 
 
 class HitBench:
@@ -110,7 +128,8 @@ class HitBench:
 
     def measure(self, kernel: str, codegen: str, mod, target, compile_device: bool, *,
                 cold_budget: float, hit_budget: float, min_hit_reps: int = 5, max_hit_reps: int = 200,
-                copy_max_hash: float = 10.0, load: bool = True, build=None) -> dict[str, Any]:
+                copy_max_hash: float = 10.0, jit_max_build: float = 60.0, load: bool = True,
+                build=None) -> dict[str, Any]:
         """All timings of one case. `load=False`: the module cannot be loaded here (no CUDA
         driver): hits are then key + read + unframe. `build` overrides the bare codegen."""
         mode = "compiled" if compile_device else "source"
@@ -127,10 +146,11 @@ class HitBench:
         keys: list[str] = []
         tiers: list[str] = []
 
-        def bare() -> None:
+        def bare():
             t0 = time.perf_counter()
-            bare_fn(mod, target)
+            module = bare_fn(mod, target)
             cold["bare"].append(time.perf_counter() - t0)
+            return module
 
         def miss() -> None:
             # The first miss uses the real key: it stores the entry the hits read. Later ones are salted.
@@ -148,8 +168,16 @@ class HitBench:
             cold["bg_store"].append(time.perf_counter() - t1)
 
         spent = time.perf_counter()
-        bare()
+        first = bare()
         estimate = cold["bare"][0]
+        if load and getattr(first, "kind", None) == "llvm" and estimate <= jit_max_build:
+            # TVM's llvm module JIT-compiles at its first function lookup: a cost the fresh
+            # module still owes and a hit (a loaded shared library) does not. Measured once.
+            name = sorted(gv.name_hint for gv in mod.functions)[0]
+            t0 = time.perf_counter()
+            first.get_function(name)
+            row["jit_first_call"] = time.perf_counter() - t0
+        del first
         if estimate < cold_budget / 8:
             cold["bare"].clear()  # a cheap codegen's first call is a warm-up, not a sample
         miss()
@@ -244,6 +272,7 @@ class HitBench:
         row["hit_reps"] = hit_reps
 
         row["t"] = {name: summary(xs) for name, xs in {**cold, **costs, **hits}.items() if xs}
+        row["paired"] = _paired(hits, "disk", "floor" if load else "floor_noload", "memory", "hash")
         return row
 
     def _check_tiers(self, variants, mod, target, compile_device, key, load) -> dict[str, str]:

@@ -87,7 +87,7 @@ def _run(params: dict, *, load: bool, log=print) -> dict:
             mod, target = cc.lower_for_codegen(K.kernel(name, True), CUDA_TARGET)
             row = bench.measure(name, "cuda-nvcc", mod, target, True, cold_budget=params["cold_budget"],
                                 hit_budget=params["hit_budget"], min_hit_reps=params["min_hit_reps"], load=load,
-                                copy_max_hash=params["copy_max_hash"],
+                                copy_max_hash=params["copy_max_hash"], jit_max_build=0.0,
                                 build=None if load else cuda.compile_cuda_payload)
             rows.append(row)
             log(f"  {name} / cuda-nvcc: {time.perf_counter() - t0:.1f}s")

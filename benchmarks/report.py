@@ -30,18 +30,21 @@ def _rows(results: dict) -> list[dict]:
 
 
 def derived(row: dict) -> dict[str, float | None]:
-    """Ratios of one section-1 row: disk/floor, memory - hash, cold/warm, miss overhead."""
-    disk, floor = _m(row, "disk"), _m(row, "floor") or _m(row, "floor_noload")
-    if not row.get("loaded", True):
-        floor = _m(row, "floor_noload")
-    mem, hsh, miss, bare = _m(row, "memory"), _m(row, "hash"), _m(row, "miss"), _m(row, "bare")
-    bg = _m(row, "bg_store") or 0.0
+    """Ratios of one section-1 row: disk/floor, memory - hash (both paired by round), cold/warm,
+    miss overhead, and the store costs."""
+    paired = row.get("paired", {})
+    disk, mem, miss, bare = _m(row, "disk"), _m(row, "memory"), _m(row, "miss"), _m(row, "bare")
+    put = _m(row, "put_ours") or 0.0
     enc = _m(row, "encode")
-    if enc is None:  # not re-measured where it is slow: the background wait holds it
-        enc = max(bg - (_m(row, "put_ours") or 0.0), 0.0)
+    if enc is not None:
+        bg = enc + put
+    else:  # not re-measured where it is slow: flush()'s wait after the miss holds it
+        bg = _m(row, "bg_store") or 0.0
+        enc = max(bg - put, 0.0)
     return {
-        "disk_floor": disk / floor if disk and floor else None,
-        "mem_over_hash": mem - hsh if mem is not None and hsh is not None else None,
+        "disk_floor": paired.get("disk_floor"),
+        "mem_over_hash": paired.get("mem_over_hash"),
+        "mem_resolution": paired.get("mem_over_hash_resolution"),
         "cold_disk": miss / disk if miss and disk else None,
         "cold_mem": miss / mem if miss and mem else None,
         "overhead": (miss - bare) / bare if miss and bare else None,
@@ -56,8 +59,9 @@ def evaluate_goals(results: dict) -> list[dict[str, Any]]:
     goals = []
 
     def add(section, what, value, target, ok, shown):
+        status = "N/A" if ok is None else "PASS" if ok else "FAIL"
         goals.append({"section": section, "what": what, "value": value, "goal": target,
-                      "status": "PASS" if ok else "FAIL", "shown": shown})
+                      "status": status, "shown": shown})
 
     for row in _rows(results):
         d = derived(row)
@@ -66,8 +70,14 @@ def evaluate_goals(results: dict) -> list[dict[str, Any]]:
             add(1, f"disk hit <= 1.3x floor: {case}", d["disk_floor"], GOALS["disk_vs_floor"],
                 d["disk_floor"] <= GOALS["disk_vs_floor"], fmt_ratio(d["disk_floor"]))
         if d["mem_over_hash"] is not None:
-            add(1, f"memory hit <= hash + 10us: {case}", d["mem_over_hash"], GOALS["memory_over_hash"],
-                d["mem_over_hash"] <= GOALS["memory_over_hash"], f"hash {_signed(d['mem_over_hash'])}")
+            shown = f"hash {_signed(d['mem_over_hash'])}"
+            if d["mem_resolution"] is not None and d["mem_resolution"] > GOALS["memory_over_hash"]:
+                # A 10 us margin on a hash of milliseconds is below this machine's noise.
+                add(1, f"memory hit <= hash + 10us: {case}", d["mem_over_hash"], GOALS["memory_over_hash"],
+                    None, f"{shown} (noise +-{fmt_time(d['mem_resolution'])})")
+            else:
+                add(1, f"memory hit <= hash + 10us: {case}", d["mem_over_hash"], GOALS["memory_over_hash"],
+                    d["mem_over_hash"] <= GOALS["memory_over_hash"], shown)
         target = None
         if row["codegen"] == "cuda-nvcc":
             target = GOALS["warm_cold_nvcc"]
@@ -131,9 +141,14 @@ def tables(results: dict) -> str:
                      fmt_ratio(d["cold_disk"]), fmt_ratio(d["cold_mem"])])
     parts.append(_table(["kernel", "codegen", "hash", "floor", "disk hit", "disk/floor", "mem hit", "mem-hash",
                          "mem(eq)", "remote", "cold", "cold/disk", "cold/mem"], body))
-    parts.append("floor = structural hash + raw read of the stored bytes + module load; mem(eq) = memory hit "
-                 "with an equal but distinct IRModule (structural_equal); cold = a miss through the cache, "
-                 "as the caller sees it." + (" * = no CUDA driver: hit = key + read + unframe, no load."
+    jit = [(r["kernel"], r["jit_first_call"], _m(r, "miss")) for r in rows if r.get("jit_first_call")]
+    if jit:
+        parts.append("llvm: the module a codegen returns JIT-compiles at its first function lookup; a hit (a "
+                     "loaded shared library) does not. Not in 'cold' above (conservative): "
+                     + ", ".join(f"{k} +{fmt_time(j)} (cold+JIT {fmt_time(j + (m or 0))})" for k, j, m in jit) + ".")
+    parts.append("floor = structural hash + raw read of the stored bytes + module load; disk/floor and "
+                 "mem-hash are medians of per-round ratios/differences; mem(eq) = memory hit with an equal but "
+                 "distinct IRModule (structural_equal); cold = a miss through the cache, as the caller sees it." + (" * = no CUDA driver: hit = key + read + unframe, no load."
                                              if any(not r.get("loaded", True) for r in rows) else ""))
 
     parts.append("\n== 5. miss overhead: what the cache adds to a miss ==")
@@ -147,8 +162,9 @@ def tables(results: dict) -> str:
                      f"{r.get('cold_reps', 0)}"])
     parts.append(_table(["kernel", "codegen", "bare codegen", "miss (caller)", "overhead", "abs", "bg store",
                          "encode", "put", "reps"], body))
-    parts.append("bg store = how long flush() waited for the write-behind thread after lower() returned "
-                 "(encode + put, off the caller's path); encode = measured alone where cheap, else bg store - put.")
+    parts.append("bg store = encode + put, done by the write-behind thread after lower() returns (off the "
+                 "caller's path). Where encoding is slow it is not repeated: bg store is then how long flush() "
+                 "waited after the miss, and encode = bg store - put.")
 
     sc = results.get("scaling", {})
     if sc.get("store"):
@@ -221,7 +237,9 @@ def tables(results: dict) -> str:
     parts.append(_table(["status", "section", "goal", "measured"],
                         [[g["status"], str(g["section"]), g["what"], g["shown"]] for g in goals]))
     n_pass = sum(g["status"] == "PASS" for g in goals)
-    parts.append(f"{n_pass}/{len(goals)} goals pass")
+    n_na = sum(g["status"] == "N/A" for g in goals)
+    parts.append(f"{n_pass}/{len(goals) - n_na} goals pass" + (f"; {n_na} not resolvable at this noise level (N/A)"
+                                                                if n_na else ""))
     return "\n".join(p for p in parts if p is not None)
 
 

@@ -33,22 +33,25 @@ ALL_KERNELS = ["vadd", "matmul", "64 funcs", "2048 stmts"]
 
 MODES = {
     "full": {
-        "cold_budget": 6.0, "hit_budget": 3.0, "min_hit_reps": 7, "copy_max_hash": 10.0, "nvcc_kernels": ALL_KERNELS,
+        "cold_budget": 6.0, "hit_budget": 3.0, "min_hit_reps": 7, "copy_max_hash": 10.0, "jit_max_build": 60.0,
+        "nvcc_kernels": ALL_KERNELS,
         "sizes": [100, 1_000, 10_000, 100_000], "files_max": 10_000, "scaling_reps": 31,
         "key_sizes": [128, 256, 512, 1024, 2048], "key_reps": 15,
         "procs": [1, 2, 4], "n_keys": 100, "rounds": 5,
         "cuda_configs": 54, "llvm_configs": 27, "nvcc_configs": 12, "duplicates": 1 / 3,
     },
     "quick": {
-        "cold_budget": 1.2, "hit_budget": 0.5, "min_hit_reps": 3, "copy_max_hash": 0.02, "nvcc_kernels": ["vadd"],
-        "sizes": [100, 1_000, 10_000], "files_max": 1_000, "scaling_reps": 15,
-        "key_sizes": [128, 256, 512, 1024, 2048], "key_reps": 5,
+        "cold_budget": 1.0, "hit_budget": 0.4, "min_hit_reps": 3, "copy_max_hash": 0.02, "jit_max_build": 0.3,
+        "nvcc_kernels": ["vadd"],
+        "sizes": [100, 1_000, 10_000], "files_max": 1_000, "scaling_reps": 11,
+        "key_sizes": [128, 256, 512, 1024, 2048], "key_reps": 9,
         "procs": [1, 2, 4], "n_keys": 30, "rounds": 3,
         "cuda_configs": 54, "llvm_configs": 6, "nvcc_configs": 2, "duplicates": 1 / 6,
     },
     # Hidden: every section once with tiny counts, for the smoke test.
     "smoke": {
-        "cold_budget": 0.05, "hit_budget": 0.02, "min_hit_reps": 2, "copy_max_hash": 0.005, "nvcc_kernels": ["vadd"],
+        "cold_budget": 0.05, "hit_budget": 0.02, "min_hit_reps": 2, "copy_max_hash": 0.005, "jit_max_build": 0.3,
+        "nvcc_kernels": ["vadd"],
         "sizes": [100, 1_000], "files_max": 1_000, "scaling_reps": 3,
         "key_sizes": [32, 64], "key_reps": 2,
         "procs": [1, 2], "n_keys": 4, "rounds": 1,
@@ -75,6 +78,7 @@ def machine() -> dict:
         pass
     info = {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "loadavg_start": os.getloadavg()[0],
         "nproc": os.cpu_count(), "cpu": cpu, "python": platform.python_version(),
         "platform": platform.platform(), "tvm": tvm.__version__, "tvm_ffi": tvm_ffi.__version__,
         "diskcache": diskcache.__version__, "sqlite": sqlite3.sqlite_version,
@@ -113,7 +117,7 @@ def section_hits(cfg: dict, root: Path, smoke: bool, remote_url: str | None, log
             t0 = time.perf_counter()
             rows.append(bench.measure(name, label, mod, tgt, compiled, cold_budget=cfg["cold_budget"],
                                       hit_budget=cfg["hit_budget"], min_hit_reps=cfg["min_hit_reps"],
-                                      copy_max_hash=cfg["copy_max_hash"]))
+                                      copy_max_hash=cfg["copy_max_hash"], jit_max_build=cfg["jit_max_build"]))
             log(f"  {name} / {label}: {time.perf_counter() - t0:.1f}s")
     finally:
         bench.close()
@@ -240,11 +244,13 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="codegen-cache-bench-", dir=args.workdir) as tmp:
         results = run(mode, Path(tmp), log, set(args.only.split(",")) if args.only else None)
     results["seconds"]["total"] = time.perf_counter() - start
+    results["machine"]["loadavg_end"] = os.getloadavg()[0]
     results["goals"] = evaluate_goals(results)
     m = results["machine"]
     print()
     print(f"mode {mode}; {m['date']}; {m['nproc']} x {m['cpu']}; python {m['python']}; tvm {m['tvm']}; "
-          f"tvm-ffi {m['tvm_ffi']}; diskcache {m['diskcache']}; sqlite {m['sqlite']}; nvcc {m['nvcc']}")
+          f"tvm-ffi {m['tvm_ffi']}; diskcache {m['diskcache']}; sqlite {m['sqlite']}; nvcc {m['nvcc']}; "
+          f"load average {m['loadavg_start']:.1f} at start, {m['loadavg_end']:.1f} at end")
     print(tables(results))
     print(f"total {results['seconds']['total']:.0f}s (" +
           ", ".join(f"{k} {v:.0f}s" for k, v in results["seconds"].items() if k != "total") + ")")

@@ -1,0 +1,167 @@
+"""Where a hit's time goes: each step of CodegenCache's hit path timed alone, then cProfile.
+
+    python benchmarks/profile_hit.py [--codegen cuda-src|c|llvm] [--reps N] [--remote]
+
+The steps are the calls `CodegenCache._lower` makes on a memory hit and a disk hit (private
+helpers are called directly: this is a profiling tool, not a user of the API), timed in
+interleaved rounds with the whole hit, so "sum of steps" can be compared with "measured".
+The miss path is profiled too (cProfile only; a miss is timed in run.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import dataclasses
+import io
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+CUDA_TARGET = {"kind": "cuda", "arch": "sm_90"}
+
+
+def _steps(cache, mod, target, compile_device: bool) -> dict:
+    from codegen_cache._artifacts import decode, unframe
+    from codegen_cache._key import ir_hash
+    from codegen_cache._outcome import _emit_fields
+
+    entry = cache.resolve(target)
+    h = ir_hash(mod)
+    key = cache._key(mod, target, entry, compile_device, h)  # noqa: SLF001
+    mode = "compiled" if compile_device else "source"
+    hit = cache._memory.get(key.digest)  # noqa: SLF001
+    store = cache.store(mode)
+    blob = store.get(key.digest)
+    scratch = cache._scratch()  # noqa: SLF001
+    toolchain = entry.toolchain
+    return {
+        "resolve (registry lookup per call)": lambda: cache.resolve(target, None),
+        "structural hash": lambda: ir_hash(mod),
+        "toolchain salts (per call)": (lambda: toolchain(target, compile_device)) if toolchain else (lambda: None),
+        "key from parts (_key incl. toolchain)": lambda: cache._key(mod, target, entry, compile_device, h),  # noqa: SLF001
+        "memory get + same_as": lambda: cache._memory.get(key.digest).ir.same_as(mod),  # noqa: SLF001
+        "count hit (stats)": lambda: cache._count_hit("hits_memory", hit.meta),  # noqa: SLF001
+        "emit outcome": lambda: _emit_fields("memory", key.digest, entry.name, mode, 0.0, 0.0, 0.0, 0.0, None),
+        "3x perf_counter": lambda: (time.perf_counter(), time.perf_counter(), time.perf_counter()),
+        "disk: store.get (SQLite)": lambda: store.get(key.digest),
+        "disk: scratch dir": cache._scratch,  # noqa: SLF001
+        "disk: unframe (parse + checksum)": lambda: unframe(blob),
+        "disk: decode (unframe + load)": lambda: decode(blob, scratch=scratch),
+    }
+
+
+def main() -> int:
+    """Print the step table and the cProfile of memory hits, disk hits and misses."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--codegen", default="cuda-src", choices=["cuda-src", "c", "llvm"])
+    parser.add_argument("--reps", type=int, default=2000)
+    parser.add_argument("--remote", action="store_true", help="also profile a remote hit (starts redis-server)")
+    args = parser.parse_args()
+
+    import kernels as K
+    from timing import fmt_time, interleave
+
+    import codegen_cache as cc
+
+    gpu = args.codegen == "cuda-src"
+    compile_device = args.codegen == "llvm"
+    mod, target = cc.lower_for_codegen(K.vadd(gpu), CUDA_TARGET if gpu else args.codegen)
+    with tempfile.TemporaryDirectory() as tmp:
+        filler = cc.CodegenCache(tmp, write_behind=False)
+        filler.lower(mod, target, compile_device=compile_device)
+        filler.close()
+        mem = cc.CodegenCache(tmp)
+        disk = cc.CodegenCache(tmp, memory_entries=0)
+        mem.lower(mod, target, compile_device=compile_device)
+        variants = {
+            "MEMORY HIT (measured)": lambda: mem.lower(mod, target, compile_device=compile_device),
+            "DISK HIT (measured)": lambda: disk.lower(mod, target, compile_device=compile_device),
+            **_steps(mem, mod, target, compile_device),
+        }
+        reps = args.reps if args.codegen != "llvm" else min(args.reps, 300)
+        times = interleave(variants, reps, warmup=20)
+        med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+        print(f"vadd / {args.codegen}: medians of {reps} interleaved rounds")
+        for name, t in med.items():
+            print(f"  {name:<40} {fmt_time(t):>9}")
+        mem_steps = ["resolve (registry lookup per call)", "structural hash", "key from parts (_key incl. toolchain)",
+                     "memory get + same_as", "count hit (stats)", "emit outcome", "3x perf_counter"]
+        print(f"  {'sum of memory-hit steps':<40} {fmt_time(sum(med[s] for s in mem_steps)):>9}")
+        print(f"  {'memory hit - structural hash':<40} {fmt_time(med['MEMORY HIT (measured)'] - med['structural hash']):>9}")
+
+        for title, fn, n in (("memory hit", variants["MEMORY HIT (measured)"], reps),
+                             ("disk hit", variants["DISK HIT (measured)"], reps)):
+            _profile(title, fn, n)
+        entry = mem.resolve(target)
+        salts = iter(range(10**9))
+        miss_cache = cc.CodegenCache(Path(tmp) / "miss")
+
+        def miss():
+            miss_cache.lower(mod, target, compile_device=compile_device,
+                             codegen=dataclasses.replace(entry, salt=f"p{next(salts)}"))
+
+        miss()  # opens the stores and the lease table: not a per-miss cost
+        miss_cache.flush()
+        # The write-behind store is waited for outside the profile: this is the caller's path only.
+        _profile("miss (caller's path)", miss, 200 if args.codegen != "llvm" else 20,
+                 after=miss_cache.flush, sort="cumtime", lines=30)
+        if args.remote:
+            _profile_remote(tmp, mod, target, compile_device)
+        for c in (mem, disk, miss_cache):
+            c.close()
+    return 0
+
+
+def _profile(title: str, fn, n: int, *, after=None, sort: str = "tottime", lines: int = 14) -> None:
+    prof = cProfile.Profile()
+    for _ in range(n):
+        prof.enable()
+        fn()
+        prof.disable()
+        if after is not None:
+            after()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats(sort).print_stats(lines)
+    print(f"\n---- cProfile: {title}, {n} calls (sorted by {sort}) ----")
+    print("\n".join(line for line in out.getvalue().splitlines()[4:] if line.strip()))
+
+
+def _profile_remote(tmp: str, mod, target, compile_device: bool) -> None:
+    import codegen_cache as cc
+    from redis_server import RedisServer
+    from timing import fmt_time, interleave
+
+    server = RedisServer(Path(tmp) / "redis")
+    try:
+        filler = cc.CodegenCache(Path(tmp) / "rfill", remote=server.url, write_behind=False)
+        filler.lower(mod, target, compile_device=compile_device)
+        remote = cc.CodegenCache(Path(tmp) / "rhit", remote=server.url, memory_entries=0)
+        key = remote.key_for(mod, target, compile_device=compile_device).digest
+        mode = "compiled" if compile_device else "source"
+        store = remote.store(mode)
+        tier = remote._remote  # noqa: SLF001
+        blob = filler.store(mode).get(key)
+        times = interleave({
+            "remote hit (measured)": (lambda: remote.lower(mod, target, compile_device=compile_device),
+                                      lambda: store.delete(key)),
+            "redis GET + envelope check": lambda: tier.get(key),
+            "write-through store.put": lambda: store.put(key, blob),
+            "disk hit (same cache)": lambda: remote.lower(mod, target, compile_device=compile_device),
+        }, 300, warmup=10)
+        print("\nremote tier (loopback):")
+        for name, xs in times.items():
+            print(f"  {name:<40} {fmt_time(sorted(xs)[len(xs) // 2]):>9}")
+        filler.close()
+        remote.close()
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""benchmarks/run.py runs end to end (every section once, tiny counts) and writes its outputs.
+
+The benchmarks themselves are not part of the test run; this only checks that the command
+works, so that `python benchmarks/run.py --quick` does not rot between releases.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+RUN = Path(__file__).resolve().parent.parent / "benchmarks" / "run.py"
+
+
+@pytest.mark.timeout(300)
+def test_run_smoke_writes_table_json_and_plot(tmp_path):
+    out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
+    done = subprocess.run(
+        [sys.executable, str(RUN), "--smoke", "--json", str(out_json), "--plot", str(out_png),
+         "--workdir", str(tmp_path)],
+        capture_output=True, text=True, timeout=280,
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    for title in ("== 1. hit vs floor vs cold", "== 5. miss overhead", "== 2. scaling", "== 2b. key cost",
+                  "== 3. contention", "== 4. autotuning sweep", "== 6. alternatives", "== goals =="):
+        assert title in done.stdout, title
+    results = json.loads(out_json.read_text())
+    rows = results["hits"]["rows"]
+    assert {r["codegen"] for r in rows} == {"llvm", "c", "cuda-src"}
+    for row in rows:
+        assert row["miss_tiers"] == ["built"] and row["hit_tiers"]["disk"] == "disk"
+        assert {"hash", "floor", "disk", "memory", "files", "bare", "miss"} <= set(row["t"])
+    assert [r["procs"] for r in results["contention"]["runs"]] == [1, 2]
+    assert all(r["builds"] == results["contention"]["n_keys"] for r in results["contention"]["runs"])
+    assert all(s["codegen_calls"] == 0 for s in results["sweep"]["warm"]["sweeps"].values())
+    assert results["goals"] and {g["status"] for g in results["goals"]} <= {"PASS", "FAIL", "N/A"}
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert out_png.stat().st_size < 400_000
