@@ -302,6 +302,7 @@ def test_a_row_naming_a_file_outside_its_store_is_never_read_or_deleted(tmp_path
         assert db.execute("UPDATE Cache SET filename = ? WHERE key = ?", (name, digest)).rowcount == 1
     db.close()
     check_module(cache.lower(*variant(1), compile_device=False), 1, False)  # refused: a miss
+    assert victim.read_bytes() == b"precious" * 10_000  # read as a corrupt entry, it was deleted
     assert cache.stats(shared=False).errors  # counted, not served
     cache.store("source").delete(digest)
     cache.store("source").clear()

@@ -29,6 +29,7 @@ import kernels
 from codegen_cache import _key
 from codegen_cache._artifacts import decode
 from codegen_cache._registry import DeviceCodegen
+from codegen_cache._store import ArtifactStore
 from codegen_cache.codegens import cuda as cuda_codegen
 from conftest import CUDA_TARGET
 from workers import check_module, variant
@@ -90,8 +91,8 @@ def read_only_view(source: Path, path: Path):
         yield path
 
 
-def fill(mount_point: Path) -> Path:
-    """Fill a filesystem to the last byte with one file; return it."""
+def fill(mount_point: Path, *, leave: int = 0) -> Path:
+    """Fill a filesystem with one file, to the last byte but `leave`; return the file."""
     filler = mount_point / "filler"
     fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
     try:
@@ -99,6 +100,7 @@ def fill(mount_point: Path) -> Path:
             with contextlib.suppress(OSError):
                 while True:
                     os.write(fd, b"\0" * chunk)
+        os.ftruncate(fd, max(0, os.fstat(fd).st_size - leave))
     finally:
         os.close(fd)
     return filler
@@ -305,7 +307,7 @@ def test_full_disk_skips_stores_with_one_warning_and_recovers(tmp_path, caplog, 
         directory = mnt / "cache"
         cache = cc.CodegenCache(directory, write_behind=False)
         populate(directory, 0)
-        filler = fill(mnt)
+        filler = fill(mnt, leave=24 << 10)  # room to start writing a 35 KB value file, not to finish it
         caplog.set_level(logging.DEBUG, logger="codegen_cache")
         caplog.clear()
         for i in (1, 2):
@@ -327,6 +329,19 @@ def test_full_disk_skips_stores_with_one_warning_and_recovers(tmp_path, caplog, 
         for i in (1, 2):
             assert lower_fresh(directory, i, True)[0] == "built"
             assert lower_fresh(directory, i, True)[0] == "disk"
+
+
+def test_a_value_too_big_for_the_disk_leaves_no_partial_file(tmp_path):
+    # diskcache writes a large value to its file before the row; when that write fails it used
+    # to leave the partial file behind, holding the space it had taken for good.
+    with mounted(tmp_path / "small", "-t", "tmpfs", "-o", "size=1m", "tmpfs") as mnt:
+        store = ArtifactStore(mnt / "store", size_limit=1 << 30)
+        assert store.put("small", b"x" * 100)
+        with pytest.raises(OSError, match="No space left"):
+            store.put("big", b"x" * (2 << 20))
+        assert list((mnt / "store").rglob("*.val")) == []
+        assert store.put("fits", b"y" * (256 << 10)) and store.get("fits") == b"y" * (256 << 10)
+        store.close()
 
 
 @pytest.mark.timeout(600)
