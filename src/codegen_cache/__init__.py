@@ -14,6 +14,7 @@ from ._errors import (
 )
 from ._key import CacheKey
 from ._lowering import LoweredKernel, lower_for_codegen, lower_kernel
+from ._metaschedule import CachedBuild, cached_export, metaschedule_builder
 from ._outcome import Outcome, last_outcome, record_outcomes
 from ._registry import (
     DeviceCodegen,
@@ -38,6 +39,7 @@ __all__ = [
     "ArtifactError",
     "CacheKey",
     "CacheStats",
+    "CachedBuild",
     "CachedCodegenError",
     "CodegenCache",
     "CodegenCacheError",
@@ -53,12 +55,14 @@ __all__ = [
     "TargetPredicate",
     "allowed_device_codegens_for_target",
     "build",
+    "cached_export",
     "default_registry",
     "get_cache",
     "global_func_device_codegen",
     "last_outcome",
     "lower_for_codegen",
     "lower_kernel",
+    "metaschedule_builder",
     "record_outcomes",
     "register_device_codegen",
     "register_lazy_device_codegen",
