@@ -86,7 +86,7 @@ def well_framed(digest: str):
 def test_malformed_disk_entries_are_rebuilt_never_served(seeded, stress):
     cache, keys, blobs = seeded
 
-    @_examples(stress, 20, 300)
+    @_examples(stress, 15, 300)
     @given(data=st.data())
     def run(data):
         compiled = data.draw(st.booleans(), label="compiled")
@@ -105,7 +105,7 @@ def test_well_framed_nonsense_on_disk_never_breaks_lower(seeded, stress):
     # is trusted, docs/reliability.md), but it must never make lower() raise.
     cache, keys, _blobs = seeded
 
-    @_examples(stress, 40, 400)
+    @_examples(stress, 30, 400)
     @given(data=st.data())
     def run(data):
         compiled = data.draw(st.booleans(), label="compiled")
@@ -135,7 +135,7 @@ def test_malformed_and_nonsense_remote_payloads_never_break_lower(tmp_path, seed
     remote = _Remote()
     cache = cc.CodegenCache(tmp_path / "local", write_behind=False, memory_entries=0, remote=remote)
 
-    @_examples(stress, 30, 300)
+    @_examples(stress, 20, 300)
     @given(data=st.data())
     def run(data):
         compiled = data.draw(st.booleans(), label="compiled")
@@ -201,7 +201,7 @@ def test_redis_tier_rejects_hostile_payloads_inside_a_full_lower(tmp_path, seede
     cache = cc.CodegenCache(tmp_path / "local", write_behind=False, memory_entries=0, remote=tier)
     honest = {c: tier._seal(tier.redis_key(keys[c]), blobs[c]) for c in (True, False)}  # noqa: SLF001
 
-    @_examples(stress, 20, 200)
+    @_examples(stress, 12, 200)
     @given(data=st.data())
     def run(data):
         compiled = data.draw(st.booleans(), label="compiled")

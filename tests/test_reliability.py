@@ -444,7 +444,8 @@ def test_changed_tvm_commit_in_a_fresh_process(tmp_path, spawn):
     directory = tmp_path / "cache"
     populate(directory, 1)
     assert finish(spawn("lookup", dir=str(directory), keys=[1], tvm_commit="0123abc"))["tiers"] == ["built", "built"]
-    assert finish(spawn("lookup", dir=str(directory), keys=[1]))["tiers"] == ["disk", "disk"]
+    for compiled in (True, False):
+        assert lower_fresh(directory, 1, compiled)[0] == "disk"
 
 
 def _stamping_cuda_codegen() -> DeviceCodegen:
@@ -516,36 +517,51 @@ def _modes(directory: Path) -> dict[str, int]:
             for p in [directory, *directory.rglob("*")]}
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("umask", [0o022, 0o002, 0o000, 0o077], ids=lambda u: f"umask-{u:03o}")
-def test_file_modes_fit_a_shared_cache_and_are_never_world_writable(tmp_path, spawn, umask):
-    directory = tmp_path / "cache"
-    finish(spawn("populate", dir=str(directory), umask=umask))
+UMASKS = (0o022, 0o002, 0o000, 0o077)
+TEAM_GID = 4242
+
+
+@pytest.fixture(scope="module")
+def populated_under_umasks(tmp_path_factory):
+    """One spawned process fills a cache under each umask, and one in a setgid team directory."""
+    root = tmp_path_factory.mktemp("modes")
+    team = root / "team"
+    team.mkdir()
+    try:
+        os.chown(team, -1, TEAM_GID)
+        team.chmod(0o2775)
+        jobs = [[str(team / "cache"), 0o002]]
+    except PermissionError:
+        jobs = []  # chgrp needs root (or a second group): that test skips
+    jobs += [[str(root / f"umask-{u:03o}"), u] for u in UMASKS]
+    done = subprocess.run([sys.executable, str(WORKERS), "populate", json.dumps({"jobs": jobs})],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return root
+
+
+@pytest.mark.parametrize("umask", UMASKS, ids=lambda u: f"umask-{u:03o}")
+def test_file_modes_fit_a_shared_cache_and_are_never_world_writable(populated_under_umasks, umask):
+    directory = populated_under_umasks / f"umask-{umask:03o}"
     modes = _modes(directory)
     assert not {p: oct(m) for p, m in modes.items() if m & stat.S_IWOTH}
     databases = {p: m for p, m in modes.items() if p.endswith(("cache.db", "stats.sqlite"))}
     assert len(databases) == 5  # compiled, source, failures, leases, stats
     value_files = {p: m for p, m in modes.items() if p.endswith(".val")}
     assert value_files
-    if umask == 0o002 or umask == 0o000:
-        # A team cache: every member of the group can write every database and directory.
+    if umask in (0o002, 0o000):
+        # A team cache: every member of the group can write every database, file and directory
+        # (SQLite alone would create its databases 0644 whatever the umask).
         assert all(m & stat.S_IWGRP for m in (*databases.values(), *value_files.values())), databases
         assert all(m & stat.S_IWGRP for p, m in modes.items() if (directory / p).is_dir())
     if umask == 0o077:
         assert all(m & 0o077 == 0 for m in modes.values()), modes
 
 
-@pytest.mark.timeout(300)
-def test_setgid_team_directory_gives_every_file_the_team_group(tmp_path, spawn):
-    team_gid = 4242
-    directory = tmp_path / "team"
-    directory.mkdir()
-    try:
-        os.chown(directory, -1, team_gid)
-    except PermissionError:
+def test_setgid_team_directory_gives_every_file_the_team_group(populated_under_umasks):
+    directory = populated_under_umasks / "team" / "cache"
+    if not directory.exists():
         pytest.skip("needs root (or membership of a second group) to chgrp")
-    directory.chmod(0o2775)
-    finish(spawn("populate", dir=str(directory / "cache"), umask=0o002))
-    paths = list((directory / "cache").rglob("*"))
-    assert paths and all(p.stat().st_gid == team_gid for p in paths)
+    paths = list(directory.rglob("*"))
+    assert paths and all(p.stat().st_gid == TEAM_GID for p in paths)
     assert all(p.stat().st_mode & stat.S_ISGID for p in paths if p.is_dir())

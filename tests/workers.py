@@ -132,13 +132,14 @@ def mixer(args: dict) -> None:
 
 
 def populate(args: dict) -> None:
-    """Under umask `umask`, lower variant 0 both ways and flush stats (every file the cache makes)."""
-    os.umask(args["umask"])
-    cache = cc.CodegenCache(args["dir"], write_behind=False)
-    for compiled in (True, False):
-        cache.lower(*variant(0), compile_device=compiled)
-    cache.stats()
-    cache.close()
+    """For each [dir, umask]: under that umask, lower variant 0 both ways and flush stats there."""
+    for directory, umask in args["jobs"]:
+        os.umask(umask)
+        cache = cc.CodegenCache(directory, write_behind=False)
+        for compiled in (True, False):
+            cache.lower(*variant(0), compile_device=compiled)
+        cache.stats()
+        cache.close()
     _write_line(done=True)
 
 
