@@ -320,7 +320,8 @@ class CodegenCache:
         target = as_target(target)
         entry = self.resolve(target, codegen)
         key = self._key(mod, target, entry, True, None)
-        if self._guard("read", self._stores["compiled"].get, key.digest) is not None:
+        stored = None if self.settings.recache else self._guard("read", self._stores["compiled"].get, key.digest)
+        if stored is not None:
             return key.digest
         t0 = time.perf_counter()
         payload, source = compile_cuda_payload(mod, target)

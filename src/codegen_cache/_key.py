@@ -33,7 +33,7 @@ __all__ = ["ARTIFACT_FORMAT_VERSION", "CacheKey", "compute_key", "ir_hash", "sta
 logger = logging.getLogger(__name__)
 
 # Bump when the framed artifact layout or a codec's payload changes.
-ARTIFACT_FORMAT_VERSION = 1
+ARTIFACT_FORMAT_VERSION = 2
 
 
 def ir_hash(mod: IRModule) -> int:
