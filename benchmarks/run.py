@@ -147,7 +147,8 @@ def section_scaling(cfg: dict, root: Path, smoke: bool, log) -> dict:
     import codegen_cache as cc
 
     cases = []
-    for label, target, gpu, compiled in (("vadd / cuda-src", CUDA_TARGET, True, False), ("vadd / llvm", "llvm", False, True)):
+    for label, target, gpu, compiled in (("vadd / cuda-src", CUDA_TARGET, True, False),
+                                         ("vadd / llvm", "llvm", False, True)):
         mod, tgt = cc.lower_for_codegen(K.vadd(gpu), target)
         cases.append((label, mod, tgt, compiled))
     store = store_scaling(root / "scaling", cases, cfg["sizes"], files_max=cfg["files_max"],
