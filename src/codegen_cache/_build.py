@@ -13,20 +13,14 @@ reads those entries by digest; a build repeated in one process is one memory hit
 
 from __future__ import annotations
 
-import json
 import logging
-import threading
 import time
-import weakref
-from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 import tvm
 import tvm.s_tir  # noqa: F401  registers the schedule passes the default pipeline uses
-import tvm_ffi
-import xxhash
 from tvm import ir
 from tvm.ir import IRModule
 from tvm.runtime import Module
@@ -35,48 +29,26 @@ from tvm.tirx import PrimFunc
 from tvm.tirx.build import split_host_device_mods
 from tvm_ffi import DLDeviceType
 
-from ._artifacts import frame, unframe
+from ._build_index import (
+    BuildPart,
+    compile_device,
+    index_store,
+    key_of,
+    read_index,
+    runtime_enabled,
+    write_index,
+)
 from ._cache import CodegenCache
 from ._context import active_cache
-from ._errors import ArtifactError
-from ._key import CacheKey, _encode_part, ir_hash, static_salts
+from ._key import CacheKey
 from ._outcome import _emit_fields
 from ._registry import DeviceCodegen, DeviceCodegenRegistry, default_registry
-from ._store import STORAGE_ERRORS, ArtifactStore
-from ._targets import canonical_target
 
-__all__ = ["BuildPart", "BuildRecord", "build", "build_key", "build_with_record"]
+__all__ = ["BuildPart", "BuildRecord", "build", "build_key", "build_with_record", "index_store", "lower_plan"]
 
 logger = logging.getLogger(__name__)
 
-# Bump when the index entry's layout or the build key's parts change.
-INDEX_FORMAT = "1"
-INDEX_CODEC = "build-index"
-INDEX_SIZE_LIMIT = 64 << 20
-# Function targets of these kinds stay in the host module (tvm.tirx.build's is_host_func).
-_HOST_KINDS = frozenset({"llvm", "c", "cuda_host"})
 _MEMO_PREFIX = "build:"
-_INDEX_ERRORS = (*STORAGE_ERRORS, TypeError, ArtifactError)
-
-_index_stores: weakref.WeakKeyDictionary[CodegenCache, ArtifactStore] = weakref.WeakKeyDictionary()
-_index_lock = threading.Lock()
-_warned: set[str] = set()
-
-
-@dataclass(frozen=True, slots=True)
-class BuildPart:
-    """One codegen call of a build: which codegen, in which mode, and its cache key digest."""
-
-    role: str  # "device" or "host"
-    kind: str
-    codegen: str
-    mode: str  # "compiled" or "source"
-    digest: str | None  # None when built without a cache
-
-    def as_dict(self) -> dict[str, str | None]:
-        """JSON-ready form, as kept in an index entry."""
-        return {"role": self.role, "kind": self.kind, "codegen": self.codegen, "mode": self.mode,
-                "digest": self.digest}
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +89,7 @@ def build_with_record(mod: PrimFunc | IRModule, target: str | Target | None = No
     registry = cache.registry if cache is not None else default_registry
     key = None
     if cache is not None:
-        key = _key_of(plan, registry)
+        key = key_of(plan, registry)
         if key is not None:
             served = _warm(cache, key, plan, start)
             if served is not None:
@@ -127,7 +99,7 @@ def build_with_record(mod: PrimFunc | IRModule, target: str | Target | None = No
         return module, BuildRecord("uncached", None, host, devices)
     record = BuildRecord("built", key, host, devices)
     if key is not None and all(p.digest is not None for p in (host, *devices)):
-        _write_index(cache, key, host, devices)
+        write_index(cache, key, host, devices)
         _remember(cache, key, module, plan, record)
     return module, record
 
@@ -179,7 +151,7 @@ def _plan(mod: PrimFunc | IRModule, target: str | Target | None, pipeline: str |
     if chosen is None and func_targets:
         chosen = func_targets[0]
     chosen = _target(chosen) if chosen is not None else None
-    host: Target | str = "llvm" if _runtime_enabled("llvm") else "c"
+    host: Target | str = "llvm" if runtime_enabled("llvm") else "c"
     if chosen is not None:
         if chosen.host is not None:
             host = chosen.host
@@ -208,100 +180,6 @@ def _with_host(target: Target, host: Target) -> Target:
     return target.with_host(host)
 
 
-@lru_cache(maxsize=64)
-def _runtime_enabled(kind: str) -> bool:
-    """Whether TVM's runtime for `kind` is loaded here (fixed for the life of the process)."""
-    try:
-        return bool(tvm.runtime.enabled(kind))
-    except (RuntimeError, ValueError):  # kinds TVM has no optional runtime for (c, webgpu)
-        return False
-
-
-def _compile_device(entry: DeviceCodegen, target: Target) -> bool:
-    """The mode tvm.tirx.build gets for this target: compiled where TVM could load the result.
-
-    target.build.cuda silently returns source-only where no CUDA driver is loaded; a codegen with
-    both modes is therefore asked to compile only where the target kind's runtime is enabled.
-    A codegen with one mode gets that mode.
-    """
-    if entry.supports_mode(True) and entry.supports_mode(False):
-        return _runtime_enabled(target.kind.name)
-    return entry.supports_mode(True)
-
-
-# ---- the build key ---------------------------------------------------------------------------
-
-
-def _jsonable(value: Any) -> Any:
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, Target):
-        return canonical_target(value)
-    if isinstance(value, tvm_ffi.Object):
-        return tvm.ir.save_json(value)
-    return str(value)
-
-
-# PassContext objects are immutable; the one in force is usually the same from call to call.
-_last_context: list[tuple[object, str | None]] = []
-
-
-def _pass_context_part() -> str | None:
-    """The PassContext as canonical JSON, or None when it has instruments (they must see passes)."""
-    ctx = tvm.transform.PassContext.current()
-    last = _last_context[0] if _last_context else None
-    if last is not None and last[0].same_as(ctx):  # type: ignore[attr-defined]
-        return last[1]
-    if len(ctx.instruments):
-        text = None
-    else:
-        config = {str(k): _jsonable(v) for k, v in ctx.config.items()}
-        text = json.dumps({"opt_level": int(ctx.opt_level), "config": config,
-                           "required": sorted(str(p) for p in ctx.required_pass),
-                           "disabled": sorted(str(p) for p in ctx.disabled_pass)},
-                          sort_keys=True, separators=(",", ":"))
-    _last_context[:] = [(ctx, text)]
-    return text
-
-
-_CODEGENS_MAX = 1024
-_codegens_json: dict[tuple, str] = {}
-
-
-def _codegens_part(plan: _Plan, registry: DeviceCodegenRegistry) -> str:
-    """Codegen name, mode, toolchain and salt of every target the build may call a codegen for.
-
-    Resolved on every call (a codegen may be registered, or an env var a toolchain reads set,
-    between two builds); only the JSON text is memoized.
-    """
-    targets = [plan.host]
-    for candidate in (plan.bind, *plan.func_targets):
-        if candidate.kind.name not in _HOST_KINDS:
-            targets.append(candidate)
-    rows = set()
-    for target in targets:
-        entry = registry.resolve(target)
-        compiled = _compile_device(entry, target)
-        toolchain = tuple(sorted(entry.toolchain(target, compiled).items())) if entry.toolchain is not None else ()
-        rows.add((canonical_target(target), entry.name, compiled, toolchain, entry.salt))
-    memo = tuple(sorted(rows))
-    text = _codegens_json.get(memo)
-    if text is None:
-        text = json.dumps([{"target": t, "codegen": c, "mode": "compiled" if m else "source",
-                            "toolchain": dict(tc), "salt": salt} for t, c, m, tc, salt in memo],
-                          sort_keys=True, separators=(",", ":"))
-        if len(_codegens_json) >= _CODEGENS_MAX:
-            _codegens_json.clear()
-        _codegens_json[memo] = text
-    return text
-
-
-# The parts after the input's hash repeat across builds; encode them once per combination.
-_TAILS_MAX = 1024
-_tails: dict[tuple, tuple[tuple[tuple[str, str], ...], bytes]] = {}
-_INPUT_PREFIX = _encode_part("input", "0" * 16)[:-16]
-
-
 def build_key(mod: PrimFunc | IRModule, target: str | Target | None = None, pipeline: str | None = "default",
               *, registry: DeviceCodegenRegistry | None = None) -> CacheKey | None:
     """The build key of `mod` (the input module) in the current PassContext; None when not keyable.
@@ -312,43 +190,7 @@ def build_key(mod: PrimFunc | IRModule, target: str | Target | None = None, pipe
     toolchain and salt of each codegen the build may call), index_format. Not keyable: a
     PassContext with instruments (they must see the passes run) and an unhashable module.
     """
-    return _key_of(_plan(mod, target, pipeline), default_registry if registry is None else registry)
-
-
-def _key_of(plan: _Plan, registry: DeviceCodegenRegistry) -> CacheKey | None:
-    context = _pass_context_part()
-    if context is None:
-        return None
-    if not plan.hashed:
-        try:
-            plan.hashed.append(ir_hash(plan.mod))
-        except (TypeError, ValueError) as err:
-            _warn_once("hash", "codegen_cache.build: cannot hash the input module (%s); "
-                       "building without the index", err)
-            return None
-    # The pipeline's target only picks the pipeline when none is named (beyond that, the host
-    # it implies is in the bound target).
-    pipeline_target = plan.target if plan.pipeline is None else None
-    memo = (plan.bind, pipeline_target, plan.pipeline, context, _codegens_part(plan, registry))
-    found = _tails.get(memo)
-    if found is None:
-        parts = (
-            ("target", canonical_target(plan.bind)),
-            ("pipeline_target", canonical_target(pipeline_target) if pipeline_target is not None else ""),
-            ("pipeline", plan.pipeline if plan.pipeline is not None else "<default for target>"),
-            ("pass_context", context),
-            *static_salts(),
-            ("codegens", memo[-1]),
-            ("index_format", INDEX_FORMAT),
-        )
-        found = (parts, b"".join(_encode_part(n, v) for n, v in parts))
-        if len(_tails) >= _TAILS_MAX:
-            _tails.clear()
-        _tails[memo] = found
-    tail_parts, tail_bytes = found
-    input_part = ("input", f"{plan.hashed[0] & 0xFFFFFFFFFFFFFFFF:016x}")
-    digest = xxhash.xxh3_128_hexdigest(_INPUT_PREFIX + input_part[1].encode() + tail_bytes)
-    return CacheKey((input_part, *tail_parts), digest)
+    return key_of(_plan(mod, target, pipeline), default_registry if registry is None else registry)
 
 
 # ---- warm path: memory, then the index --------------------------------------------------------
@@ -361,7 +203,7 @@ def _warm(cache: CodegenCache, key: CacheKey, plan: _Plan, start: float) -> tupl
         record = memo[1]["record"]
         _emit("memory", key, key_seconds, start)
         return memo[0], BuildRecord("memory", key, record.host, record.devices)
-    index = _read_index(cache, key)
+    index = read_index(cache, key)
     if index is None:
         return None
     host, devices = index
@@ -437,7 +279,7 @@ def _codegen(cache: CodegenCache | None, registry: DeviceCodegenRegistry, mod: I
     if tvm.ir.transform.PassContext.current().config.get("tirx.disable_assert", False):
         mod = tvm.tirx.transform.SkipAssert()(mod)
     entry = registry.resolve(target)
-    compiled = _compile_device(entry, target)
+    compiled = compile_device(entry, target)
     mode = "compiled" if compiled else "source"
     if cache is None:
         return entry.invoke(mod, target, compile_device=compiled), BuildPart(role, target.kind.name, entry.name, mode, None), entry
@@ -461,74 +303,3 @@ def _private_host(cache: CodegenCache | None, module: Module, part: BuildPart, e
     logger.debug("codegen_cache.build: host entry %s not readable; calling %r again for a private copy",
                  part.digest, entry.name)
     return entry.invoke(mod, target, compile_device=part.mode == "compiled")
-
-
-# ---- the index: <dir>/builds/, build key -> the digests of the build's parts -----------------
-
-
-def _index_store(cache: CodegenCache) -> ArtifactStore:
-    with _index_lock:
-        store = _index_stores.get(cache)
-        if store is None:
-            store = ArtifactStore(cache.directory / "builds", size_limit=INDEX_SIZE_LIMIT)
-            _index_stores[cache] = store
-        return store
-
-
-def index_store(cache: CodegenCache) -> ArtifactStore:
-    """The store of build-index entries of `cache` (`<dir>/builds/`), for tools and tests."""
-    return _index_store(cache)
-
-
-def _write_index(cache: CodegenCache, key: CacheKey, host: BuildPart, devices: Sequence[BuildPart]) -> None:
-    meta = {"key": key.digest, "parts": key.as_dict(), "host": host.as_dict(),
-            "devices": [p.as_dict() for p in devices], "created": time.time()}
-    try:
-        _index_store(cache).put(key.digest, frame(INDEX_CODEC, meta, []))
-    except _INDEX_ERRORS as err:
-        _warn_once("index-write", "codegen_cache.build: cannot write the build index (%s: %s); "
-                   "builds still work, warm builds lower again", type(err).__name__, err)
-
-
-def _read_index(cache: CodegenCache, key: CacheKey) -> tuple[BuildPart, tuple[BuildPart, ...]] | None:
-    store = _index_store(cache)
-    try:
-        blob = store.get(key.digest)
-    except _INDEX_ERRORS as err:
-        _warn_once("index-read", "codegen_cache.build: cannot read the build index (%s: %s)", type(err).__name__, err)
-        return None
-    if blob is None:
-        return None
-    try:
-        art = unframe(blob)
-        if art.codec != INDEX_CODEC or art.meta.get("key") != key.digest:
-            raise ArtifactError(f"codec {art.codec!r} with key {str(art.meta.get('key'))[:16]}", kind=INDEX_CODEC)
-        host = _part(art.meta.get("host"))
-        devices = art.meta.get("devices")
-        if not isinstance(devices, list):
-            raise ArtifactError("devices is not a list", kind=INDEX_CODEC)
-        return host, tuple(_part(d) for d in devices)
-    except ArtifactError as err:
-        _warn_once("index-corrupt", "codegen_cache.build: dropping a bad build-index entry %s: %s", key.digest[:16], err)
-        try:
-            store.delete(key.digest)
-        except _INDEX_ERRORS:
-            pass  # a miss either way; the next cold build overwrites it
-        return None
-
-
-def _part(value: object) -> BuildPart:
-    fields = ("role", "kind", "codegen", "mode", "digest")
-    if not isinstance(value, dict) or not all(isinstance(value.get(f), str) for f in fields):
-        raise ArtifactError(f"malformed part {str(value)[:80]}", kind=INDEX_CODEC)
-    if value["mode"] not in ("compiled", "source"):
-        raise ArtifactError(f"unknown mode {value['mode']!r}", kind=INDEX_CODEC)
-    return BuildPart(*(value[f] for f in fields))
-
-
-def _warn_once(kind: str, msg: str, *args: object) -> None:
-    if kind in _warned:
-        logger.debug(msg, *args)
-        return
-    _warned.add(kind)
-    logger.warning(msg, *args)
