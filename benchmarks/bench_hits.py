@@ -21,7 +21,7 @@ from alt_filecache import FileCache
 from timing import interleave, percentile, summary
 
 from codegen_cache import CodegenCache, DeviceCodegen
-from codegen_cache._artifacts import decode, encode, encode_cuda_binary, unframe
+from codegen_cache._artifacts import decode, encode, unframe
 from codegen_cache._key import ir_hash
 
 __all__ = ["HitBench", "func_names"]

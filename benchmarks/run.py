@@ -236,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
 
-    from report import evaluate_goals, plot, tables
+    from plot import plot
+    from report import evaluate_goals, tables
 
     def log(msg: str) -> None:
         print(msg, flush=True)
