@@ -134,6 +134,7 @@ class CodegenCache:
         self._writer: threading.Thread | None = None
         self._writer_lock = threading.Lock()
         self._remote = self._make_remote(remote, settings)
+        self._resolved: dict[Target, tuple[int, DeviceCodegen]] = {}  # resolve() per target
         self._scratch_dir: str | None = None
         self._scratch_pid = -1
         # Keys whose verified lookup found a different IRModule (a real hash collision).
@@ -174,7 +175,15 @@ class CodegenCache:
         if isinstance(codegen, DeviceCodegen):
             return codegen
         if codegen is None:
-            return self.registry.resolve(target)
+            memo = self._resolved.get(target)
+            version = self.registry.version
+            if memo is not None and memo[0] == version:
+                return memo[1]
+            entry = self.registry.resolve(target)
+            if len(self._resolved) > 1024:
+                self._resolved.clear()
+            self._resolved[target] = (version, entry)
+            return entry
         if isinstance(codegen, str):
             for entry in self.registry.codegens_for_kind(target.kind.name):
                 if entry.name == codegen:
@@ -607,8 +616,7 @@ class CodegenCache:
     # ---- accounting -----------------------------------------------------------------------
 
     def _count_hit(self, name: str, meta: dict[str, Any]) -> None:
-        self._stats.add(name, 1, saved_seconds=float(meta.get("build_seconds", 0.0)))
-        self._stats.maybe_flush()
+        self._stats.add(name, 1, saved_seconds=meta.get("build_seconds", 0.0))
 
     def _count_collision(self, key: CacheKey) -> None:
         self._stats.add("collisions")
@@ -685,7 +693,14 @@ def _check_settings(settings: Settings) -> None:
             raise ConfigError(name, value, "a number of seconds, 0 or more")
 
 
-@atexit.register
 def _flush_all() -> None:
     for cache in list(_all_caches):
         cache.flush(timeout=30)
+
+
+# Flush when the interpreter starts shutting down, before atexit handlers run: those include
+# weakref finalizers that delete TemporaryDirectory objects the writer thread may be using.
+try:
+    threading._register_atexit(_flush_all)  # type: ignore[attr-defined]
+except (AttributeError, RuntimeError):
+    atexit.register(_flush_all)

@@ -147,9 +147,11 @@ def compute_key(
     tail_parts, tail_bytes = _tail(
         target, codegen, compile_device, tuple(sorted(toolchain.items())) if toolchain else (), salt
     )
-    ir_part = ("ir", f"{structural_hash & 0xFFFFFFFFFFFFFFFF:016x}")
-    digest = xxhash.xxh3_128_hexdigest(_IR_PREFIX + ir_part[1].encode() + tail_bytes)
-    key = CacheKey((ir_part, *tail_parts), digest)
+    ir_hex = f"{structural_hash & 0xFFFFFFFFFFFFFFFF:016x}"
+    key = CacheKey.__new__(CacheKey)  # skips re-slicing the parts on this hot path
+    key._ir = ("ir", ir_hex)
+    key._tail = tail_parts
+    key.digest = xxhash.xxh3_128_hexdigest(_IR_PREFIX + ir_hex.encode() + tail_bytes)
     if logger.isEnabledFor(logging.DEBUG):
         for name, value in key.parts:
             logger.debug("key %s part %s = %s", key.digest[:16], name, value)

@@ -111,6 +111,8 @@ class DeviceCodegenRegistry:
     def __init__(self) -> None:
         self._codegens: dict[str, list[DeviceCodegen]] = {}
         self._lazy: dict[str, list[str]] = {}
+        # Bumped on every change, so callers may memoize resolve() per target.
+        self.version = 0
         # RLock: a lazily imported backend registers into this registry while we hold the lock.
         self._lock = threading.RLock()
 
@@ -128,8 +130,10 @@ class DeviceCodegenRegistry:
                             f"{target_kind!r}. Pass override=True to replace it."
                         )
                     entries[index] = codegen
+                    self.version += 1
                     return codegen
             entries.append(codegen)
+            self.version += 1
         return codegen
 
     def register_lazy(self, target_kind: str, import_path: str) -> None:
@@ -138,6 +142,7 @@ class DeviceCodegenRegistry:
             paths = self._lazy.setdefault(target_kind, [])
             if import_path not in paths:
                 paths.append(import_path)
+                self.version += 1
 
     def _load_lazy(self, target_kind: str) -> None:
         if target_kind not in self._lazy:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
+import weakref
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -114,6 +115,7 @@ class StatsRecorder:
         self._lock = threading.Lock()
         self._last_flush = time.monotonic()
         self._failed = False
+        self._flusher: threading.Thread | None = None
 
     def add(self, name: str, amount: float = 1, *, saved_seconds: float = 0.0) -> None:
         """Count `amount` more of `name` (and, for a hit, the build time it saved)."""
@@ -125,16 +127,16 @@ class StatsRecorder:
             if saved_seconds:
                 self._pending["saved_seconds"] += saved_seconds
                 self._local["saved_seconds"] += saved_seconds
+            if self._flusher is None and self.path is not None:
+                # Flushing on a thread of its own keeps SQLite writes off the hit path.
+                self._flusher = threading.Thread(target=_flush_loop, args=(weakref.ref(self),),
+                                                 name="codegen-cache-stats", daemon=True)
+                self._flusher.start()
 
     def local(self) -> CacheStats:
         """Counts of this process only, since it opened the cache."""
         with self._lock:
             return CacheStats.from_counts(dict(self._local))
-
-    def maybe_flush(self) -> None:
-        """Flush if the last flush is older than FLUSH_INTERVAL."""
-        if time.monotonic() - self._last_flush >= self.FLUSH_INTERVAL:
-            self.flush()
 
     def _connect(self) -> sqlite3.Connection:
         assert self.path is not None
@@ -204,3 +206,14 @@ class StatsRecorder:
                 conn.close()
         except (sqlite3.Error, OSError) as err:
             logger.warning("codegen cache: cannot reset stats in %s: %s", self.path, err)
+
+
+def _flush_loop(ref: weakref.ReferenceType[StatsRecorder]) -> None:
+    """Add a recorder's pending counts to the shared table every FLUSH_INTERVAL seconds."""
+    while True:
+        time.sleep(StatsRecorder.FLUSH_INTERVAL)
+        recorder = ref()
+        if recorder is None:
+            return
+        recorder.flush()
+        del recorder
