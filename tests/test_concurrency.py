@@ -245,3 +245,26 @@ def test_evictions_are_counted(tmp_path):
     stats = cache.stats(shared=False)
     assert stats.evictions_memory == 7
     assert stats.evictions >= 1 and len(cache.store("source")) < 8
+
+
+PRECOMPILE = """
+import sys
+sys.path.insert(0, {tests!r})
+import codegen_cache as cc, kernels
+mod, target = cc.lower_for_codegen(kernels.vadd_gpu, {{"kind": "cuda", "arch": "sm_90"}})
+print(cc.CodegenCache({cache!r}).precompile_cuda(mod, target))
+"""
+
+
+@pytest.mark.skipif(not __import__("shutil").which("nvcc"), reason="nvcc is not on PATH")
+def test_precompile_cuda_is_single_flight(tmp_path):
+    script = PRECOMPILE.format(tests=str(Path(__file__).parent), cache=str(tmp_path / "cache"))
+    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    keys = set()
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-2000:]
+        keys.add(out.strip().splitlines()[-1])
+    assert len(keys) == 1
+    assert cc.CodegenCache(tmp_path / "cache").stats().builds == 1  # nvcc ran once for 3 processes

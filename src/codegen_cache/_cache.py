@@ -330,11 +330,38 @@ class CodegenCache:
         entry = self.resolve(target, codegen)
         key = self._key(mod, target, entry, True, None)
         stored = None if self.settings.recache else self._guard("read", self._stores["compiled"].get, key.digest)
-        if stored is not None:
+        if stored is not None or (not self.settings.recache and not self._lease_or_wait_for(key, "compiled")):
             return key.digest
-        t0 = time.perf_counter()
-        payload, source = compile_cuda_payload(mod, target)
-        seconds = time.perf_counter() - t0
+        try:
+            t0 = time.perf_counter()
+            payload, source = compile_cuda_payload(mod, target)
+            seconds = time.perf_counter() - t0
+            self._store_cuda_binary(mod, target, entry, key, payload, source, seconds)
+        finally:
+            self._leases.release(key.digest)
+        return key.digest
+
+    def _lease_or_wait_for(self, key: CacheKey, store: str) -> bool:
+        """Single-flight without loading the entry: True when this caller should build (it holds
+        the lease, or waited past lease_wait); False when another process stored the entry."""
+        deadline = time.monotonic() + self.settings.lease_wait
+        waited = False
+        while True:
+            if self._leases.try_acquire(key.digest):
+                if self._guard("read", self._stores[store].get, key.digest) is None:
+                    return True
+                self._leases.release(key.digest)  # stored between our look and the lease
+                return False
+            if not waited:
+                self._stats.add("lease_waits")
+                waited = True
+            if time.monotonic() >= deadline:
+                return True
+            time.sleep(_POLL_SECONDS)
+            if self._guard("read", self._stores[store].get, key.digest) is not None:
+                return False
+
+    def _store_cuda_binary(self, mod, target, entry, key, payload, source, seconds) -> None:
         self._stats.add("builds")
         self._stats.add("build_seconds", seconds)
         meta = {"key": key.digest, "parts": key.as_dict(), "codegen": entry.name, "mode": "compiled",
@@ -346,7 +373,6 @@ class CodegenCache:
             self._stats.add("stores")
             if self._remote is not None:
                 self._remote.put(key.digest, blob)
-        return key.digest
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every queued store of this process is written (or skipped); flush stats."""
