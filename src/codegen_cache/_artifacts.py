@@ -11,6 +11,7 @@ The payload of each codec is a sequence of u64-length-prefixed fields.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -235,6 +236,12 @@ def encode_cuda_binary(payload: cuda_codegen.CudaPayload, source: str, meta: Map
 # ---- decoders -------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=None)
+def _global(name: str):
+    """A TVM global function, looked up once (these are registered when tvm is imported)."""
+    return tvm.get_global_func(name)
+
+
 def _load_shared_library(data: bytes, scratch: str) -> Module:
     # dlopen needs a file; it stays mapped after the unlink.
     fd, path = tempfile.mkstemp(suffix=".so", dir=scratch)
@@ -287,6 +294,6 @@ def _decode_fields(art: Artifact, scratch: str) -> Module:
         return module
     if art.codec == "c":
         names = [str(n) for n in art.meta.get("c_func_names", [])]
-        return tvm.get_global_func("runtime.CSourceModuleCreate")(art.fields[0].decode(), "c", names, [])
+        return _global("runtime.CSourceModuleCreate")(art.fields[0].decode(), "c", names, [])
     text = art.fields[0].decode()
-    return tvm.get_global_func("runtime.SourceModuleCreate")(text, str(art.meta.get("source_format", "")))
+    return _global("runtime.SourceModuleCreate")(text, str(art.meta.get("source_format", "")))

@@ -56,6 +56,8 @@ class _StoreJob:
     ir: IRModule
     pending: PendingArtifact
     release_lease: bool
+    structural_hash: int  # of `ir` before the build: the mutation guard compares against it
+    codegen: str
 
 
 def _func_names(mod: IRModule) -> list[str]:
@@ -285,14 +287,7 @@ class CodegenCache:
             if leased:
                 self._leases.release(key.digest)
             raise
-        mutated = ir_hash(mod) != structural_hash
-        if mutated:
-            self._stats.add("mutations")
-            logger.warning(
-                "codegen %r changed its input IRModule (structural hash %016x -> %016x); "
-                "the result is returned but not cached", entry.name, structural_hash, ir_hash(mod),
-            )
-        stored = not (mutated or collision)
+        stored = not collision
         meta = {
             "key": key.digest,
             "parts": key.as_dict(),
@@ -314,7 +309,7 @@ class CodegenCache:
         if pending is not None:
             size = sum(len(f) for f in pending.fields) or len(pending.llvm_ir or "")
             self._memory.put(key.digest, MemoryEntry(module, mod, size, meta))
-            self._enqueue(_StoreJob(key, mode, module, mod, pending, leased))
+            stored = self._enqueue(_StoreJob(key, mode, module, mod, pending, leased, structural_hash, entry.name))
         elif leased:
             self._leases.release(key.digest)
         return done("built", module, 0.0, build_seconds, stored)
@@ -598,34 +593,48 @@ class CodegenCache:
 
     # ---- writing --------------------------------------------------------------------------
 
-    def _enqueue(self, job: _StoreJob) -> None:
+    def _enqueue(self, job: _StoreJob) -> bool:
+        """Store `job` now (write_behind=False: True when stored) or queue it (True)."""
         if not self.write_behind:
-            self._write(job)
-            return
+            return self._write(job)
         with self._writer_lock:
             if self._writer is None or not self._writer.is_alive():
                 self._writer = threading.Thread(target=_writer_loop, args=(weakref.ref(self), self._queue),
                                                 name="codegen-cache-writer", daemon=True)
                 self._writer.start()
         self._queue.put(job)
+        return True
 
-    def _write(self, job: _StoreJob) -> None:
+    def _write(self, job: _StoreJob) -> bool:
+        """Encode and store one built module; False when it was not stored."""
         try:
+            # The mutation guard runs here, off the caller's path: one structural hash.
+            after = ir_hash(job.ir)
+            if after != job.structural_hash:
+                self._memory.discard(job.key.digest)
+                self._stats.add("mutations")
+                logger.warning(
+                    "codegen %r changed its input IRModule (structural hash %016x -> %016x); "
+                    "the result was returned but is not cached", job.codegen, job.structural_hash, after,
+                )
+                return False
             extra = {"ir_digest": _ir_digest(job.ir)} if self.settings.verify else None
             try:
                 blob = job.pending.finish(self._scratch(), extra)
             except _ENCODE_ERRORS as err:
                 self._stats.add("stores_skipped")
                 self._count_error("encode", err)
-                return
+                return False
             self._memory.put(job.key.digest, MemoryEntry(job.module, job.ir, len(blob), job.pending.meta))
-            if self._guard("write", self._stores[job.store].put, job.key.digest, blob):
+            stored = bool(self._guard("write", self._stores[job.store].put, job.key.digest, blob))
+            if stored:
                 self._stats.add("stores")
                 self._warned.discard("no-space")  # space is back: warn again if it fills up
             else:
                 self._stats.add("stores_skipped")
             if self._remote is not None:
                 self._remote.put(job.key.digest, blob)
+            return stored
         finally:
             if job.release_lease:
                 self._leases.release(job.key.digest)

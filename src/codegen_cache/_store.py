@@ -8,6 +8,7 @@ hostile cache directory yields an error that the cache turns into a miss.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import re
@@ -99,6 +100,10 @@ class SafeDisk(diskcache.Disk):
         # diskcache leaves a partly written value file behind when the write fails (a full
         # disk): no row refers to it, so it would hold that space for good. Remove it.
         existed = os.path.exists(full_path)
+        if isinstance(iterator, io.BytesIO):
+            # diskcache iterates a BytesIO line by line: thousands of write() calls for a
+            # binary. Hand it over as one chunk (same file, same size).
+            iterator = iter((iterator.getvalue(),))
         try:
             size = super()._write(full_path, iterator, mode, encoding)
         except OSError:

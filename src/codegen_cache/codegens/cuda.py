@@ -16,7 +16,6 @@ import shutil
 import struct
 import subprocess
 import threading
-import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -246,21 +245,11 @@ def build_cuda(mod: IRModule, target: Target) -> Module:
     return load_cuda_payload(payload)
 
 
-_hook_seen = [False, 0.0]  # [registered, when last looked up]
-
-
-def _postproc_hook_registered() -> bool:
-    # A global-function lookup costs a few microseconds on every key; look again once a second
-    # (a backend registers its hook when imported, before it lowers anything).
-    now = time.monotonic()
-    if now - _hook_seen[1] > 1.0:
-        _hook_seen[0] = tvm.get_global_func("tvm_callback_cuda_postproc", allow_missing=True) is not None
-        _hook_seen[1] = now
-    return bool(_hook_seen[0])
-
-
 def _cuda_toolchain(target: Target, compile_device: bool) -> dict[str, str]:
-    salts = {"postproc_hook": str(_postproc_hook_registered())}
+    # Looked up on every key (a few microseconds): a hook registered a moment ago changes the
+    # source, so a cached answer here could serve a stale entry.
+    hook = tvm.get_global_func("tvm_callback_cuda_postproc", allow_missing=True)
+    salts = {"postproc_hook": str(hook is not None)}
     if compile_device:
         salts["nvcc"] = nvcc_version()
         salts.update(env_salts(COMPILE_ENV))
