@@ -5,12 +5,10 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import queue
 import subprocess
 import threading
 import time
 import weakref
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +19,11 @@ from tvm.ir import IRModule
 from tvm.runtime import Module
 from tvm.target import Target
 
-from ._artifacts import PendingArtifact, decode, encode_cuda_binary, frame, prepare, unframe
+from ._artifacts import decode, encode_cuda_binary, prepare
 from ._config import Settings, settings_from_env
-from ._errors import ArtifactError, CachedCodegenError, CudaRuntimeUnavailableError
+from ._errors import ArtifactError, CudaRuntimeUnavailableError
 from ._key import CacheKey, compute_key, ir_hash
+from ._failures import CACHEABLE_FAILURES, ENVIRONMENT_FAILURES, FailureCache
 from ._lease import LeaseManager
 from ._memory import MemoryEntry, MemoryTier
 from ._outcome import Outcome, _emit_fields, last_outcome
@@ -33,31 +32,16 @@ from ._stats import CacheStats, StatsRecorder
 from ._fsprobe import scratch_dir, warn_if_unsafe
 from ._store import STORAGE_ERRORS, ArtifactStore, ReadOnlyStoreError, storage_fault
 from ._targets import TargetLike, as_target
+from ._writer import StoreJob, WriteBehind
 
 __all__ = ["CodegenCache"]
 
 logger = logging.getLogger(__name__)
 
 STORE_NAMES = ("compiled", "source")
-# Errors a codegen raises for a bad kernel/config: remembered in the failure cache.
-_CACHEABLE_FAILURES = (RuntimeError, ValueError, TypeError, AttributeError, IndexError, KeyError)
-# Errors of the environment, not the kernel: never remembered.
-_ENVIRONMENT_FAILURES = (CudaRuntimeUnavailableError, CachedCodegenError, OSError, MemoryError)
 _ENCODE_ERRORS = (ArtifactError, ValueError, RuntimeError, OSError, subprocess.SubprocessError)
 _POLL_SECONDS = 0.02
 _all_caches: weakref.WeakSet[CodegenCache] = weakref.WeakSet()
-
-
-@dataclass(slots=True)
-class _StoreJob:
-    key: CacheKey
-    store: str
-    module: Module
-    ir: IRModule
-    pending: PendingArtifact
-    release_lease: bool
-    structural_hash: int  # of `ir` before the build: the mutation guard compares against it
-    codegen: str
 
 
 def _func_names(mod: IRModule) -> list[str]:
@@ -125,16 +109,15 @@ class CodegenCache:
                                 on_evict=lambda n: self._stats.add("evictions", n))
             for name, limit in (("compiled", settings.compiled_size_limit), ("source", settings.source_size_limit))
         }
-        self._failures = ArtifactStore(self.directory / "failures", size_limit=64 << 20)
+        self._failures = FailureCache(ArtifactStore(self.directory / "failures", size_limit=64 << 20),
+                                      ttl=settings.failure_ttl, guard=self._guard, count=self._stats.add)
         self._leases = LeaseManager(
             ArtifactStore(self.directory / "leases", size_limit=16 << 20), timeout=settings.lease_timeout
         )
         self._memory = MemoryTier(max_entries=settings.memory_entries, max_bytes=settings.memory_bytes,
                                   on_evict=lambda: self._stats.add("evictions_memory"))
         self._warned: set[str] = set()
-        self._queue: queue.Queue[_StoreJob | None] = queue.Queue()
-        self._writer: threading.Thread | None = None
-        self._writer_lock = threading.Lock()
+        self._writer = WriteBehind(self._write)
         self._remote = self._make_remote(remote, settings)
         self._resolved: dict[Target, tuple[int, DeviceCodegen]] = {}  # resolve() per target
         self._scratch_dir: str | None = None
@@ -271,7 +254,8 @@ class CodegenCache:
                     self._verify_collision.pop(key.digest, None)
 
         self._stats.add("misses")
-        self._raise_cached_failure(key, entry)
+        if not self.settings.recache:
+            self._failures.raise_if_failed(key, entry.name)
         leased = False
         if not collision and not self.settings.recache:
             leased, found = self._single_flight(key, mod, mode)
@@ -309,7 +293,7 @@ class CodegenCache:
         if pending is not None:
             size = sum(len(f) for f in pending.fields) or len(pending.llvm_ir or "")
             self._memory.put(key.digest, MemoryEntry(module, mod, size, meta))
-            stored = self._enqueue(_StoreJob(key, mode, module, mod, pending, leased, structural_hash, entry.name))
+            stored = self._enqueue(StoreJob(key, mode, module, mod, pending, leased, structural_hash, entry.name))
         elif leased:
             self._leases.release(key.digest)
         return done("built", module, 0.0, build_seconds, stored)
@@ -371,11 +355,7 @@ class CodegenCache:
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every queued store of this process is written (or skipped); flush stats."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self._writer is not None and self._queue.unfinished_tasks:
-            if deadline is not None and time.monotonic() > deadline:
-                break
-            time.sleep(0.005)
+        self._writer.wait(timeout)
         self._stats.flush()
 
     def stats(self, *, shared: bool = True) -> CacheStats:
@@ -396,13 +376,13 @@ class CodegenCache:
             if wanted:
                 removed += self._guard("clear", self._stores[name].clear) or 0
         if failures:
-            removed += self._guard("clear", self._failures.clear) or 0
+            removed += self._guard("clear", self._failures.store.clear) or 0
         return removed
 
     def store(self, name: str) -> ArtifactStore:
         """The ArtifactStore 'compiled', 'source' or 'failures' (for tools)."""
         if name == "failures":
-            return self._failures
+            return self._failures.store
         try:
             return self._stores[name]
         except KeyError:
@@ -410,12 +390,9 @@ class CodegenCache:
 
     def close(self) -> None:
         """Flush pending writes and close the stores of this process."""
-        self.flush()
-        if self._writer is not None:
-            self._queue.put(None)
-            self._writer.join(timeout=5)
-            self._writer = None
-        for store in (*self._stores.values(), self._failures, self._leases.store):
+        self._writer.close()
+        self._stats.flush()
+        for store in (*self._stores.values(), self._failures.store, self._leases.store):
             store.close()
         if self._remote is not None and hasattr(self._remote, "close"):
             self._remote.close()
@@ -558,54 +535,26 @@ class CodegenCache:
         t0 = time.perf_counter()
         try:
             module = entry.invoke(mod, target, compile_device=compile_device)
-        except _ENVIRONMENT_FAILURES:
+        except ENVIRONMENT_FAILURES:
             raise
-        except _CACHEABLE_FAILURES as err:
-            self._store_failure(key, entry, err)
+        except CACHEABLE_FAILURES as err:
+            self._failures.remember(key, entry.name, err)
             raise
         seconds = time.perf_counter() - t0
         self._stats.add("builds")
         self._stats.add("build_seconds", seconds)
         return module, seconds
 
-    def _store_failure(self, key: CacheKey, entry: DeviceCodegen, err: BaseException) -> None:
-        if self.settings.failure_ttl <= 0:
-            return
-        meta = {"key": key.digest, "codegen": entry.name, "error_type": type(err).__name__,
-                "message": str(err)[:20000], "created": time.time()}
-        blob = frame("failure", meta, [])
-        if self._guard("write", self._failures.put, key.digest, blob, expire=self.settings.failure_ttl):
-            self._stats.add("failures_stored")
-
-    def _raise_cached_failure(self, key: CacheKey, entry: DeviceCodegen) -> None:
-        if self.settings.failure_ttl <= 0 or self.settings.recache:
-            return
-        blob = self._guard("read", self._failures.get, key.digest)
-        if blob is None:
-            return
-        try:
-            meta = unframe(blob).meta
-        except ArtifactError:
-            self._guard("delete", self._failures.delete, key.digest)
-            return
-        self._stats.add("failures_served")
-        raise CachedCodegenError(entry.name, key.digest, str(meta.get("error_type")), str(meta.get("message")))
-
     # ---- writing --------------------------------------------------------------------------
 
-    def _enqueue(self, job: _StoreJob) -> bool:
+    def _enqueue(self, job: StoreJob) -> bool:
         """Store `job` now (write_behind=False: True when stored) or queue it (True)."""
         if not self.write_behind:
             return self._write(job)
-        with self._writer_lock:
-            if self._writer is None or not self._writer.is_alive():
-                self._writer = threading.Thread(target=_writer_loop, args=(weakref.ref(self), self._queue),
-                                                name="codegen-cache-writer", daemon=True)
-                self._writer.start()
-        self._queue.put(job)
+        self._writer.submit(job)
         return True
 
-    def _write(self, job: _StoreJob) -> bool:
+    def _write(self, job: StoreJob) -> bool:
         """Encode and store one built module; False when it was not stored."""
         try:
             # The mutation guard runs here, off the caller's path: one structural hash.
@@ -692,21 +641,6 @@ class CodegenCache:
         except (TypeError, ArtifactError) as err:  # SafeDisk refusing a row it would have to unpickle
             self._count_error(f"{kind}-unsafe", err)
             return None
-
-
-def _writer_loop(ref: weakref.ReferenceType[CodegenCache], jobs: queue.Queue) -> None:
-    while True:
-        job = jobs.get()
-        try:
-            if job is None:
-                return
-            cache = ref()
-            if cache is None:
-                return
-            cache._write(job)  # noqa: SLF001
-            del cache
-        finally:
-            jobs.task_done()
 
 
 def _replace(settings: Settings, overrides: dict[str, Any]) -> Settings:
