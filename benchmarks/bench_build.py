@@ -47,24 +47,9 @@ import codegen_cache as cc  # noqa: E402
 from codegen_cache._build import index_store  # noqa: E402
 from codegen_cache.codegens import cuda as cuda_codegen  # noqa: E402
 
+from kernels import vadd, vadd_gpu  # noqa: E402  tests/kernels.py: the kernels the tests lower
+
 CUDA = {"kind": "cuda", "arch": "sm_90"}
-
-
-@T.prim_func(s_tir=True)
-def vadd(A: T.Buffer((1024,), "float32"), B: T.Buffer((1024,), "float32"), C: T.Buffer((1024,), "float32")):
-    for i in range(1024):
-        with T.sblock("C"):
-            vi = T.axis.spatial(1024, i)
-            C[vi] = A[vi] + B[vi]
-
-
-@T.prim_func(s_tir=True)
-def vadd_gpu(A: T.Buffer((1024,), "float32"), B: T.Buffer((1024,), "float32"), C: T.Buffer((1024,), "float32")):
-    for i in T.thread_binding(8, thread="blockIdx.x"):
-        for j in T.thread_binding(128, thread="threadIdx.x"):
-            with T.sblock("C"):
-                vi = T.axis.spatial(1024, i * 128 + j)
-                C[vi] = A[vi] + B[vi]
 
 
 def _equal_copy(func):
