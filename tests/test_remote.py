@@ -23,7 +23,6 @@ from codegen_cache._artifacts import frame
 from codegen_cache._key import ARTIFACT_FORMAT_VERSION
 from codegen_cache._registry import DeviceCodegen, global_func_device_codegen
 from codegen_cache._remote import RedisTier
-from conftest import CUDA_TARGET
 
 redis = pytest.importorskip("redis", reason="the redis client is not installed (pip install 'tvm-codegen-cache[redis]')")
 
