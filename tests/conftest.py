@@ -36,6 +36,29 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def counting_codegen(name="llvm", kind="llvm"):
+    """A DeviceCodegen wrapping `target.build.<kind>` that records each call; (codegen, calls)."""
+    calls = []
+    inner = cc.global_func_device_codegen(f"target.build.{kind}")
+
+    def build(mod, target):
+        calls.append(mod)
+        return inner(mod, target)
+
+    return cc.DeviceCodegen(name, build=build, build_without_compile=build), calls
+
+
+def run_binary(module, func="vadd"):
+    """Run a 1024-element binary kernel (`func`) on arange inputs; the output as numpy."""
+    import numpy as np
+    import tvm
+
+    a = np.arange(1024, dtype="float32")
+    out = tvm.runtime.tensor(np.zeros(1024, "float32"))
+    module[func](tvm.runtime.tensor(a), tvm.runtime.tensor(a), out)
+    return out.numpy()
+
+
 @pytest.fixture
 def cache(tmp_path):
     """A CodegenCache in a fresh directory, writing synchronously."""

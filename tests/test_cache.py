@@ -10,56 +10,36 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tvm
 
 import codegen_cache as cc
 import kernels
 from codegen_cache import _cache, _context
-from codegen_cache._registry import DeviceCodegen, global_func_device_codegen
-from conftest import CUDA_TARGET
-
-
-def _counting(name="llvm", kind="llvm"):
-    calls = []
-    inner = global_func_device_codegen(f"target.build.{kind}")
-
-    def build(mod, target):
-        calls.append(mod)
-        return inner(mod, target)
-
-    return DeviceCodegen(name, build=build, build_without_compile=build), calls
-
-
-def _run_vadd(module):
-    a = np.arange(1024, dtype="float32")
-    out = tvm.runtime.tensor(np.zeros(1024, "float32"))
-    module["vadd"](tvm.runtime.tensor(a), tvm.runtime.tensor(a), out)
-    return out.numpy()
+from conftest import CUDA_TARGET, counting_codegen, run_binary
 
 
 def test_second_lower_is_a_memory_hit_and_runs(cache, llvm_vadd):
     mod, target = llvm_vadd
-    codegen, calls = _counting()
+    codegen, calls = counting_codegen()
     m1, o1 = cache.lower_with_outcome(mod, target, codegen=codegen)
     m2, o2 = cache.lower_with_outcome(mod, target, codegen=codegen)
     assert (o1.tier, o2.tier) == ("built", "memory") and len(calls) == 1
     assert m2 is m1 and o2.hit and o1.key == o2.key
-    np.testing.assert_array_equal(_run_vadd(m2), 2 * np.arange(1024, dtype="float32"))
+    np.testing.assert_array_equal(run_binary(m2), 2 * np.arange(1024, dtype="float32"))
     stats = cache.stats()
     assert (stats.hits, stats.misses, stats.hits_memory, stats.builds) == (1, 1, 1, 1)
 
 
 def test_fresh_cache_hits_disk_and_module_runs(tmp_path, llvm_vadd):
     mod, target = llvm_vadd
-    codegen, calls = _counting()
+    codegen, calls = counting_codegen()
     cc.CodegenCache(tmp_path, write_behind=False).lower(mod, target, codegen=codegen)
     module, outcome = cc.CodegenCache(tmp_path).lower_with_outcome(mod, target, codegen=codegen)
     assert outcome.tier == "disk" and len(calls) == 1
-    np.testing.assert_array_equal(_run_vadd(module), 2 * np.arange(1024, dtype="float32"))
+    np.testing.assert_array_equal(run_binary(module), 2 * np.arange(1024, dtype="float32"))
 
 
 def test_structurally_equal_module_hits_memory(cache):
-    codegen, calls = _counting()
+    codegen, calls = counting_codegen()
     mod1, target = cc.lower_for_codegen(kernels.vadd, "llvm")
     mod2, _ = cc.lower_for_codegen(kernels.vadd, "llvm")
     assert not mod1.same_as(mod2)
@@ -180,7 +160,7 @@ def test_without_verify_a_collision_on_disk_is_trusted(tmp_path, monkeypatch):
 
 def test_use_cache_routes_device_codegen_lower(tmp_path, llvm_vadd):
     mod, target = llvm_vadd
-    codegen, calls = _counting()
+    codegen, calls = counting_codegen()
     cache = cc.CodegenCache(tmp_path)
     with cc.use_cache(cache):
         assert cc.get_cache() is cache
@@ -236,7 +216,7 @@ def test_unwritable_directory_still_compiles(tmp_path, llvm_vadd):
     cache = cc.CodegenCache(target_dir, write_behind=False)
     module, outcome = cache.lower_with_outcome(mod, target)
     assert outcome.tier == "built"
-    np.testing.assert_array_equal(_run_vadd(module), 2 * np.arange(1024, dtype="float32"))
+    np.testing.assert_array_equal(run_binary(module), 2 * np.arange(1024, dtype="float32"))
     assert cache.lower_with_outcome(mod, target)[1].tier == "memory"
 
 

@@ -97,6 +97,18 @@ def test_compile_step_runs_without_a_driver(cuda_vadd):
     assert cuda_codegen.CudaPayload.from_bytes(payload.to_bytes()) == payload
 
 
+def _run_with_stub_driver(tmp_path, script_template):
+    """Run a script (formatted with tests= and cache=) where the stub libcuda.so.1 is loaded."""
+    stub = build_stub(tmp_path / "stub")
+    if stub is None:
+        pytest.skip("gcc or libcudart.so.13 is missing: cannot build the stub CUDA driver")
+    env = {**os.environ, "LD_LIBRARY_PATH": f"{stub}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
+    script = script_template.format(tests=str(Path(__file__).parent), cache=str(tmp_path / "cache"))
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
 STUB_SCRIPT = textwrap.dedent(
     """
     import sys
@@ -120,14 +132,8 @@ STUB_SCRIPT = textwrap.dedent(
 @pytest.mark.nvcc
 @pytest.mark.skipif(not HAS_NVCC, reason="nvcc is not on PATH")
 def test_compiled_cuda_loads_through_stub_driver(tmp_path):
-    stub = build_stub(tmp_path / "stub")
-    if stub is None:
-        pytest.skip("gcc or libcudart.so.13 is missing: cannot build the stub CUDA driver")
-    env = {**os.environ, "LD_LIBRARY_PATH": f"{stub}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
-    script = STUB_SCRIPT.format(tests=str(Path(__file__).parent), cache=str(tmp_path / "cache"))
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=240)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split()[-5:] == ["built", "disk", "cuda", "True", "True"]
+    out = _run_with_stub_driver(tmp_path, STUB_SCRIPT)
+    assert out.split()[-5:] == ["built", "disk", "cuda", "True", "True"]
 
 
 PRECOMPILED_SCRIPT = textwrap.dedent(
@@ -150,11 +156,5 @@ def test_gpu_less_host_fills_compiled_store_for_gpu_host(tmp_path, cuda_vadd):
     key = cache.precompile_cuda(mod, target)
     assert key == cache.key_for(mod, target, compile_device=True).digest
     assert len(cache.store("compiled")) == 1
-    stub = build_stub(tmp_path / "stub")
-    if stub is None:
-        pytest.skip("cannot build the stub CUDA driver here")
-    env = {**os.environ, "LD_LIBRARY_PATH": f"{stub}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
-    script = PRECOMPILED_SCRIPT.format(tests=str(Path(__file__).parent), cache=str(tmp_path / "cache"))
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=240)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split()[-3:] == ["disk", "cuda", "True"]
+    out = _run_with_stub_driver(tmp_path, PRECOMPILED_SCRIPT)
+    assert out.split()[-3:] == ["disk", "cuda", "True"]

@@ -15,14 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tvm
 
 import codegen_cache as cc
 import kernels
 from codegen_cache._artifacts import frame
 from codegen_cache._key import ARTIFACT_FORMAT_VERSION
-from codegen_cache._registry import DeviceCodegen, global_func_device_codegen
 from codegen_cache._remote import RedisTier
+from conftest import counting_codegen, run_binary
 
 redis = pytest.importorskip("redis", reason="the redis client is not installed (pip install 'tvm-codegen-cache[redis]')")
 
@@ -158,27 +157,9 @@ def hosts(tmp_path):
         c.close()
 
 
-def _counting(kind="llvm"):
-    calls = []
-    inner = global_func_device_codegen(f"target.build.{kind}")
-
-    def build(mod, target):
-        calls.append(mod)
-        return inner(mod, target)
-
-    return DeviceCodegen(kind, build=build, build_without_compile=build), calls
-
-
-def _run(module, func="vadd"):
-    a = np.arange(1024, dtype="float32")
-    out = tvm.runtime.tensor(np.zeros(1024, "float32"))
-    module[func](tvm.runtime.tensor(a), tvm.runtime.tensor(a), out)
-    return out.numpy()
-
-
 def _check_vadd(module, kind):
     if kind == "llvm":
-        np.testing.assert_array_equal(_run(module), 2 * np.arange(1024, dtype="float32"))
+        np.testing.assert_array_equal(run_binary(module), 2 * np.arange(1024, dtype="float32"))
     else:
         assert "__global__" in module.inspect_source("") and "vadd" in module.inspect_source("")
 
@@ -194,7 +175,7 @@ def _remote_records(caplog, level=logging.WARNING):
 def test_two_hosts_share_one_redis(hosts, redis_url, llvm_vadd, cuda_vadd, kind):
     mod, target = llvm_vadd if kind == "llvm" else cuda_vadd
     compile_device = kind == "llvm"  # CUDA: source-only, what a GPU-less host can produce
-    codegen, calls = _counting(kind)
+    codegen, calls = counting_codegen(kind, kind)
     a, b = hosts("a", redis_url), hosts("b", redis_url)
     built, o1 = a.lower_with_outcome(mod, target, codegen=codegen, compile_device=compile_device)
     module, o2 = b.lower_with_outcome(mod, target, codegen=codegen, compile_device=compile_device)
@@ -226,7 +207,7 @@ def test_remote_from_environment(tmp_path, redis_url, monkeypatch, llvm_vadd):
     monkeypatch.setenv("CODEGEN_CACHE_REMOTE", redis_url)
     monkeypatch.setenv("CODEGEN_CACHE_REMOTE_SECRET", SECRET)
     mod, target = llvm_vadd
-    codegen, calls = _counting()
+    codegen, calls = counting_codegen()
     for name, tier in (("a", "built"), ("b", "remote")):
         c = cc.CodegenCache(tmp_path / name, write_behind=False)
         try:
@@ -249,7 +230,7 @@ def _stored_value(server, cache, mod, target, codegen):
 @pytest.mark.parametrize("where", ["payload", "signature", "envelope", "truncated"])
 def test_garbled_entry_is_rejected_counted_and_rebuilt(hosts, redis_url, redis_server, llvm_vadd, where, caplog):
     mod, target = llvm_vadd
-    codegen, calls = _counting()
+    codegen, calls = counting_codegen()
     a = hosts("a", redis_url)
     a.lower(mod, target, codegen=codegen)
     name, value = _stored_value(redis_server, a, mod, target, codegen)
@@ -263,7 +244,7 @@ def test_garbled_entry_is_rejected_counted_and_rebuilt(hosts, redis_url, redis_s
     b = hosts("b", redis_url)
     module, outcome = b.lower_with_outcome(mod, target, codegen=codegen)
     assert outcome.tier == "built" and len(calls) == 2
-    np.testing.assert_array_equal(_run(module), 2 * np.arange(1024, dtype="float32"))
+    np.testing.assert_array_equal(run_binary(module), 2 * np.arange(1024, dtype="float32"))
     assert (b.stats().remote_rejected, b.stats().hits_remote) == (1, 0)
     assert any("rejected remote entry" in r.getMessage() for r in _remote_records(caplog))
     # B's rebuild replaced the bad entry: a third host hits it.
@@ -274,12 +255,12 @@ def test_garbled_entry_is_rejected_counted_and_rebuilt(hosts, redis_url, redis_s
 @pytest.mark.parametrize("writer_secret", [None, "another-secret"], ids=["unsigned", "other-secret"])
 def test_unsigned_or_badly_signed_entry_is_rejected(hosts, redis_url, llvm_vadd, writer_secret):
     mod, target = llvm_vadd
-    codegen, calls = _counting()
+    codegen, calls = counting_codegen()
     hosts("writer", redis_url, secret=writer_secret).lower(mod, target, codegen=codegen)
     reader = hosts("reader", redis_url)
     module, outcome = reader.lower_with_outcome(mod, target, codegen=codegen)
     assert outcome.tier == "built" and len(calls) == 2
-    np.testing.assert_array_equal(_run(module), 2 * np.arange(1024, dtype="float32"))
+    np.testing.assert_array_equal(run_binary(module), 2 * np.arange(1024, dtype="float32"))
     assert reader.stats().remote_rejected == 1
 
 
@@ -287,7 +268,7 @@ def test_signature_binds_the_key(hosts, redis_url, redis_server):
     """A validly signed entry copied under another key is rejected."""
     vadd, target = cc.lower_for_codegen(kernels.vadd, "llvm")
     vmul, _ = cc.lower_for_codegen(kernels.vmul, "llvm")
-    codegen, calls = _counting()
+    codegen, calls = counting_codegen()
     a = hosts("a", redis_url)
     a.lower(vadd, target, codegen=codegen)
     _name, value = _stored_value(redis_server, a, vadd, target, codegen)
@@ -298,13 +279,13 @@ def test_signature_binds_the_key(hosts, redis_url, redis_server):
     module, outcome = b.lower_with_outcome(vmul, target, codegen=codegen)
     assert outcome.tier == "built" and b.stats().remote_rejected == 1
     a_in = np.arange(1024, dtype="float32")
-    np.testing.assert_array_equal(_run(module, "vmul"), a_in * a_in)
+    np.testing.assert_array_equal(run_binary(module, "vmul"), a_in * a_in)
 
 
 def test_signed_entry_with_bad_checksum_is_rejected(hosts, redis_url, llvm_vadd):
     """A writer holding the secret but storing a broken frame: the checksum catches it."""
     mod, target = llvm_vadd
-    codegen, calls = _counting()
+    codegen, calls = counting_codegen()
     a = hosts("a", redis_url)
     a.lower(mod, target, codegen=codegen)
     digest = a.key_for(mod, target, codegen=codegen).digest
@@ -331,7 +312,7 @@ def test_a_pickle_in_redis_is_never_unpickled(hosts, redis_url, redis_server, ll
         client.set(name, pickle.dumps(Bomb()))
     module, outcome = b.lower_with_outcome(mod, target)
     assert outcome.tier == "built" and b.stats().remote_rejected == 1 and not marker.exists()
-    np.testing.assert_array_equal(_run(module), 2 * np.arange(1024, dtype="float32"))
+    np.testing.assert_array_equal(run_binary(module), 2 * np.arange(1024, dtype="float32"))
 
 
 # ---- size cap and TTL -------------------------------------------------------------------------
@@ -340,7 +321,7 @@ def test_a_pickle_in_redis_is_never_unpickled(hosts, redis_url, redis_server, ll
 def test_entries_over_the_size_cap_stay_local(hosts, redis_url, redis_server, llvm_vadd, monkeypatch):
     monkeypatch.setenv("CODEGEN_CACHE_REMOTE_MAX_ENTRY", "1K")
     mod, target = llvm_vadd
-    codegen, calls = _counting()
+    codegen, calls = counting_codegen()
     a = hosts("a", redis_url)
     assert a._remote.max_entry_bytes == 1024  # noqa: SLF001
     a.lower(mod, target, codegen=codegen)
@@ -385,7 +366,7 @@ def test_entries_expire_after_the_ttl_and_zero_means_never(redis_url, redis_serv
 def test_redis_killed_mid_run_still_correct_and_fast(tmp_path, own_redis, caplog):
     vadd, target = cc.lower_for_codegen(kernels.vadd, "llvm")
     vmul, _ = cc.lower_for_codegen(kernels.vmul, "llvm")
-    codegen, calls = _counting()
+    codegen, calls = counting_codegen()
     a = cc.CodegenCache(tmp_path / "a", remote=own_redis.url, remote_secret=SECRET)  # write-behind, as in use
     b = cc.CodegenCache(tmp_path / "b", remote=own_redis.url, remote_secret=SECRET)
     try:
@@ -399,7 +380,7 @@ def test_redis_killed_mid_run_still_correct_and_fast(tmp_path, own_redis, caplog
             module, outcome = cache.lower_with_outcome(mod, target, codegen=codegen)
             elapsed = time.perf_counter() - t0
             assert outcome.tier in ("built", "memory") and elapsed < NO_HANG_SECONDS, (outcome, elapsed)
-            np.testing.assert_array_equal(_run(module, func), expected)
+            np.testing.assert_array_equal(run_binary(module, func), expected)
         a.flush()
         b.flush()
         sa, sb = a.stats(), b.stats()
@@ -465,7 +446,7 @@ def test_refused_connection_compiles_locally(tmp_path, llvm_vadd, caplog):
         t0 = time.perf_counter()
         module = c.lower(mod, target)
         assert time.perf_counter() - t0 < NO_HANG_SECONDS
-        np.testing.assert_array_equal(_run(module), 2 * np.arange(1024, dtype="float32"))
+        np.testing.assert_array_equal(run_binary(module), 2 * np.arange(1024, dtype="float32"))
         assert c.lower_with_outcome(mod, target)[1].tier == "memory"
         assert c.stats().errors.get("remote") == 1
     finally:
@@ -506,7 +487,7 @@ def tls_redis(tmp_path):
 
 def test_rediss_shares_entries_and_an_untrusted_server_is_local_only(hosts, tls_redis, llvm_vadd, caplog):
     mod, target = llvm_vadd
-    codegen, calls = _counting()
+    codegen, calls = counting_codegen()
     hosts("a", tls_redis.url).lower(mod, target, codegen=codegen)
     assert hosts("b", tls_redis.url).lower_with_outcome(mod, target, codegen=codegen)[1].tier == "remote"
     assert len(calls) == 1
@@ -514,7 +495,7 @@ def test_rediss_shares_entries_and_an_untrusted_server_is_local_only(hosts, tls_
     untrusted = hosts("c", tls_redis.url.partition("?")[0])
     module, outcome = untrusted.lower_with_outcome(mod, target, codegen=codegen)
     assert outcome.tier == "built" and len(calls) == 2
-    np.testing.assert_array_equal(_run(module), 2 * np.arange(1024, dtype="float32"))
+    np.testing.assert_array_equal(run_binary(module), 2 * np.arange(1024, dtype="float32"))
     assert untrusted.stats().errors.get("remote") == 1
     assert any("CERTIFICATE_VERIFY_FAILED" in r.getMessage() for r in _remote_records(caplog))
 
