@@ -44,7 +44,7 @@ from tvm.script import tirx as T  # noqa: E402
 from tvm.target import Target  # noqa: E402
 
 import codegen_cache as cc  # noqa: E402
-from codegen_cache._build import index_store  # noqa: E402
+from codegen_cache._build._build import index_store  # noqa: E402
 from codegen_cache.codegens import cuda as cuda_codegen  # noqa: E402
 
 from kernels import vadd, vadd_gpu  # noqa: E402  tests/kernels.py: the kernels the tests lower

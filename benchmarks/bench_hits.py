@@ -21,7 +21,7 @@ from alt_filecache import FileCache
 from timing import interleave, percentile, summary
 
 from codegen_cache import CodegenCache, DeviceCodegen
-from codegen_cache._artifacts import decode, encode, unframe
+from codegen_cache._artifacts._codecs import decode, encode, unframe
 from codegen_cache._key import ir_hash
 
 __all__ = ["HitBench", "func_names"]
@@ -102,7 +102,7 @@ class HitBench:
         Path(self.scratch).mkdir(parents=True, exist_ok=True)
         self.remote_fill = self.remote = None
         if remote_url:
-            from codegen_cache._remote import RedisTier
+            from codegen_cache._storage._remote import RedisTier
 
             self.remote_fill = RedisTier(remote_url)  # puts the stored bytes, as another host would
             self.remote = CodegenCache(self.root / "remote", remote=remote_url, memory_entries=0)

@@ -4,7 +4,7 @@ import tvm
 import tvm.s_tir  # noqa: F401
 from tvm.script import tirx as T
 
-from codegen_cache._demo_kernels import vadd, vadd_gpu  # noqa: F401  the same kernels the demo lowers
+from codegen_cache._cli._demo_kernels import vadd, vadd_gpu  # noqa: F401  the same kernels the demo lowers
 
 
 @T.prim_func(s_tir=True)

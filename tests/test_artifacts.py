@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import codegen_cache as cc
 import kernels
-from codegen_cache._artifacts import decode, encode, frame, read_meta, unframe
+from codegen_cache._artifacts._codecs import decode, encode, frame, read_meta, unframe
 from codegen_cache.codegens.cuda import CudaPayload
 from conftest import CUDA_TARGET
 

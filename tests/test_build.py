@@ -16,8 +16,8 @@ from tvm.target import Target
 
 import codegen_cache as cc
 import kernels
-from codegen_cache import _build
-from codegen_cache._artifacts import frame, unframe
+from codegen_cache._build import _build
+from codegen_cache._artifacts._codecs import frame, unframe
 from conftest import CUDA_TARGET, HAS_NVCC
 from cuda_stub import build_stub
 
@@ -175,7 +175,7 @@ KEY_SCRIPT = textwrap.dedent(
     import sys
     sys.path.insert(0, {tests!r})
     import codegen_cache as cc, kernels
-    from codegen_cache import _build
+    from codegen_cache._build import _build
     print(_build.build_key(kernels.vadd, "llvm").digest, _build.build_key(kernels.vadd_gpu, {cuda!r}).digest)
     """
 )
@@ -262,7 +262,7 @@ STUB_SCRIPT = textwrap.dedent(
     import sys
     sys.path.insert(0, {tests!r})
     import tvm, codegen_cache as cc, kernels
-    from codegen_cache import _build
+    from codegen_cache._build import _build
     target = tvm.target.Target({cuda!r})
     cache = cc.CodegenCache({cache!r})
     with cc.use_cache(cache):

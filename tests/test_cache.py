@@ -13,7 +13,8 @@ import pytest
 
 import codegen_cache as cc
 import kernels
-from codegen_cache import _cache, _context
+from codegen_cache import _context
+from codegen_cache._cache import _cache
 from conftest import CUDA_TARGET, counting_codegen, run_binary
 
 

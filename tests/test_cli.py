@@ -16,8 +16,8 @@ import pytest
 from conftest import CUDA_TARGET, HAS_NVCC
 
 import codegen_cache as cc
-from codegen_cache import _cli
-from codegen_cache._artifacts import frame, read_meta
+from codegen_cache._cli import _main as _cli
+from codegen_cache._artifacts._codecs import frame, read_meta
 from codegen_cache._key import CacheKey
 
 TESTS = Path(__file__).parent
@@ -71,7 +71,7 @@ def run_json(capsys, *argv: str):
 def cli(*argv: str, env: dict[str, str] | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
     """The command as a subprocess (the installed entry point's module)."""
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "codegen_cache._cli", *argv], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "codegen_cache", *argv], capture_output=True, text=True,
                           env=full_env, timeout=timeout)
 
 
@@ -263,7 +263,7 @@ def test_clear_one_store_then_all(capsys, copy):
 def _age_entry(cache: cc.CodegenCache, store: str, key: str, seconds: float) -> None:
     blob = cache.store(store).get(key)
     meta = read_meta(blob)[1]
-    from codegen_cache._artifacts import unframe
+    from codegen_cache._artifacts._codecs import unframe
 
     art = unframe(blob)
     cache.store(store).put(key, frame(art.codec, {**meta, "created": time.time() - seconds}, art.fields))
@@ -501,7 +501,7 @@ def test_json_goes_before_or_after_the_command(capsys, filled):
 def test_entry_point_runs(filled):
     root, _keys = filled
     exe = Path(sys.executable).parent / "codegen-cache"
-    command = [str(exe)] if exe.exists() else [sys.executable, "-m", "codegen_cache._cli"]
+    command = [str(exe)] if exe.exists() else [sys.executable, "-m", "codegen_cache"]
     done = subprocess.run([*command, "--dir", str(root), "stats", "--json"], capture_output=True, text=True,
                           timeout=240)
     assert done.returncode == 0, done.stderr

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 import codegen_cache as cc
-from codegen_cache._lease import LeaseManager
-from codegen_cache._store import ArtifactStore
+from codegen_cache._storage._leases import LeaseManager
+from codegen_cache._storage._disk import ArtifactStore
 from slow_codegen import SLOW_LLVM
 from variants import variant
 

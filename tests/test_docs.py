@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from codegen_cache import _cli, _config, _key
+from codegen_cache import _config, _key
+from codegen_cache._cli import _main as _cli
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 SKIP = "<!-- docs-test: skip -->"

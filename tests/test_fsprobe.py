@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import codegen_cache as cc
-from codegen_cache import _fsprobe
-from codegen_cache._fsprobe import FsReport, probe, scratch_dir
+from codegen_cache._storage import _fsprobe
+from codegen_cache._storage._fsprobe import FsReport, probe, scratch_dir
 
 MOUNTS = """\
 /dev/vda / ext4 rw,relatime 0 0

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import codegen_cache as cc
-from codegen_cache._artifacts import HOT_META, frame
+from codegen_cache._artifacts._codecs import HOT_META, frame
 from codegen_cache._errors import ArtifactError
 from test_reliability import populate
 from workers import check_module, variant
@@ -155,7 +155,7 @@ def test_malformed_and_nonsense_remote_payloads_never_break_lower(tmp_path, seed
 
 
 def test_redis_envelopes_raise_only_artifact_error(stress):
-    from codegen_cache._remote import RedisTier
+    from codegen_cache._storage._remote import RedisTier
 
     blob = frame("source", {"key": "k"}, [b"text"])
     tiers = [RedisTier("redis://127.0.0.1:9/0"), RedisTier("redis://127.0.0.1:9/0", secret="team secret")]
@@ -180,7 +180,7 @@ def test_redis_envelopes_raise_only_artifact_error(stress):
 
 
 def test_redis_tier_rejects_hostile_payloads_inside_a_full_lower(tmp_path, seeded, stress):
-    from codegen_cache._remote import RedisTier
+    from codegen_cache._storage._remote import RedisTier
 
     _cache, keys, blobs = seeded
 

@@ -25,8 +25,8 @@ import codegen_cache as cc
 import kernels
 from conftest import CUDA_TARGET, HAS_NVCC
 from cuda_stub import build_stub
-from codegen_cache import _metaschedule
-from codegen_cache._metaschedule import CachedBuild, cached_export, metaschedule_builder
+from codegen_cache._build import _metaschedule
+from codegen_cache._build._metaschedule import CachedBuild, cached_export, metaschedule_builder
 
 LLVM = Target({"kind": "llvm", "num-cores": 2})
 
@@ -73,7 +73,7 @@ ENV_SCRIPT = textwrap.dedent(
     import sys
     sys.path.insert(0, {tests!r})
     import tvm, kernels
-    from codegen_cache._metaschedule import CachedBuild, cached_export
+    from codegen_cache._build._metaschedule import CachedBuild, cached_export
     mod = tvm.IRModule({{"main": kernels.vadd.with_attr("global_symbol", "main")}})
     module = CachedBuild()(mod, tvm.target.Target("llvm"), None)
     print(cached_export(module))
@@ -124,7 +124,7 @@ STUB_SCRIPT = textwrap.dedent(
     import sys
     sys.path.insert(0, {tests!r})
     import tvm, kernels
-    from codegen_cache._metaschedule import CachedBuild, cached_export
+    from codegen_cache._build._metaschedule import CachedBuild, cached_export
     mod = tvm.IRModule({{"main": kernels.vadd_gpu.with_attr("global_symbol", "main")}})
     module = CachedBuild({cache!r})(mod, tvm.target.Target({cuda!r}), None)
     path = cached_export(module)

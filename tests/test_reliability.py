@@ -27,9 +27,9 @@ import tvm
 import codegen_cache as cc
 import kernels
 from codegen_cache import _key
-from codegen_cache._artifacts import decode
+from codegen_cache._artifacts._codecs import decode
 from codegen_cache._registry import DeviceCodegen
-from codegen_cache._store import ArtifactStore
+from codegen_cache._storage._disk import ArtifactStore
 from codegen_cache.codegens import cuda as cuda_codegen
 from conftest import CUDA_TARGET
 from workers import check_module, variant

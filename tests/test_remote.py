@@ -18,15 +18,15 @@ import pytest
 
 import codegen_cache as cc
 import kernels
-from codegen_cache._artifacts import frame
+from codegen_cache._artifacts._codecs import frame
 from codegen_cache._key import ARTIFACT_FORMAT_VERSION
-from codegen_cache._remote import RedisTier
+from codegen_cache._storage._remote import RedisTier
 from conftest import counting_codegen, run_binary
 
 redis = pytest.importorskip("redis", reason="the redis client is not installed (pip install 'tvm-codegen-cache[redis]')")
 
 SECRET = "team-secret-for-tests"
-REMOTE_LOGGER = "codegen_cache._remote"
+REMOTE_LOGGER = "codegen_cache._storage._remote"
 # A remote failure must cost at most one socket timeout (0.5 s) plus a build; this bound is
 # generous for a busy 2-core machine and still far below anything that looks like a hang.
 NO_HANG_SECONDS = 10.0

@@ -8,7 +8,7 @@ import sqlite3
 import diskcache
 import pytest
 
-from codegen_cache._store import ArtifactStore, UnsafeEntryError
+from codegen_cache._storage._disk import ArtifactStore, UnsafeEntryError
 
 
 class Boom:

@@ -1,7 +1,7 @@
 """tvm-codegen-cache: a device-codegen registry for Apache TVM under a content-addressed cache."""
 
-from ._build import build
-from ._cache import CodegenCache
+from ._build._build import build
+from ._cache._cache import CodegenCache
 from ._config import Settings, settings_from_env
 from ._context import get_cache, use_cache
 from ._errors import (
@@ -13,8 +13,8 @@ from ._errors import (
     LoweringError,
 )
 from ._key import CacheKey
-from ._lowering import LoweredKernel, lower_for_codegen, lower_kernel
-from ._metaschedule import CachedBuild, cached_export, metaschedule_builder
+from ._build._lowering import LoweredKernel, lower_for_codegen, lower_kernel
+from ._build._metaschedule import CachedBuild, cached_export, metaschedule_builder
 from ._outcome import Outcome, last_outcome, record_outcomes
 from ._registry import (
     DeviceCodegen,
@@ -28,7 +28,7 @@ from ._registry import (
     register_lazy_device_codegen,
     resolve_device_codegen,
 )
-from ._stats import CacheStats
+from ._cache._stats import CacheStats
 from .codegens import install_lazy as _install_builtin_codegens
 
 _install_builtin_codegens(default_registry)

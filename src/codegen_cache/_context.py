@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from ._config import settings_from_env
 
 if TYPE_CHECKING:
-    from ._cache import CodegenCache
+    from ._cache._cache import CodegenCache
 
 __all__ = ["active_cache", "get_cache", "use_cache"]
 
@@ -27,7 +27,7 @@ def _default_cache() -> CodegenCache | None:
     if _default_disabled is None:
         with _default_lock:
             if _default_disabled is None:
-                from ._cache import CodegenCache
+                from ._cache._cache import CodegenCache
 
                 settings = settings_from_env()
                 _default = None if settings.disable else CodegenCache(settings=settings)
@@ -51,7 +51,7 @@ def get_cache() -> CodegenCache | None:
 @contextlib.contextmanager
 def use_cache(cache: CodegenCache | None) -> Iterator[CodegenCache | None]:
     """Make `cache` active for DeviceCodegen.lower inside the block; None turns caching off."""
-    from ._cache import CodegenCache
+    from ._cache._cache import CodegenCache
 
     if cache is not None and not isinstance(cache, CodegenCache):
         raise TypeError(f"use_cache expects a CodegenCache or None, got {type(cache).__name__}")

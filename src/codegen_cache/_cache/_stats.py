@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ._store import share_file_mode, storage_fault
+from .._storage._disk import share_file_mode, storage_fault
 
 __all__ = ["COUNTERS", "CacheStats", "StatsRecorder"]
 

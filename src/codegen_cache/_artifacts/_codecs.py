@@ -26,9 +26,9 @@ import tvm
 import xxhash
 from tvm.runtime import Module
 
-from ._errors import ArtifactError, CudaRuntimeUnavailableError
-from ._key import ARTIFACT_FORMAT_VERSION
-from .codegens import cuda as cuda_codegen
+from .._errors import ArtifactError, CudaRuntimeUnavailableError
+from .._key import ARTIFACT_FORMAT_VERSION
+from ..codegens import cuda as cuda_codegen
 
 __all__ = ["Artifact", "PendingArtifact", "decode", "encode", "encode_cuda_binary", "prepare", "read_meta", "unframe"]
 

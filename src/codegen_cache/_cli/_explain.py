@@ -14,10 +14,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from ._artifacts import unframe
-from ._errors import ArtifactError
+from .._artifacts._codecs import unframe
+from .._errors import ArtifactError
 from ._inventory import ENTRY_STORES, Entry, iter_entries
-from ._store import STORAGE_ERRORS
+from .._storage._disk import STORAGE_ERRORS
 
 __all__ = ["explain", "render"]
 
@@ -104,9 +104,9 @@ class _Relowering:
         return self.hashes[target_json]
 
     def _lower(self, target_json: str) -> str | None:
-        from ._key import ir_hash
-        from ._lowering import lower_for_codegen
-        from ._kernels import parse_target
+        from .._key import ir_hash
+        from .._build._lowering import lower_for_codegen
+        from ._kernel_files import parse_target
 
         try:
             mod, _target = lower_for_codegen(self.kernel, parse_target(target_json))
@@ -202,7 +202,7 @@ def explain(cache, mod, target, *, modes: list[bool], limit: int = 3, kernel=Non
     `kernel`, the module before lowering, lets explain tell a changed kernel from a changed
     target (by lowering it for the stored entries' targets).
     """
-    from ._cache import _func_names  # noqa: PLC2701 - the names the cache records in entries
+    from .._cache._cache import _func_names  # noqa: PLC2701 - the names the cache records in entries
 
     entries = list(iter_entries(cache, ENTRY_STORES))
     wanted_funcs = _func_names(mod)
@@ -241,7 +241,7 @@ def explain(cache, mod, target, *, modes: list[bool], limit: int = 3, kernel=Non
 
 def render(report: dict[str, Any]) -> list[str]:
     """The report as `codegen-cache explain` prints it."""
-    from ._config import format_age
+    from .._config import format_age
 
     lines = [f"cache {report['directory']}: {report['entries']} entries; "
              f"functions {', '.join(report['func_names'])}"]

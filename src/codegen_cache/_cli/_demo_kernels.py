@@ -1,6 +1,6 @@
 """Kernels the demo and `doctor` lower (TVMScript needs them in a source file).
 
-Also a kernels source for `codegen-cache warm codegen_cache._demo_kernels -t ...`:
+Also a kernels source for `codegen-cache warm codegen_cache._cli._demo_kernels -t ...`:
 `variants(target)` gives the 54 CUDA matmul tile configs for GPU targets and the CPU
 matmul schedules for llvm/c.
 """

@@ -19,19 +19,19 @@ from tvm.ir import IRModule
 from tvm.runtime import Module
 from tvm.target import Target
 
-from ._artifacts import decode, encode_cuda_binary, prepare
-from ._config import Settings, settings_from_env
-from ._errors import ArtifactError, CudaRuntimeUnavailableError
-from ._key import CacheKey, compute_key, ir_hash
+from .._artifacts._codecs import decode, encode_cuda_binary, prepare
+from .._config import Settings, settings_from_env
+from .._errors import ArtifactError, CudaRuntimeUnavailableError
+from .._key import CacheKey, compute_key, ir_hash
 from ._failures import CACHEABLE_FAILURES, ENVIRONMENT_FAILURES, FailureCache
-from ._lease import LeaseManager
-from ._memory import MemoryEntry, MemoryTier
-from ._outcome import Outcome, _emit_fields, last_outcome
-from ._registry import DeviceCodegen, DeviceCodegenRegistry, default_registry
+from .._storage._leases import LeaseManager
+from .._storage._memory import MemoryEntry, MemoryTier
+from .._outcome import Outcome, _emit_fields, last_outcome
+from .._registry import DeviceCodegen, DeviceCodegenRegistry, default_registry
 from ._stats import CacheStats, StatsRecorder
-from ._fsprobe import scratch_dir, warn_if_unsafe
-from ._store import STORAGE_ERRORS, ArtifactStore, ReadOnlyStoreError, storage_fault
-from ._targets import TargetLike, as_target
+from .._storage._fsprobe import scratch_dir, warn_if_unsafe
+from .._storage._disk import STORAGE_ERRORS, ArtifactStore, ReadOnlyStoreError, storage_fault
+from .._targets import TargetLike, as_target
 from ._writer import StoreJob, WriteBehind
 
 __all__ = ["CodegenCache"]
@@ -133,7 +133,7 @@ class CodegenCache:
             return remote  # an object with get(key) -> bytes | None and put(key, blob)
         if not settings.remote:
             return None
-        from ._remote import RedisTier
+        from .._storage._remote import RedisTier
 
         return RedisTier(settings.remote, secret=settings.remote_secret, on_event=self._stats.add,
                          ttl=settings.remote_ttl, max_entry_bytes=settings.remote_max_entry_bytes)
@@ -303,7 +303,7 @@ class CodegenCache:
 
         This is how a GPU-less host fills the compiled store for GPU hosts. Returns the key.
         """
-        from .codegens.cuda import compile_cuda_payload
+        from ..codegens.cuda import compile_cuda_payload
 
         target = as_target(target)
         entry = self.resolve(target, codegen)
@@ -650,7 +650,7 @@ def _replace(settings: Settings, overrides: dict[str, Any]) -> Settings:
 
 
 def _check_settings(settings: Settings) -> None:
-    from ._config import ConfigError
+    from .._config import ConfigError
 
     for name in ("compiled_size_limit", "source_size_limit", "memory_entries", "memory_bytes"):
         value = getattr(settings, name)

@@ -41,12 +41,12 @@ def _sample_kernel(name: str, target):
 
 def _child(spec: dict[str, Any]) -> dict[str, Any]:
     """In a fresh process: the key parts of each sample, lowered twice."""
-    from ._cache import CodegenCache
-    from ._config import Settings
+    from .._cache._cache import CodegenCache
+    from .._config import Settings
     from ._inventory import target_summary
-    from ._lowering import lower_for_codegen
-    from ._targets import as_target, canonical_target
-    from ._kernels import load_kernels, parse_target
+    from .._build._lowering import lower_for_codegen
+    from .._targets import as_target, canonical_target
+    from ._kernel_files import load_kernels, parse_target
 
     cache = CodegenCache(settings=Settings(directory=Path(spec["directory"])))
     jobs = [(name, as_target(t), modes, None) for name, t, modes in SAMPLES]
@@ -82,7 +82,7 @@ def check_determinism(processes: int = 3, *, kernels: str | None = None, targets
         for seed in seeds:
             env = {**os.environ, "PYTHONHASHSEED": seed}
             procs[seed] = subprocess.Popen(
-                [sys.executable, "-m", "codegen_cache._doctor", json.dumps(spec)],
+                [sys.executable, "-m", "codegen_cache._cli._doctor", json.dumps(spec)],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
             )
         for seed, proc in procs.items():
@@ -116,8 +116,8 @@ def check_determinism(processes: int = 3, *, kernels: str | None = None, targets
 
 def check_filesystem(directory: Path, settings) -> dict[str, Any]:
     """The probe of the cache directory's filesystem, with what its findings mean here."""
-    from ._config import format_size
-    from ._fsprobe import probe
+    from .._config import format_size
+    from .._storage._fsprobe import probe
 
     report = probe(directory)
     problems = list(report.warnings)
@@ -135,8 +135,8 @@ def check_toolchain() -> dict[str, Any]:
     """TVM, LLVM, nvcc, a CUDA driver and a C compiler: what this host can make and load."""
     import tvm
 
-    from ._key import static_salts
-    from .codegens.cuda import cuda_runtime_available, find_nvcc, nvcc_version
+    from .._key import static_salts
+    from ..codegens.cuda import cuda_runtime_available, find_nvcc, nvcc_version
 
     salts = dict(static_salts())
     cc = shutil.which("cc") or shutil.which("gcc")
@@ -175,7 +175,7 @@ def toolchain_notes(tool: dict[str, Any]) -> tuple[list[str], list[str]]:
 def doctor(settings, *, processes: int = 3, kernels: str | None = None,
            targets: list[str] | None = None) -> dict[str, Any]:
     """Every check; `problems` lists what needs attention (empty: healthy)."""
-    from ._config import unknown_env_vars
+    from .._config import unknown_env_vars
 
     report: dict[str, Any] = {"directory": str(settings.directory)}
     problems: list[str] = []
@@ -200,7 +200,7 @@ def doctor(settings, *, processes: int = 3, kernels: str | None = None,
 
 def render(report: dict[str, Any]) -> list[str]:
     """The report as `codegen-cache doctor` prints it."""
-    from ._config import format_size
+    from .._config import format_size
 
     lines: list[str] = []
     out = lines.append

@@ -23,9 +23,9 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlsplit, urlunsplit
 
-from ._artifacts import unframe
-from ._errors import ArtifactError, ConfigError
-from ._key import ARTIFACT_FORMAT_VERSION
+from .._artifacts._codecs import unframe
+from .._errors import ArtifactError, ConfigError
+from .._key import ARTIFACT_FORMAT_VERSION
 
 __all__ = ["DEFAULT_MAX_ENTRY_BYTES", "DEFAULT_TTL", "RedisTier", "check_url"]
 

@@ -33,7 +33,7 @@ def parse_target(text: str):
     """A Target from JSON ('{"kind": "cuda", "arch": "sm_90"}'), a tag/kind, or 'kind -k=v ...'."""
     from tvm.target import Target
 
-    from ._targets import as_target
+    from .._targets import as_target
 
     text = text.strip()
     if text.startswith("{"):
@@ -167,7 +167,7 @@ def codegen_target(target):
     """The target a codegen is keyed with for an already-lowered module (as lower_kernel gives it)."""
     from tvm.target import Target
 
-    from ._lowering import CPU_KINDS
+    from .._build._lowering import CPU_KINDS
 
     if target.kind.name in CPU_KINDS:
         return target if target.host is not None else target.with_host(target)
@@ -184,7 +184,7 @@ def load_module(path: str, target_text: str | None, *, kernel: str | None = None
 
     `kernel` is the module before lowering (None when the file holds a lowered module).
     """
-    from ._lowering import lower_for_codegen
+    from .._build._lowering import lower_for_codegen
 
     target = parse_target(target_text) if target_text else None
     file = Path(path)

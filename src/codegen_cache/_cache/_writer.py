@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from tvm.ir import IRModule
 from tvm.runtime import Module
 
-from ._artifacts import PendingArtifact
-from ._key import CacheKey
+from .._artifacts._codecs import PendingArtifact
+from .._key import CacheKey
 
 __all__ = ["StoreJob", "WriteBehind"]
 

@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from ._kernels import KernelSourceError, codegen_target, is_lowered, last_line, load_kernels, parse_target
+from ._kernel_files import KernelSourceError, codegen_target, is_lowered, last_line, load_kernels, parse_target
 
 __all__ = ["default_workers", "plan", "warm", "warm_lowered", "warm_one"]
 
@@ -25,14 +25,14 @@ _worker: dict[str, Any] = {}
 
 
 def _init_worker(spec: str, directory: str, names: list[str] | None) -> None:
-    from ._cache import CodegenCache
+    from .._cache._cache import CodegenCache
 
     # Settings other than the directory come from the environment this process inherited.
     _worker.update(spec=spec, names=names, cache=CodegenCache(directory, write_behind=False), kernels={})
 
 
 def _modes(target, mode: str) -> list[bool]:
-    from ._registry import default_registry
+    from .._registry import default_registry
 
     entry = default_registry.resolve(target)
     has = {True: entry.build is not None, False: entry.build_without_compile is not None}
@@ -45,7 +45,7 @@ def _modes(target, mode: str) -> list[bool]:
 
 def warm_lowered(cache, mod, target, compile_device: bool) -> dict[str, Any]:
     """Put one codegen input into the cache; on a GPU-less host, compiled CUDA is nvcc only."""
-    from .codegens.cuda import cuda_runtime_available
+    from ..codegens.cuda import cuda_runtime_available
 
     t0 = time.perf_counter()
     if compile_device and target.kind.name == "cuda" and not cuda_runtime_available():
@@ -67,7 +67,7 @@ def warm_lowered(cache, mod, target, compile_device: bool) -> dict[str, Any]:
 
 def warm_one(cache, kernel, target, compile_device: bool) -> dict[str, Any]:
     """Lower one kernel (unless it is lowered already) and put it into the cache."""
-    from ._lowering import lower_for_codegen
+    from .._build._lowering import lower_for_codegen
 
     t0 = time.perf_counter()
     if is_lowered(kernel):

@@ -22,13 +22,13 @@ import tvm_ffi
 import xxhash
 from tvm.target import Target
 
-from ._artifacts import frame, unframe
-from ._cache import CodegenCache
-from ._errors import ArtifactError
-from ._key import CacheKey, _encode_part, ir_hash, static_salts
-from ._registry import DeviceCodegen, DeviceCodegenRegistry
-from ._store import STORAGE_ERRORS, ArtifactStore
-from ._targets import canonical_target
+from .._artifacts._codecs import frame, unframe
+from .._cache._cache import CodegenCache
+from .._errors import ArtifactError
+from .._key import CacheKey, _encode_part, ir_hash, static_salts
+from .._registry import DeviceCodegen, DeviceCodegenRegistry
+from .._storage._disk import STORAGE_ERRORS, ArtifactStore
+from .._targets import canonical_target
 
 if TYPE_CHECKING:
     from ._build import _Plan

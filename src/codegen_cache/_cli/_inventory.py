@@ -12,9 +12,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._artifacts import read_meta, unframe
-from ._errors import ArtifactError
-from ._store import STORAGE_ERRORS, ArtifactStore
+from .._artifacts._codecs import read_meta, unframe
+from .._errors import ArtifactError
+from .._storage._disk import STORAGE_ERRORS, ArtifactStore
 
 __all__ = ["ALL_STORES", "ENTRY_STORES", "Entry", "find_entries", "iter_entries", "prune", "target_summary",
            "verify_entries"]

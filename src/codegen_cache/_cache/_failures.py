@@ -10,10 +10,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._artifacts import frame, unframe
-from ._errors import ArtifactError, CachedCodegenError, CudaRuntimeUnavailableError
-from ._key import CacheKey
-from ._store import ArtifactStore
+from .._artifacts._codecs import frame, unframe
+from .._errors import ArtifactError, CachedCodegenError, CudaRuntimeUnavailableError
+from .._key import CacheKey
+from .._storage._disk import ArtifactStore
 
 __all__ = ["CACHEABLE_FAILURES", "ENVIRONMENT_FAILURES", "FailureCache"]
 

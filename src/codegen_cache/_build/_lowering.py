@@ -15,8 +15,8 @@ from tvm.target import Target
 from tvm.tirx import PrimFunc
 from tvm.tirx.build import split_host_device_mods
 
-from ._errors import LoweringError
-from ._targets import TargetLike, as_target
+from .._errors import LoweringError
+from .._targets import TargetLike, as_target
 
 __all__ = ["CPU_KINDS", "LoweredKernel", "lower_for_codegen", "lower_kernel"]
 

@@ -24,13 +24,13 @@ from tvm.ir import IRModule
 from tvm.runtime import Module
 from tvm.target import Target
 
-from ._artifacts import unframe
+from .._artifacts._codecs import unframe
 from ._build import BuildRecord, _codegen, _plan, build_with_record, lower_plan
-from ._cache import CodegenCache
-from ._context import get_cache, use_cache
-from ._errors import ArtifactError
-from ._registry import default_registry
-from ._store import STORAGE_ERRORS
+from .._cache._cache import CodegenCache
+from .._context import get_cache, use_cache
+from .._errors import ArtifactError
+from .._registry import default_registry
+from .._storage._disk import STORAGE_ERRORS
 
 __all__ = ["CachedBuild", "cached_export", "metaschedule_builder"]
 

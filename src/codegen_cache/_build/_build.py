@@ -29,7 +29,7 @@ from tvm.tirx import PrimFunc
 from tvm.tirx.build import split_host_device_mods
 from tvm_ffi import DLDeviceType
 
-from ._build_index import (
+from ._index import (
     BuildPart,
     compile_device,
     index_store,
@@ -38,11 +38,11 @@ from ._build_index import (
     runtime_enabled,
     write_index,
 )
-from ._cache import CodegenCache
-from ._context import active_cache
-from ._key import CacheKey
-from ._outcome import _emit_fields
-from ._registry import DeviceCodegen, DeviceCodegenRegistry, default_registry
+from .._cache._cache import CodegenCache
+from .._context import active_cache
+from .._key import CacheKey
+from .._outcome import _emit_fields
+from .._registry import DeviceCodegen, DeviceCodegenRegistry, default_registry
 
 __all__ = ["BuildPart", "BuildRecord", "build", "build_key", "build_with_record", "index_store", "lower_plan"]
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import diskcache
 
-from ._errors import ArtifactError
-from ._storage_faults import ReadOnlyStoreError, ReadOnlyView, share_file_mode, storage_fault, warn_read_only, writable
+from .._errors import ArtifactError
+from ._faults import ReadOnlyStoreError, ReadOnlyView, share_file_mode, storage_fault, warn_read_only, writable
 
 __all__ = [
     "STORAGE_ERRORS",

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from ._config import Settings, check_directory, describe_settings, format_age, format_size
+from .._config import Settings, check_directory, describe_settings, format_age, format_size
 
 __all__ = [
     "EXIT_CODES",
@@ -110,7 +110,7 @@ def fmt_table(rows: list[list[str]], right: set[int] = frozenset()) -> list[str]
 
 def open_cache(settings: Settings, *, remote: bool = False):
     """The cache at the settings' directory (without the remote tier unless asked)."""
-    from ._cache import CodegenCache
+    from .._cache._cache import CodegenCache
 
     if not remote:
         settings = dataclasses.replace(settings, remote=None)
@@ -214,8 +214,8 @@ def cmd_ls(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
     """One entry in full: metadata, key parts, integrity, and with --code its source."""
-    from ._artifacts import unframe
-    from ._errors import ArtifactError
+    from .._artifacts._codecs import unframe
+    from .._errors import ArtifactError
     from ._inventory import find_entries
 
     cache = open_cache(settings)

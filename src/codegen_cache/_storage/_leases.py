@@ -16,8 +16,8 @@ import threading
 import time
 import weakref
 
-from ._errors import ArtifactError
-from ._store import STORAGE_ERRORS, ArtifactStore
+from .._errors import ArtifactError
+from ._disk import STORAGE_ERRORS, ArtifactStore
 
 __all__ = ["LeaseManager"]
 

@@ -34,7 +34,7 @@ from ._commands import (
     print_json,
     require_writable,
 )
-from ._config import (
+from .._config import (
     ConfigError,
     Settings,
     configure_logging,
@@ -71,8 +71,8 @@ def _age_arg(text: str) -> float:
 
 
 def _input_errors() -> tuple[type[BaseException], ...]:
-    from ._errors import LoweringError
-    from ._kernels import KernelSourceError
+    from .._errors import LoweringError
+    from ._kernel_files import KernelSourceError
 
     return (KernelSourceError, LoweringError, ValueError, TypeError)
 
@@ -83,7 +83,7 @@ def _input_errors() -> tuple[type[BaseException], ...]:
 def cmd_explain(args: argparse.Namespace, settings: Settings) -> int:
     """Why a lowering missed: the nearest stored entries and the key parts they differ in."""
     from ._explain import explain, render
-    from ._kernels import load_module
+    from ._kernel_files import load_module
 
     try:
         mod, target, kernel = load_module(args.module, args.target, kernel=args.kernel,
@@ -314,10 +314,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _storage_errors() -> tuple[type[BaseException], ...]:
-    from ._store import STORAGE_ERRORS
+    from .._storage._disk import STORAGE_ERRORS
 
     return STORAGE_ERRORS
 
 
-if __name__ == "__main__":
-    sys.exit(main())

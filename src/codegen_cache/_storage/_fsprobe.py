@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ._store import share_file_mode
+from ._disk import share_file_mode
 
 __all__ = ["NETWORK_FS_TYPES", "FsReport", "probe", "scratch_dir", "warn_if_unsafe"]
 

@@ -44,8 +44,8 @@ def _spread(configs: tuple, n: int) -> list:
 
 def _sweeps(nvcc_configs: int) -> tuple[list[_Sweep], float, list[str]]:
     from . import _demo_kernels as k
-    from ._lowering import lower_for_codegen
-    from .codegens.cuda import cuda_runtime_available, find_nvcc, nvcc_version
+    from .._build._lowering import lower_for_codegen
+    from ..codegens.cuda import cuda_runtime_available, find_nvcc, nvcc_version
 
     t0 = time.perf_counter()
     cuda = {cfg: lower_for_codegen(k.cuda_matmul(*cfg), CUDA_TARGET) for cfg in k.CUDA_TILES}
@@ -118,8 +118,8 @@ def run_demo(directory: str | Path | None = None, *, nvcc_configs: int = DEFAULT
     Without `directory` the demo uses a temporary directory, removed at the end. Settings
     from the environment are not used: the demo shows the cache, not this host's configuration.
     """
-    from ._cache import CodegenCache
-    from ._config import Settings
+    from .._cache._cache import CodegenCache
+    from .._config import Settings
 
     emit = out or (lambda line: None)
     with tempfile.TemporaryDirectory(prefix="codegen-cache-demo-") as tmp:

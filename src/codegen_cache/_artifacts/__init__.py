@@ -1,0 +1,1 @@
+"""Artifact bytes: the frame, one codec per module kind, the CUDA payload; nothing here pickles."""

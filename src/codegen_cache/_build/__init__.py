@@ -1,0 +1,1 @@
+"""Whole builds through the cache: codegen_cache.build, its index, lowering, MetaSchedule."""

@@ -1,0 +1,6 @@
+"""The cache: CodegenCache over the memory, disk and remote tiers, single-flight, failures, writer."""
+
+from ._cache import CodegenCache
+from ._stats import CacheStats
+
+__all__ = ["CacheStats", "CodegenCache"]
