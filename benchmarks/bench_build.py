@@ -43,8 +43,8 @@ from timing import fmt_ratio, fmt_time, interleave, summary  # noqa: E402
 from tvm.script import tirx as T  # noqa: E402
 from tvm.target import Target  # noqa: E402
 
-import codegen_cache as cc  # noqa: E402
-from codegen_cache._build._build import index_store  # noqa: E402
+import codegen_cache as cc
+from codegen_cache import _compat  # noqa: E402
 from codegen_cache.codegens import cuda as cuda_codegen  # noqa: E402
 
 from kernels import vadd, vadd_gpu  # noqa: E402  tests/kernels.py: the kernels the tests lower
@@ -82,7 +82,7 @@ class Variants:
 
         def pre():
             cache.clear()
-            index_store(cache).clear()
+            cache.store("builds").clear()
 
         def run():
             with cc.use_cache(cache):
@@ -221,7 +221,7 @@ def _within(target, func, *args):
 
 def stub_child(reps: int, nvcc_reps: int) -> None:
     """Runs under a stub libcuda.so.1: the compiled CUDA path end to end (nothing launched)."""
-    assert cuda_codegen.cuda_runtime_available(), "the stub driver did not load TVM's CUDA runtime"
+    assert _compat.cuda_runtime_available(), "the stub driver did not load TVM's CUDA runtime"
     os.environ["TVM_CUDA_COMPILE_MODE"] = "nvcc"  # tvm.tirx.build: nvcc, as our compiled codegen
     root = Path(tempfile.mkdtemp(prefix="bench_build_stub_"))
     variants = Variants(root)

@@ -21,7 +21,7 @@ from alt_filecache import FileCache
 from timing import interleave, percentile, summary
 
 from codegen_cache import CodegenCache, DeviceCodegen
-from codegen_cache._artifacts._codecs import decode, encode, unframe
+from codegen_cache._artifacts import decode, encode, unframe
 from codegen_cache._key import ir_hash
 
 __all__ = ["HitBench", "func_names"]
@@ -212,7 +212,7 @@ class HitBench:
             meta = {"key": "store-bench", "codegen": entry.name, "mode": mode, "build_seconds": estimate}
             names = func_names(mod)
             module = bare_fn(mod, target)
-            costs = interleave({"encode": lambda: encode(module, meta, func_names=names, scratch=self.scratch)},
+            costs = interleave({"encode": lambda: encode(module, meta, func_names=names)},
                                max(1, min(7, int(cold_budget / 4 / max(bg, 1e-4)))), warmup=1)
         costs.update(interleave({
             "put_ours": lambda: store.put(f"store-{next(self._stored)}", blob),

@@ -75,9 +75,10 @@ def _run(params: dict, *, load: bool, log=print) -> dict:
     from bench_hits import HitBench
 
     import codegen_cache as cc
+    from codegen_cache import _compat
     from codegen_cache.codegens import cuda
 
-    if load and not cuda.cuda_runtime_available():
+    if load and not _compat.cuda_runtime_available():
         raise RuntimeError("the stub libcuda did not load TVM's CUDA runtime")
     bench = HitBench(Path(params["root"]), remote_url=params["remote_url"] if load else None)
     rows = []

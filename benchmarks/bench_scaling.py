@@ -12,7 +12,7 @@ from alt_filecache import FileCache
 from timing import interleave, linear_fit, summary
 
 import codegen_cache as cc
-from codegen_cache._artifacts._codecs import decode, frame
+from codegen_cache._artifacts import decode, frame
 from codegen_cache._key import ir_hash
 
 __all__ = ["fill_store", "key_cost", "store_scaling"]

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import kernels  # noqa: E402
 
 import codegen_cache as cc  # noqa: E402
-from codegen_cache._cache._cache import _ir_digest  # noqa: E402
+from codegen_cache._cache._tiers import ir_digest as _ir_digest  # noqa: E402
 from codegen_cache._key import ir_hash  # noqa: E402
 
 CASES = [("llvm vector add", kernels.vadd, "llvm", True),

@@ -30,15 +30,15 @@ def _hot_kwargs() -> dict:
     """unframe's keywords for what a hit parses (the hot metadata only, where it has that choice)."""
     import inspect
 
-    from codegen_cache._artifacts._codecs import unframe
+    from codegen_cache._artifacts import unframe
 
     return {"info": False} if "info" in inspect.signature(unframe).parameters else {}
 
 
 def _steps(cache, mod, target, compile_device: bool) -> dict:
-    from codegen_cache._artifacts._codecs import decode, unframe
+    from codegen_cache._artifacts import decode, unframe
     from codegen_cache._key import ir_hash
-    from codegen_cache._outcome import _emit_fields
+    from codegen_cache._outcome import emit as _emit_fields
 
     hot = _hot_kwargs()
 

@@ -243,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         print(msg, flush=True)
 
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="codegen-cache-bench-", dir=args.workdir) as tmp:
+    # ignore_cleanup_errors: an llvm upgrader (a detached helper process) may still be writing.
+    with tempfile.TemporaryDirectory(prefix="codegen-cache-bench-", dir=args.workdir, ignore_cleanup_errors=True) as tmp:
         results = run(mode, Path(tmp), log, set(args.only.split(",")) if args.only else None)
     results["seconds"]["total"] = time.perf_counter() - start
     results["machine"]["loadavg_end"] = os.getloadavg()[0]

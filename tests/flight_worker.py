@@ -1,6 +1,6 @@
 """A worker process for the single-flight tests and benchmark.
 
-usage: flight_worker.py CACHE_DIR FIRST COUNT [--lease-timeout S] [--lease-wait S]
+usage: flight_worker.py CACHE_DIR FIRST COUNT [--lease-wait S] [--start-at T]
 Lowers variants FIRST..FIRST+COUNT-1 with the slow codegen, checks each result runs
 correctly, and prints one JSON line: tiers, wall time, and this process's counters.
 """
@@ -28,11 +28,10 @@ def main() -> None:
     parser.add_argument("directory")
     parser.add_argument("first", type=int)
     parser.add_argument("count", type=int)
-    parser.add_argument("--lease-timeout", type=float, default=None)
     parser.add_argument("--lease-wait", type=float, default=None)
     parser.add_argument("--start-at", type=float, default=None, help="time.time() to start lowering at")
     args = parser.parse_args()
-    cache = cc.CodegenCache(args.directory, lease_timeout=args.lease_timeout, lease_wait=args.lease_wait)
+    cache = cc.CodegenCache(args.directory, lease_wait=args.lease_wait)
     inputs = [variant(i) for i in range(args.first, args.first + args.count)]
     print(json.dumps({"ready": True}), flush=True)
     tiers, wrong = [], []

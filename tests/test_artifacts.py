@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 import codegen_cache as cc
 import kernels
-from codegen_cache._artifacts._codecs import decode, encode, frame, read_meta, unframe
-from codegen_cache.codegens.cuda import CudaPayload
+from codegen_cache._artifacts import CachedLibraryModule, decode, encode, frame, read_meta, unframe, upgrade
+from codegen_cache._artifacts import CudaPayload
 from conftest import CUDA_TARGET
 
 CASES = [("llvm", kernels.vadd, True), ("llvm", kernels.vadd, False), ("c", kernels.vadd, False),
@@ -26,7 +26,7 @@ def blobs(tmp_path_factory):
     for target, kernel, compile_device in CASES:
         mod, tgt = cc.lower_for_codegen(kernel, target)
         module = cc.resolve_device_codegen(tgt).invoke(mod, tgt, compile_device=compile_device)
-        out[(tgt.kind.name, compile_device)] = (module, encode(module, {"key": "k"}, func_names=["vadd"], scratch=scratch))
+        out[(tgt.kind.name, compile_device)] = (module, encode(module, {"key": "k"}, func_names=[f"__tvm_ffi_vadd" if tgt.kind.name == "llvm" else "vadd"]))
     return scratch, out
 
 
@@ -36,7 +36,12 @@ def test_round_trip_keeps_source_and_functions(blobs):
         loaded, meta = decode(blob, scratch=scratch)
         assert meta["key"] == "k" and meta["module_kind"] == module.kind
         if module.kind == "llvm":
-            assert loaded.kind == "library" and loaded.implements_function("vadd")
+            # The raw form (LLVM IR) loads back as an llvm module; its upgrade as a library.
+            assert loaded.kind == "llvm" and loaded.implements_function("vadd")
+            assert loaded.inspect_source("ll") == module.inspect_source("ll")
+            upgraded, _ = decode(upgrade(blob, scratch), scratch=scratch)
+            assert upgraded.kind == "library" and upgraded.implements_function("vadd")
+            assert isinstance(upgraded, CachedLibraryModule)
         else:
             assert loaded.inspect_source("") == module.inspect_source(""), kind
         if module.kind == "c":
@@ -63,7 +68,9 @@ def test_truncations_are_detected(blobs):
 
 def test_error_message_names_the_problem():
     with pytest.raises(cc.ArtifactError, match="bad magic b'NOPE'"):
-        unframe(b"NOPE" + b"\0" * 40)
+        unframe(b"\0" * 40 + b"NOPE")
+    with pytest.raises(cc.ArtifactError, match="shorter than the frame footer"):
+        unframe(b"CGCA")
     blob = frame("source", {"a": 1}, [b"x"])
     assert read_meta(blob) == ("source", {"a": 1})
     with pytest.raises(cc.ArtifactError, match="unknown codec 'mystery'"):

@@ -13,6 +13,7 @@ import pytest
 import tvm
 
 import codegen_cache as cc
+from codegen_cache import _compat
 import kernels
 from codegen_cache.codegens import cuda as cuda_codegen
 from conftest import CUDA_TARGET, HAS_NVCC
@@ -70,7 +71,7 @@ def test_vulkan_is_registered_but_not_in_this_tvm_build():
         cc.resolve_device_codegen(target).lower(mod, target, compile_device=False)
 
 
-@pytest.mark.skipif(cuda_codegen.cuda_runtime_available(), reason="a CUDA driver is present")
+@pytest.mark.skipif(_compat.cuda_runtime_available(), reason="a CUDA driver is present")
 def test_cuda_compiled_without_driver_is_a_clear_error(cuda_vadd):
     mod, target = cuda_vadd
     with cc.use_cache(None), pytest.raises(cc.CudaRuntimeUnavailableError, match="CUDA runtime is not loaded"):
@@ -114,8 +115,8 @@ STUB_SCRIPT = textwrap.dedent(
     import sys
     sys.path.insert(0, {tests!r})
     import codegen_cache as cc, kernels
-    from codegen_cache.codegens import cuda
-    assert cuda.cuda_runtime_available(), "stub libcuda did not load TVM's CUDA runtime"
+    from codegen_cache import _compat
+    assert _compat.cuda_runtime_available(), "stub libcuda did not load TVM's CUDA runtime"
     mod, target = cc.lower_for_codegen(kernels.vadd_gpu, {{"kind": "cuda", "arch": "sm_90"}})
     cache = cc.CodegenCache({cache!r}, write_behind=False)
     m1, o1 = cache.lower_with_outcome(mod, target, compile_device=True)

@@ -177,7 +177,7 @@ def test_recache_rebuilds_and_overwrites(monkeypatch, tmp_path, llvm_vadd):
 
 
 def _created(cache: cc.CodegenCache, key: str) -> float:
-    from codegen_cache._artifacts._codecs import read_meta
+    from codegen_cache._artifacts import read_meta
 
     return read_meta(cache.store("source").get(key))[1]["created"]
 

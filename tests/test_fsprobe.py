@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import codegen_cache as cc
+from codegen_cache import _log
 from codegen_cache._storage import _fsprobe
 from codegen_cache._storage._fsprobe import FsReport, probe, scratch_dir
 
@@ -39,7 +40,7 @@ def fake_mounts(tmp_path, monkeypatch):
     path = tmp_path / "mounts"
     path.write_text(MOUNTS.format(root=root))
     monkeypatch.setattr(_fsprobe, "MOUNTS_FILE", str(path))
-    monkeypatch.setattr(_fsprobe, "_warned", set())
+    monkeypatch.setattr(_log.warn_once, "_seen", set())
     return root
 
 
@@ -109,17 +110,36 @@ def test_cache_on_a_network_fs_warns_once_per_directory(fake_mounts, caplog):
 def test_scratch_dir_prefers_the_cache_and_sweeps_old_leftovers(tmp_path):
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    old_file, old_dir, fresh, other = scratch / "tmpold.so", scratch / "tmpolddir", scratch / "tmpfresh.so", scratch / "keep"
+    old_file, old_dir, fresh = scratch / "cgc-old.so", scratch / "cgc-olddir", scratch / "cgc-fresh.so"
+    # Not the cache's (no cgc- prefix, or a link): never touched, however old.
+    other, foreign, link = scratch / "keep", scratch / "tmpold.so", scratch / "cgc-link"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious").write_bytes(b"x")
     old_file.write_bytes(b"x")
     old_dir.mkdir()
     (old_dir / "lib.o").write_bytes(b"x")
-    fresh.write_bytes(b"x")
-    other.write_bytes(b"x")
+    for path in (fresh, other, foreign):
+        path.write_bytes(b"x")
+    link.symlink_to(outside)
     two_hours_ago = time.time() - 7200
-    for path in (old_file, old_dir, other):
-        os.utime(path, (two_hours_ago, two_hours_ago))
+    for path in (old_file, old_dir, other, foreign, link):
+        os.utime(path, (two_hours_ago, two_hours_ago), follow_symlinks=False)
     assert scratch_dir(scratch) == str(scratch)
-    assert sorted(p.name for p in scratch.iterdir()) == ["keep", "tmpfresh.so"]
+    assert sorted(p.name for p in scratch.iterdir()) == ["cgc-fresh.so", "cgc-link", "keep", "tmpold.so"]
+    assert (outside / "precious").exists()
+
+
+def test_scratch_dir_refuses_a_tmp_symlink_out_of_the_cache(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "tmp").symlink_to(outside)
+    old = outside / "cgc-old.so"
+    old.write_bytes(b"x")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    assert scratch_dir(tmp_path / "cache" / "tmp") != str(tmp_path / "cache" / "tmp")
+    assert old.exists()
 
 
 def test_scratch_dir_falls_back_when_world_writable_without_sticky_bit(tmp_path, monkeypatch):

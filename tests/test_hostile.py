@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import codegen_cache as cc
-from codegen_cache._artifacts._codecs import HOT_META, frame
+from codegen_cache._artifacts import HOT_META, frame
 from codegen_cache._errors import ArtifactError
 from test_reliability import populate
 from workers import check_module, variant

@@ -84,7 +84,7 @@ def test_each_part_changes_the_key(llvm_vadd):
     assert len({k.digest for k in variants.values()}) == len(variants)
 
 
-@pytest.mark.parametrize("salt_index, name", [(0, "tvm"), (1, "tvm_ffi"), (2, "llvm"), (3, "format")])
+@pytest.mark.parametrize("salt_index, name", [(0, "tvm"), (1, "tvm_ffi"), (2, "llvm")])
 def test_static_salts_change_the_key(llvm_vadd, monkeypatch, salt_index, name):
     mod, target = llvm_vadd
     base = compute_key(mod, target, "llvm", True)
@@ -94,6 +94,12 @@ def test_static_salts_change_the_key(llvm_vadd, monkeypatch, salt_index, name):
     monkeypatch.setattr(_key, "static_salts", lambda: tuple(salts))
     monkeypatch.setattr(_key, "_tails", {})
     assert compute_key(mod, target, "llvm", True) != base
+
+
+def test_artifact_format_version_changes_the_key(llvm_vadd):
+    mod, target = llvm_vadd
+    keys = {compute_key(mod, target, "llvm", True, format_version=v).digest for v in ("3", "4")}
+    assert len(keys) == 2
 
 
 def test_cuda_compile_env_changes_compiled_key_only(cache, cuda_vadd, monkeypatch):

@@ -18,8 +18,8 @@ import pytest
 
 import codegen_cache as cc
 import kernels
-from codegen_cache._artifacts._codecs import frame
-from codegen_cache._key import ARTIFACT_FORMAT_VERSION
+from codegen_cache._artifacts import frame
+from codegen_cache._artifacts import FORMAT_VERSION
 from codegen_cache._storage._remote import RedisTier
 from conftest import counting_codegen, run_binary
 
@@ -200,7 +200,7 @@ def test_keys_are_namespaced_with_the_format_version(hosts, redis_url, redis_ser
     a.lower(mod, target)
     key = a.key_for(mod, target).digest
     with redis_server.client() as client:
-        assert [k.decode() for k in client.keys("*")] == [f"codegen-cache:v{ARTIFACT_FORMAT_VERSION}:{key}"]
+        assert [k.decode() for k in client.keys("*")] == [f"codegen-cache:v{FORMAT_VERSION}:{key}"]
 
 
 def test_remote_from_environment(tmp_path, redis_url, monkeypatch, llvm_vadd):

@@ -1,7 +1,19 @@
 """tvm-codegen-cache: a device-codegen registry for Apache TVM under a content-addressed cache."""
 
-from ._build._build import build
-from ._cache._cache import CodegenCache
+from ._build import (
+    BuildPart,
+    BuildRecord,
+    CachedBuild,
+    LoweredKernel,
+    build,
+    build_key,
+    build_with_record,
+    cached_export,
+    lower_for_codegen,
+    lower_kernel,
+    metaschedule_builder,
+)
+from ._cache import CacheStats, CodegenCache
 from ._config import Settings, settings_from_env
 from ._context import get_cache, use_cache
 from ._errors import (
@@ -13,8 +25,6 @@ from ._errors import (
     LoweringError,
 )
 from ._key import CacheKey
-from ._build._lowering import LoweredKernel, lower_for_codegen, lower_kernel
-from ._build._metaschedule import CachedBuild, cached_export, metaschedule_builder
 from ._outcome import Outcome, last_outcome, record_outcomes
 from ._registry import (
     DeviceCodegen,
@@ -28,15 +38,16 @@ from ._registry import (
     register_lazy_device_codegen,
     resolve_device_codegen,
 )
-from ._cache._stats import CacheStats
 from .codegens import install_lazy as _install_builtin_codegens
 
 _install_builtin_codegens(default_registry)
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "ArtifactError",
+    "BuildPart",
+    "BuildRecord",
     "CacheKey",
     "CacheStats",
     "CachedBuild",
@@ -55,6 +66,8 @@ __all__ = [
     "TargetPredicate",
     "allowed_device_codegens_for_target",
     "build",
+    "build_key",
+    "build_with_record",
     "cached_export",
     "default_registry",
     "get_cache",

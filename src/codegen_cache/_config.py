@@ -84,6 +84,8 @@ def parse_bool(name: str, value: str | bool) -> bool:
 
 
 def _parse_count(name: str, value: str | int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise ConfigError(name, value, "a whole number of 0 or more")
     try:
         number = int(value)
     except (TypeError, ValueError):
@@ -154,7 +156,6 @@ class Settings:
     remote_secret: str | None = None
     remote_ttl: float = 14 * 86400.0
     remote_max_entry_bytes: int = 32 << 20
-    lease_timeout: float = 30.0
     lease_wait: float = 600.0
     failure_ttl: float = 24 * 3600.0
     log_level: str | None = None
@@ -174,7 +175,6 @@ ENV_VARS: dict[str, tuple[str, object, str]] = {
     "CODEGEN_CACHE_REMOTE_SECRET": ("remote_secret", _parse_text, "HMAC key for remote entries"),
     "CODEGEN_CACHE_REMOTE_TTL": ("remote_ttl", parse_age, "remote entries expire this long after a write (0: never)"),
     "CODEGEN_CACHE_REMOTE_MAX_ENTRY": ("remote_max_entry_bytes", parse_size, "larger entries stay local-only"),
-    "CODEGEN_CACHE_LEASE_TIMEOUT": ("lease_timeout", parse_age, "a compile lease expires unless renewed"),
     "CODEGEN_CACHE_LEASE_WAIT": ("lease_wait", parse_age, "longest wait for another process's compile"),
     "CODEGEN_CACHE_FAILURE_TTL": ("failure_ttl", parse_age, "how long a codegen failure is remembered"),
     "CODEGEN_CACHE_LOG_LEVEL": ("log_level", _parse_level, "level of the codegen_cache logger"),
@@ -195,19 +195,28 @@ ACCEPTED: dict[object, str] = {
 _FIELD_PARSERS = {field: (var, parse) for var, (field, parse, _doc) in ENV_VARS.items()}
 
 
-def settings_from_env(environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+def settings_from_env(environ: Mapping[str, str] | None = None, *, base: Settings | None = None,
+                      **overrides: object) -> Settings:
     """Build Settings from explicit overrides, then the environment, then defaults.
 
     Overrides are parsed like the variable they replace (so `compiled_size_limit="2G"` works)
     and a bad one raises ConfigError naming the argument; a bad variable names the variable.
+    With `base`, its values take the place of the environment and the defaults.
     """
-    environ = os.environ if environ is None else environ
     values: dict[str, object] = {}
-    for var, (field, parse, _doc) in ENV_VARS.items():
-        raw = environ.get(var)
-        if raw is not None and raw.strip():
-            values[field] = parse(var, raw)  # type: ignore[operator]
+    if base is not None:
+        values = {f.name: getattr(base, f.name) for f in dataclasses.fields(Settings)}
+    else:
+        environ = os.environ if environ is None else environ
+        for var, (field, parse, _doc) in ENV_VARS.items():
+            raw = environ.get(var)
+            if raw is not None and raw.strip():
+                values[field] = parse(var, raw)  # type: ignore[operator]
     fields = {f.name for f in dataclasses.fields(Settings)}
+    if base is not None:
+        # Values given as a Settings object are checked like arguments.
+        values = {field: value if field not in _FIELD_PARSERS or value is None
+                  else _FIELD_PARSERS[field][1](field, value) for field, value in values.items()}
     for field, value in overrides.items():
         if field not in fields:
             raise TypeError(f"unknown setting {field!r}; known settings: {sorted(fields)}")

@@ -1,41 +1,54 @@
-"""Which cache DeviceCodegen.lower uses: a contextvar, else the process default."""
+"""Which cache DeviceCodegen.lower uses: a contextvar, else the process default.
+
+This module knows caches only by the one method the registry calls (`ActiveCache`); the
+default cache is made by a factory the cache layer registers, so the registry and this module
+import no cache.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
 import threading
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, runtime_checkable
 
-from ._config import settings_from_env
+__all__ = ["ActiveCache", "active_cache", "get_cache", "set_default_factory", "use_cache"]
 
-if TYPE_CHECKING:
-    from ._cache._cache import CodegenCache
 
-__all__ = ["active_cache", "get_cache", "use_cache"]
+@runtime_checkable
+class ActiveCache(Protocol):
+    """What DeviceCodegen.lower needs of a cache."""
+
+    def lower(self, mod: Any, target: Any, *, compile_device: bool, codegen: Any = None) -> Any:
+        """Lower `mod` through the cache."""
+
 
 _UNSET = object()
 _active: contextvars.ContextVar[object] = contextvars.ContextVar("codegen_cache_active", default=_UNSET)
-_default: CodegenCache | None = None
-_default_disabled: bool | None = None
-_default_lock = threading.Lock()
+_factory: Callable[[], ActiveCache | None] | None = None
+_default: ActiveCache | None = None
+_made = False
+_lock = threading.Lock()
 
 
-def _default_cache() -> CodegenCache | None:
-    global _default, _default_disabled
-    if _default_disabled is None:
-        with _default_lock:
-            if _default_disabled is None:
-                from ._cache._cache import CodegenCache
+def set_default_factory(factory: Callable[[], ActiveCache | None]) -> None:
+    """How to make the default cache (None from the factory: caching is disabled)."""
+    global _factory
+    _factory = factory
 
-                settings = settings_from_env()
-                _default = None if settings.disable else CodegenCache(settings=settings)
-                _default_disabled = settings.disable
+
+def _default_cache() -> ActiveCache | None:
+    global _default, _made
+    if not _made:
+        with _lock:
+            if not _made and _factory is not None:
+                _default = _factory()
+                _made = True
     return _default
 
 
-def active_cache() -> CodegenCache | None:
+def active_cache() -> ActiveCache | None:
     """The cache DeviceCodegen.lower consults now (None: caching is off)."""
     value = _active.get()
     if value is _UNSET:
@@ -43,17 +56,15 @@ def active_cache() -> CodegenCache | None:
     return value  # type: ignore[return-value]
 
 
-def get_cache() -> CodegenCache | None:
+def get_cache() -> ActiveCache | None:
     """The active cache: the one set by use_cache, else the default (None when disabled)."""
     return active_cache()
 
 
 @contextlib.contextmanager
-def use_cache(cache: CodegenCache | None) -> Iterator[CodegenCache | None]:
+def use_cache(cache: ActiveCache | None) -> Iterator[ActiveCache | None]:
     """Make `cache` active for DeviceCodegen.lower inside the block; None turns caching off."""
-    from ._cache._cache import CodegenCache
-
-    if cache is not None and not isinstance(cache, CodegenCache):
+    if cache is not None and not isinstance(cache, ActiveCache):
         raise TypeError(f"use_cache expects a CodegenCache or None, got {type(cache).__name__}")
     token = _active.set(cache)
     try:

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import errno
+import os
+
 __all__ = [
     "ArtifactError",
     "CachedCodegenError",
     "CodegenCacheError",
+    "CommandError",
     "ConfigError",
     "CudaRuntimeUnavailableError",
+    "KernelSourceError",
     "LoweringError",
+    "ReadOnlyStoreError",
+    "UnsafeEntryError",
 ]
 
 
@@ -92,3 +99,42 @@ class CachedCodegenError(CodegenCacheError, RuntimeError):
 
     def __reduce__(self):
         return (CachedCodegenError, (self.codegen, self.key, self.error_type, self.message))
+
+
+class UnsafeEntryError(ArtifactError):
+    """A row or file in a store that the cache did not write (it would need unpickling, or is not a file)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason, kind="store row")
+
+    def __reduce__(self):
+        return (UnsafeEntryError, (self.reason,))
+
+
+class ReadOnlyStoreError(CodegenCacheError, OSError):
+    """A write to a store whose directory cannot be written (read-only mount, no permission)."""
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        super().__init__(errno.EROFS, "cache store is read-only", os.fspath(directory))
+
+    def __reduce__(self):
+        return (ReadOnlyStoreError, (self.filename,))
+
+
+class KernelSourceError(CodegenCacheError, ValueError):
+    """A kernels file or module cannot be loaded, or does not expose kernels."""
+
+
+class CommandError(CodegenCacheError):
+    """A command cannot do what was asked; its message is printed and `code` returned."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message, code)
+        self.message = message
+        self.code = code
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self):
+        return (CommandError, (self.message, self.code))

@@ -2,7 +2,7 @@
 
 Parts, in order: the device IRModule's structural hash, the canonical target, the codegen
 name, the mode, then salts (TVM version and commit, tvm-ffi version, LLVM major, the
-codegen's toolchain, the artifact format version, the codegen's own salt).
+artifact format version, the codegen's toolchain, the codegen's own salt).
 
 Deliberately excluded (they do not change what a codegen emits):
 - parameter and buffer names of the IRModule (structural hashing ignores them);
@@ -20,43 +20,33 @@ import logging
 from collections.abc import Mapping
 from functools import lru_cache
 
-import tvm
-import tvm_ffi
 import xxhash
 from tvm.ir import IRModule
 from tvm.target import Target
 
+from . import _compat
 from ._targets import canonical_target
 
-__all__ = ["ARTIFACT_FORMAT_VERSION", "CacheKey", "compute_key", "ir_hash", "static_salts"]
+__all__ = ["PART_NAMES", "CacheKey", "compute_key", "ir_hash", "static_salts"]
 
 logger = logging.getLogger(__name__)
 
-# Bump when the framed artifact layout or a codec's payload changes.
-ARTIFACT_FORMAT_VERSION = 2
+# The parts of a key, in order (metadata keeps them as sorted JSON; tools restore this order).
+PART_NAMES = ("ir", "target", "codegen", "mode", "tvm", "tvm_ffi", "llvm", "format", "toolchain", "salt")
 
 
 def ir_hash(mod: IRModule) -> int:
     """Structural hash of `mod`, mapping free vars so lowered CPU modules hash stably."""
-    # map_free_vars=False gives a different hash on every lowering of a CPU module: its
-    # storage_alignment attributes refer to buffers that compare by identity.
-    return tvm_ffi.structural_hash(mod, map_free_vars=True)
+    return _compat.structural_hash(mod)
 
 
 @lru_cache(maxsize=1)
 def static_salts() -> tuple[tuple[str, str], ...]:
-    """Salts that are fixed for the life of the process."""
-    from tvm import _version
-
-    try:
-        llvm = str(tvm.target.codegen.llvm_version_major())
-    except (AttributeError, RuntimeError, ValueError):
-        llvm = "none"
+    """Salts that are fixed for the life of the process: TVM (version and commit), tvm-ffi, LLVM."""
     return (
-        ("tvm", f"{tvm.__version__}+{getattr(_version, 'commit_id', None) or 'unknown'}"),
-        ("tvm_ffi", str(tvm_ffi.__version__)),
-        ("llvm", llvm),
-        ("format", str(ARTIFACT_FORMAT_VERSION)),
+        ("tvm", _compat.tvm_version()),
+        ("tvm_ffi", _compat.ffi_version()),
+        ("llvm", _compat.llvm_version_major()),
     )
 
 
@@ -112,8 +102,8 @@ _TAILS_MAX = 4096
 _tails: dict[tuple, tuple[tuple[tuple[str, str], ...], bytes]] = {}
 
 
-def _tail(target: Target, codegen: str, compile_device: bool, toolchain: tuple, salt: str):
-    memo = (target, codegen, compile_device, toolchain, salt)
+def _tail(target: Target, codegen: str, compile_device: bool, toolchain: tuple, salt: str, format_version: str):
+    memo = (target, codegen, compile_device, toolchain, salt, format_version)
     found = _tails.get(memo)
     if found is None:
         parts = (
@@ -121,6 +111,7 @@ def _tail(target: Target, codegen: str, compile_device: bool, toolchain: tuple, 
             ("codegen", codegen),
             ("mode", "compiled" if compile_device else "source"),
             *static_salts(),
+            ("format", format_version),
             ("toolchain", json.dumps(dict(toolchain), sort_keys=True, separators=(",", ":"))),
             ("salt", salt),
         )
@@ -140,12 +131,17 @@ def compute_key(
     toolchain: Mapping[str, str] | None = None,
     salt: str = "",
     structural_hash: int | None = None,
+    format_version: str = "",
 ) -> CacheKey:
-    """The key of lowering `mod` for `target` with the named codegen in one mode."""
+    """The key of lowering `mod` for `target` with the named codegen in one mode.
+
+    `format_version`: the artifact format the entry is written in (a salt: entries of another
+    layout are never looked up).
+    """
     if structural_hash is None:
         structural_hash = ir_hash(mod)
     tail_parts, tail_bytes = _tail(
-        target, codegen, compile_device, tuple(sorted(toolchain.items())) if toolchain else (), salt
+        target, codegen, compile_device, tuple(sorted(toolchain.items())) if toolchain else (), salt, format_version
     )
     ir_hex = f"{structural_hash & 0xFFFFFFFFFFFFFFFF:016x}"
     key = CacheKey.__new__(CacheKey)  # skips re-slicing the parts on this hot path

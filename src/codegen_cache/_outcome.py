@@ -7,20 +7,24 @@ import contextvars
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-__all__ = ["Outcome", "TIERS", "last_outcome", "record_outcomes"]
+__all__ = ["TIERS", "Outcome", "emit", "emit_uncached", "last_outcome", "record_outcomes"]
 
-TIERS = ("memory", "disk", "remote", "built", "failure")
+TIERS = ("memory", "disk", "remote", "built", "failure", "uncached")
 
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """What one lowering cost and where its module came from.
 
-    tier: memory | disk | remote | built | failure (a cached codegen error was raised).
+    tier: memory | disk | remote (a hit), built (the codegen ran), failure (a remembered codegen
+      error was raised), uncached (no cache was active, caching is disabled, or the cache
+      stepped aside: an input it cannot key).
+    key: the key digest ('' for uncached).
     key_seconds: computing the key (mostly the structural hash).
     load_seconds: reading and decoding the entry (0 for built).
-    build_seconds: the codegen's own time (built), or its time when the entry was built (hits).
-    stored: for built modules, whether the result was queued for storing (False: skipped).
+    build_seconds: the codegen's own time (built, uncached), or what the entry saved: the
+      codegen time recorded when it was built (hits).
+    stored: for built modules, whether the entry was stored (False: skipped).
     """
 
     tier: str
@@ -50,7 +54,7 @@ def last_outcome() -> Outcome | None:
     return Outcome(*value) if isinstance(value, tuple) else value
 
 
-def _emit_fields(*fields: object) -> None:
+def emit(*fields: object) -> None:
     """Record an outcome given as Outcome's fields; built into an Outcome only when needed."""
     sinks = _sinks.get()
     if sinks:
@@ -60,6 +64,11 @@ def _emit_fields(*fields: object) -> None:
             sink.append(outcome)
     else:
         _last.set(fields)
+
+
+def emit_uncached(codegen: str, mode: str, seconds: float) -> None:
+    """Record a lowering that went straight to the codegen."""
+    emit("uncached", "", codegen, mode, 0.0, 0.0, seconds, seconds, False)
 
 
 @contextlib.contextmanager

@@ -1,1 +1,32 @@
 """Artifact bytes: the frame, one codec per module kind, the CUDA payload; nothing here pickles."""
+
+from ._codecs import CODECS, check, decode, encode_cuda_binary, prepare, upgrade
+from ._cuda import CudaPayload
+from ._frame import FORMAT_VERSION, HOT_META, Artifact, frame, read_meta, unframe
+from ._llvm import SCRATCH_PREFIX, CachedIRModule, CachedLibraryModule, compiler_command
+
+__all__ = [
+    "CODECS",
+    "FORMAT_VERSION",
+    "HOT_META",
+    "SCRATCH_PREFIX",
+    "Artifact",
+    "CachedIRModule",
+    "CachedLibraryModule",
+    "CudaPayload",
+    "check",
+    "compiler_command",
+    "decode",
+    "encode",
+    "encode_cuda_binary",
+    "frame",
+    "prepare",
+    "read_meta",
+    "unframe",
+    "upgrade",
+]
+
+
+def encode(module, meta, *, func_names) -> bytes:
+    """Frame a built module in its raw form (what the cache stores first)."""
+    return frame(*prepare(module, meta, func_names=func_names))

@@ -7,8 +7,8 @@ the registry's codegen for that target, looked up through the active cache.
 
 The warm path skips lowering: a *build key* over the input module (its structural hash), the
 targets, the pipeline, the PassContext and the codegens' salts points, through an index kept
-in `<dir>/builds/`, at the device-level entries of that build. A build served from the index
-reads those entries by digest; a build repeated in one process is one memory hit.
+in the cache's `builds` store, at the device-level entries of that build. A build served from
+the index reads those entries by digest; a build repeated in one process is one memory hit.
 """
 
 from __future__ import annotations
@@ -16,35 +16,23 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 import tvm
-import tvm.s_tir  # noqa: F401  registers the schedule passes the default pipeline uses
-from tvm import ir
 from tvm.ir import IRModule
 from tvm.runtime import Module
 from tvm.target import Target
 from tvm.tirx import PrimFunc
-from tvm.tirx.build import split_host_device_mods
-from tvm_ffi import DLDeviceType
 
-from ._index import (
-    BuildPart,
-    compile_device,
-    index_store,
-    key_of,
-    read_index,
-    runtime_enabled,
-    write_index,
-)
-from .._cache._cache import CodegenCache
+from .._cache import CodegenCache
 from .._context import active_cache
 from .._key import CacheKey
-from .._outcome import _emit_fields
-from .._registry import DeviceCodegen, DeviceCodegenRegistry, default_registry
+from .._outcome import emit
+from .._registry import DeviceCodegenRegistry, default_registry
+from ._index import BuildPart, compile_device, key_of, read_index, write_index
+from ._plan import Plan, lower_plan, plan
 
-__all__ = ["BuildPart", "BuildRecord", "build", "build_key", "build_with_record", "index_store", "lower_plan"]
+__all__ = ["BuildPart", "BuildRecord", "build", "build_key", "build_with_record"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,26 +41,16 @@ _MEMO_PREFIX = "build:"
 
 @dataclass(frozen=True, slots=True)
 class BuildRecord:
-    """How a build was served: tier ('memory', 'disk', 'built', 'uncached'), its key, its parts."""
+    """How a build was served: tier ('memory', 'disk', 'built', 'uncached'), its key, its parts.
+
+    build_seconds: the codegen time of the build's parts (for a hit: what serving it saved).
+    """
 
     tier: str
     key: CacheKey | None
     host: BuildPart
     devices: tuple[BuildPart, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class _Plan:
-    """The input and tvm.tirx.build's steps 0-2: the target to bind, the pipeline's target, the host."""
-
-    mod: IRModule
-    original: PrimFunc | IRModule  # what the caller passed: memory hits are compared with it
-    func_targets: tuple[Target, ...]
-    hashed: list[int]  # the input's structural hash once computed (shared by a PrimFunc's plans)
-    bind: Target
-    target: Target | None
-    host: Target
-    pipeline: str | None
+    build_seconds: float = 0.0
 
 
 def build(mod: PrimFunc | IRModule, target: str | Target | None = None, pipeline: str | None = "default") -> Module:
@@ -84,100 +62,31 @@ def build_with_record(mod: PrimFunc | IRModule, target: str | Target | None = No
                       pipeline: str | None = "default") -> tuple[Module, BuildRecord]:
     """Like build(), also returning how the module was served and the digests of its parts."""
     start = time.perf_counter()
-    plan = _plan(mod, target, pipeline)
+    planned = plan(mod, target, pipeline)
     cache = active_cache()
+    if cache is not None and not isinstance(cache, CodegenCache):
+        cache = None  # a cache of another kind serves DeviceCodegen.lower only
     registry = cache.registry if cache is not None else default_registry
     key = None
     if cache is not None:
-        key = key_of(plan, registry)
+        key = key_of(planned, registry)
         if key is not None:
-            served = _warm(cache, key, plan, start)
+            served = _warm(cache, key, planned, start)
             if served is not None:
                 return served
-    module, host, devices = _cold(cache, registry, plan)
+    module, host, devices, seconds = _cold(cache, registry, planned)
     if cache is None:
-        return module, BuildRecord("uncached", None, host, devices)
-    record = BuildRecord("built", key, host, devices)
-    if key is not None and all(p.digest is not None for p in (host, *devices)):
-        write_index(cache, key, host, devices)
-        _remember(cache, key, module, plan, record)
+        total = time.perf_counter() - start
+        emit("uncached", "", "build", "build", 0.0, 0.0, seconds, total, False)
+        return module, BuildRecord("uncached", None, host, devices, seconds)
+    record = BuildRecord("built", key, host, devices, seconds)
+    stored = key is not None and all(p.digest is not None for p in (host, *devices))
+    if stored:
+        write_index(cache, key, host, devices, seconds)
+        _remember(cache, key, module, planned, record)
+    total = time.perf_counter() - start
+    emit("built", key.digest if key is not None else "", "build", "build", 0.0, 0.0, seconds, total, stored)
     return module, record
-
-
-# ---- the input and steps 0-2 of tvm.tirx.build -----------------------------------------------
-
-# A PrimFunc cannot change once made (TVM copies on write while we hold a reference), so its
-# IRModule, function targets and structural hash are kept by identity: a re-run that passes
-# the same object skips the hash. IRModules can change in place (update, __setitem__): never.
-_PRIMFUNC_MEMO_MAX = 256
-_primfuncs: dict[int, tuple[PrimFunc, IRModule, tuple[Target, ...], list[int]]] = {}
-
-
-def _func_targets(mod: IRModule) -> tuple[Target, ...]:
-    found = []
-    for func in mod.functions.values():
-        f_target = func.attrs.get("target", None) if func.attrs is not None else None
-        if isinstance(f_target, Target):
-            found.append(f_target)
-    return tuple(found)
-
-
-def _input(mod: PrimFunc | IRModule) -> tuple[IRModule, PrimFunc | IRModule, tuple[Target, ...], list[int]]:
-    """(IRModule, what memory hits compare with, function targets, [structural hash] once known)."""
-    if isinstance(mod, PrimFunc):
-        memo = _primfuncs.get(id(mod))
-        if memo is not None and memo[0] is mod:
-            return memo[1], mod, memo[2], memo[3]
-        irmod = IRModule.from_expr(mod)
-        memo = (mod, irmod, _func_targets(irmod), [])
-        if len(_primfuncs) >= _PRIMFUNC_MEMO_MAX:
-            _primfuncs.clear()
-        _primfuncs[id(mod)] = memo
-        return memo[1], mod, memo[2], memo[3]
-    if not isinstance(mod, IRModule):
-        raise TypeError(f"build expects a tvm.tirx.PrimFunc or a tvm.IRModule, got {type(mod).__name__}")
-    return mod, mod, _func_targets(mod), []
-
-
-def _plan(mod: PrimFunc | IRModule, target: str | Target | None, pipeline: str | None) -> _Plan:
-    irmod, original, func_targets, hashed = _input(mod)
-    if pipeline is not None and not isinstance(pipeline, str):
-        # tvm.tirx.build asserts the same (a Pass object is not accepted there either).
-        raise TypeError(f"pipeline must be a pipeline name or None, got {type(pipeline).__name__}")
-    current = Target.current()
-    bind = current if target is None else target
-    bind = _target(bind if bind is not None else "llvm")
-    chosen = current if target is None else target
-    if chosen is None and func_targets:
-        chosen = func_targets[0]
-    chosen = _target(chosen) if chosen is not None else None
-    host: Target | str = "llvm" if runtime_enabled("llvm") else "c"
-    if chosen is not None:
-        if chosen.host is not None:
-            host = chosen.host
-        elif chosen.get_target_device_type() == DLDeviceType.kDLCPU:
-            host = chosen
-    host = _target(host)
-    return _Plan(irmod, original, func_targets, hashed, _with_host(bind, host), chosen, host, pipeline)
-
-
-# Target construction and with_host cost tens of microseconds; the warm path is about that size.
-@lru_cache(maxsize=256)
-def _target_from_str(text: str) -> Target:
-    return Target(text)
-
-
-def _target(value: Any) -> Target:
-    if isinstance(value, Target):
-        return value
-    if isinstance(value, str):
-        return _target_from_str(value)
-    return Target(value)
-
-
-@lru_cache(maxsize=256)
-def _with_host(target: Target, host: Target) -> Target:
-    return target.with_host(host)
 
 
 def build_key(mod: PrimFunc | IRModule, target: str | Target | None = None, pipeline: str | None = "default",
@@ -190,91 +99,91 @@ def build_key(mod: PrimFunc | IRModule, target: str | Target | None = None, pipe
     toolchain and salt of each codegen the build may call), index_format. Not keyable: a
     PassContext with instruments (they must see the passes run) and an unhashable module.
     """
-    return key_of(_plan(mod, target, pipeline), default_registry if registry is None else registry)
+    return key_of(plan(mod, target, pipeline), default_registry if registry is None else registry)
 
 
 # ---- warm path: memory, then the index --------------------------------------------------------
 
 
-def _warm(cache: CodegenCache, key: CacheKey, plan: _Plan, start: float) -> tuple[Module, BuildRecord] | None:
+def _warm(cache: CodegenCache, key: CacheKey, planned: Plan, start: float) -> tuple[Module, BuildRecord] | None:
     key_seconds = time.perf_counter() - start
-    memo = cache.lookup_digest(_MEMO_PREFIX + key.digest, None, ir=plan.original)
+    memo = cache.fetch(_MEMO_PREFIX + key.digest, None, ir=planned.original, count=False)
     if memo is not None:
-        record = memo[1]["record"]
-        _emit("memory", key, key_seconds, start)
-        return memo[0], BuildRecord("memory", key, record.host, record.devices)
+        record: BuildRecord = memo[1]["record"]
+        _count_parts(cache, "hits_memory", record)
+        _emit("memory", key, key_seconds, start, record.build_seconds)
+        return memo[0], BuildRecord("memory", key, record.host, record.devices, record.build_seconds)
     index = read_index(cache, key)
     if index is None:
         return None
-    host, devices = index
+    host, devices, seconds = index
     modules = []
     for part in devices:
-        found = cache.lookup_digest(part.digest, part.mode)
+        found = cache.fetch(part.digest, part.mode, codegen=part.codegen)
         if found is None:
             return None
         modules.append(found[0])
     # The host module gets the device modules as imports: it must be a copy nobody else holds.
-    found = cache.lookup_digest(host.digest, host.mode, fresh=bool(modules))
+    found = cache.fetch(host.digest, host.mode, fresh=bool(modules), codegen=host.codegen)
     if found is None:
         return None
     module = found[0]
     for device_module in modules:
         module.import_module(device_module)
-    record = BuildRecord("disk", key, host, devices)
-    _remember(cache, key, module, plan, record)
-    _emit("disk", key, key_seconds, start)
+    record = BuildRecord("disk", key, host, devices, seconds)
+    _remember(cache, key, module, planned, record)
+    _emit("disk", key, key_seconds, start, seconds)
     return module, record
 
 
-def _remember(cache: CodegenCache, key: CacheKey, module: Module, plan: _Plan, record: BuildRecord) -> None:
+def _count_parts(cache: CodegenCache, counter: str, record: BuildRecord) -> None:
+    """A build served whole counts a hit per codegen result it holds, as lowering them would."""
+    stats = cache._stats  # noqa: SLF001 - the build layer counts into its cache's counters
+    for part in (*record.devices, record.host):
+        stats.add_for(part.codegen, part.mode, counter)
+    if record.build_seconds:
+        stats.add("saved_seconds", record.build_seconds)
+
+
+def _remember(cache: CodegenCache, key: CacheKey, module: Module, planned: Plan, record: BuildRecord) -> None:
     # A PrimFunc cannot change; an IRModule can (mod["main"] = ...), so a copy is compared later.
-    original = plan.original if isinstance(plan.original, PrimFunc) else plan.original.clone()
+    original = planned.original if isinstance(planned.original, PrimFunc) else planned.original.clone()
     # In-process only, so the meta may hold the record object; nothing here is ever serialized.
-    cache.remember(_MEMO_PREFIX + key.digest, module, original, {"key": key.digest, "record": record})
+    cache.keep(_MEMO_PREFIX + key.digest, module, original, {"key": key.digest, "record": record})
 
 
-def _emit(tier: str, key: CacheKey, key_seconds: float, start: float) -> None:
+def _emit(tier: str, key: CacheKey, key_seconds: float, start: float, saved: float) -> None:
     total = time.perf_counter() - start
-    _emit_fields(tier, key.digest, "build", "build", key_seconds, total - key_seconds, 0.0, total, None)
+    emit(tier, key.digest, "build", "build", key_seconds, total - key_seconds, saved, total, None)
 
 
 # ---- cold path: tvm.tirx.build's steps 3-6 and tir_to_runtime -------------------------------
 
 
-def _cold(cache: CodegenCache | None, registry: DeviceCodegenRegistry, plan: _Plan):
-    host_all, device_mods = lower_plan(plan)
+def _cold(cache: CodegenCache | None, registry: DeviceCodegenRegistry, planned: Plan):
+    host_all, device_mods = lower_plan(planned)
     # tir_to_runtime: device modules first, then the host module, then the imports.
-    device_modules, device_parts = [], []
+    device_modules, device_parts, seconds = [], [], 0.0
     for device_target, device_mod in device_mods:
-        module, part, _entry = _codegen(cache, registry, device_mod, device_target, "device")
+        module, part, spent = _codegen(cache, registry, device_mod, device_target, "device")
         device_modules.append(module)
         device_parts.append(part)
-    host_module, host_part, entry = _codegen(cache, registry, host_all, plan.host, "host")
+        seconds += spent
+    host_module, host_part, spent = _codegen(cache, registry, host_all, planned.host, "host")
+    seconds += spent
     if device_modules:
-        host_module = _private_host(cache, host_module, host_part, entry, host_all, plan.host)
+        host_module = _private_host(cache, registry, host_module, host_part, host_all, planned.host)
         for device_module in device_modules:
             host_module.import_module(device_module)
-    return host_module, host_part, tuple(device_parts)
+    return host_module, host_part, tuple(device_parts), seconds
 
 
-def lower_plan(plan: _Plan) -> tuple[IRModule, list[tuple[Target, IRModule]]]:
-    """Steps 3-6 of tvm.tirx.build: the host module and the non-empty device modules to build."""
-    mod = tvm.tirx.transform.BindTarget(plan.bind)(plan.mod)
-    if plan.pipeline is not None:
-        passes, finalize_host, finalize_device = tvm.tirx.get_tir_pipeline(plan.pipeline)
-    else:
-        passes, finalize_host, finalize_device = tvm.tirx.get_default_tir_pipeline(plan.target)
-    mod = passes(mod)
-    host_mod, device_mod_dict = split_host_device_mods(mod)
-    host_mod = finalize_host()(host_mod)
-    device_mods = [(t, finalize_device()(m)) for t, m in device_mod_dict.items()]
-    host_all = ir.IRModule({}, attrs=host_mod.attrs)
-    host_all.update(host_mod)
-    return host_all, [(t, m) for t, m in device_mods if len(m.functions) != 0]
+def _call(entry: Any, mod: IRModule, target: Target, compiled: bool) -> Module:
+    return (entry.build if compiled else entry.build_without_compile)(mod, target)
 
 
 def _codegen(cache: CodegenCache | None, registry: DeviceCodegenRegistry, mod: IRModule, target: Target,
-             role: str) -> tuple[Module, BuildPart, DeviceCodegen]:
+             role: str) -> tuple[Module, BuildPart, float]:
     """tvm.tirx.build's codegen_build, with the registry's codegen and the cache."""
     if tvm.ir.transform.PassContext.current().config.get("tirx.disable_assert", False):
         mod = tvm.tirx.transform.SkipAssert()(mod)
@@ -282,24 +191,26 @@ def _codegen(cache: CodegenCache | None, registry: DeviceCodegenRegistry, mod: I
     compiled = compile_device(entry, target)
     mode = "compiled" if compiled else "source"
     if cache is None:
-        return entry.invoke(mod, target, compile_device=compiled), BuildPart(role, target.kind.name, entry.name, mode, None), entry
+        t0 = time.perf_counter()
+        module = _call(entry, mod, target, compiled)
+        return module, BuildPart(role, target.kind.name, entry.name, mode, None), time.perf_counter() - t0
     module, outcome = cache.lower_with_outcome(mod, target, compile_device=compiled, codegen=entry)
     # An entry that was not stored (a mutating codegen, a collision, a skipped store) cannot be indexed.
     digest = outcome.key if (outcome.hit or outcome.stored) else None
-    return module, BuildPart(role, target.kind.name, entry.name, mode, digest), entry
+    return module, BuildPart(role, target.kind.name, entry.name, mode, digest), outcome.build_seconds
 
 
-def _private_host(cache: CodegenCache | None, module: Module, part: BuildPart, entry: DeviceCodegen,
+def _private_host(cache: CodegenCache | None, registry: DeviceCodegenRegistry, module: Module, part: BuildPart,
                   mod: IRModule, target: Target) -> Module:
     """A host module this build may add imports to, which no cache tier holds."""
     if cache is None:
         return module  # straight from the codegen: nobody else has it
     if part.digest is not None:
-        cache.flush()  # the entry may still be queued for writing
-        found = cache.lookup_digest(part.digest, part.mode, fresh=True)
+        # Staged before lower() returned; read back as a new object (not counted: not a hit).
+        found = cache.fetch(part.digest, part.mode, fresh=True, count=False)
         if found is not None:
             return found[0]
     # The entry could not be stored (or read back): a second, uncached codegen call.
     logger.debug("codegen_cache.build: host entry %s not readable; calling %r again for a private copy",
-                 part.digest, entry.name)
-    return entry.invoke(mod, target, compile_device=part.mode == "compiled")
+                 part.digest, part.codegen)
+    return _call(registry.resolve(target), mod, target, part.mode == "compiled")

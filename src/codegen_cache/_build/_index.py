@@ -1,54 +1,46 @@
 """The build key of codegen_cache.build, and its index: build key -> the build's entries.
 
-An index entry lives in `<dir>/builds/` (a diskcache store of its own) as framed bytes
-(codec "build-index", JSON metadata, checksum; nothing pickled). It names each part of a build
-(host and device codegen calls) by role, kind, codegen, mode and device-level key digest.
+An index entry lives in the cache's `builds` store (`<dir>/builds/`, owned, cleared, listed
+and verified by the cache like its other stores) as framed bytes (codec "build-index", JSON
+metadata, checksum; nothing pickled). It names each part of a build (host and device codegen
+calls) by role, kind, codegen, mode and device-level key digest.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import tvm
 import tvm_ffi
 import xxhash
 from tvm.target import Target
 
-from .._artifacts._codecs import frame, unframe
-from .._cache._cache import CodegenCache
+from .. import _compat
+from .._artifacts import frame, unframe
+from .._cache import CodegenCache
 from .._errors import ArtifactError
 from .._key import CacheKey, _encode_part, ir_hash, static_salts
-from .._registry import DeviceCodegen, DeviceCodegenRegistry
-from .._storage._disk import STORAGE_ERRORS, ArtifactStore
+from .._log import warn_once
+from .._registry import DeviceCodegenRegistry
+from .._storage._disk import STORAGE_ERRORS
 from .._targets import canonical_target
+from ._plan import Plan
 
-if TYPE_CHECKING:
-    from ._build import _Plan
-
-__all__ = ["INDEX_CODEC", "INDEX_FORMAT", "BuildPart", "compile_device", "index_store", "key_of",
-           "read_index", "runtime_enabled", "warn_once", "write_index"]
+__all__ = ["INDEX_CODEC", "INDEX_FORMAT", "BuildPart", "compile_device", "key_of", "read_index", "write_index"]
 
 logger = logging.getLogger(__name__)
 
 # Bump when the index entry's layout or the build key's parts change.
-INDEX_FORMAT = "1"
+INDEX_FORMAT = "2"
 INDEX_CODEC = "build-index"
-INDEX_SIZE_LIMIT = 64 << 20
 # Function targets of these kinds stay in the host module (tvm.tirx.build's is_host_func).
 _HOST_KINDS = frozenset({"llvm", "c", "cuda_host"})
 _INDEX_ERRORS = (*STORAGE_ERRORS, TypeError, ArtifactError)
-
-_index_stores: weakref.WeakKeyDictionary[CodegenCache, ArtifactStore] = weakref.WeakKeyDictionary()
-_index_lock = threading.Lock()
-_warned: set[str] = set()
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,25 +62,16 @@ class BuildPart:
 # ---- modes ------------------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=64)
-def runtime_enabled(kind: str) -> bool:
-    """Whether TVM's runtime for `kind` is loaded here (fixed for the life of the process)."""
-    try:
-        return bool(tvm.runtime.enabled(kind))
-    except (RuntimeError, ValueError):  # kinds TVM has no optional runtime for (c, webgpu)
-        return False
-
-
-def compile_device(entry: DeviceCodegen, target: Target) -> bool:
+def compile_device(entry: Any, target: Target) -> bool:
     """The mode tvm.tirx.build gets for this target: compiled where TVM could load the result.
 
     target.build.cuda silently returns source-only where no CUDA driver is loaded; a codegen with
     both modes is therefore asked to compile only where the target kind's runtime is enabled.
     A codegen with one mode gets that mode.
     """
-    if entry.supports_mode(True) and entry.supports_mode(False):
-        return runtime_enabled(target.kind.name)
-    return entry.supports_mode(True)
+    if entry.build is not None and entry.build_without_compile is not None:
+        return _compat.runtime_enabled(target.kind.name)
+    return entry.build is not None
 
 
 # ---- the build key ---------------------------------------------------------------------------
@@ -130,7 +113,7 @@ _CODEGENS_MAX = 1024
 _codegens_json: dict[tuple, str] = {}
 
 
-def _codegens_part(plan: _Plan, registry: DeviceCodegenRegistry) -> str:
+def _codegens_part(plan: Plan, registry: DeviceCodegenRegistry) -> str:
     """Codegen name, mode, toolchain and salt of every target the build may call a codegen for.
 
     Resolved on every call (a codegen may be registered, or an env var a toolchain reads set,
@@ -164,7 +147,7 @@ _tails: dict[tuple, tuple[tuple[tuple[str, str], ...], bytes]] = {}
 _INPUT_PREFIX = _encode_part("input", "0" * 16)[:-16]
 
 
-def key_of(plan: _Plan, registry: DeviceCodegenRegistry) -> CacheKey | None:
+def key_of(plan: Plan, registry: DeviceCodegenRegistry) -> CacheKey | None:
     """The build key of a planned build (see codegen_cache._build.build_key); None: not keyable."""
     context = _pass_context_part()
     if context is None:
@@ -173,8 +156,8 @@ def key_of(plan: _Plan, registry: DeviceCodegenRegistry) -> CacheKey | None:
         try:
             plan.hashed.append(ir_hash(plan.mod))
         except (TypeError, ValueError) as err:
-            warn_once("hash", "codegen_cache.build: cannot hash the input module (%s); "
-                       "building without the index", err)
+            warn_once(logger, "build-hash", "codegen_cache.build: cannot hash the input module (%s); "
+                      "building without the index", err)
             return None
     # The pipeline's target only picks the pipeline when none is named (beyond that, the host
     # it implies is in the bound target).
@@ -201,41 +184,29 @@ def key_of(plan: _Plan, registry: DeviceCodegenRegistry) -> CacheKey | None:
     return CacheKey((input_part, *tail_parts), digest)
 
 
-# ---- the index: <dir>/builds/, build key -> the digests of the build's parts -----------------
+# ---- the index: the cache's builds store, build key -> the digests of the build's parts -------
 
 
-def _index_store(cache: CodegenCache) -> ArtifactStore:
-    with _index_lock:
-        store = _index_stores.get(cache)
-        if store is None:
-            store = ArtifactStore(cache.directory / "builds", size_limit=INDEX_SIZE_LIMIT)
-            _index_stores[cache] = store
-        return store
-
-
-def index_store(cache: CodegenCache) -> ArtifactStore:
-    """The store of build-index entries of `cache` (`<dir>/builds/`), for tools and tests."""
-    return _index_store(cache)
-
-
-def write_index(cache: CodegenCache, key: CacheKey, host: BuildPart, devices: Sequence[BuildPart]) -> None:
+def write_index(cache: CodegenCache, key: CacheKey, host: BuildPart, devices: Sequence[BuildPart],
+                build_seconds: float) -> None:
     """Store the index entry of a build; a storage failure is logged once and skipped."""
     meta = {"key": key.digest, "parts": key.as_dict(), "host": host.as_dict(),
-            "devices": [p.as_dict() for p in devices], "created": time.time()}
+            "devices": [p.as_dict() for p in devices], "build_seconds": build_seconds, "created": time.time()}
     try:
-        _index_store(cache).put(key.digest, frame(INDEX_CODEC, meta, []))
+        cache.store("builds").put(key.digest, frame(INDEX_CODEC, meta, []))
     except _INDEX_ERRORS as err:
-        warn_once("index-write", "codegen_cache.build: cannot write the build index (%s: %s); "
-                   "builds still work, warm builds lower again", type(err).__name__, err)
+        warn_once(logger, ("index-write", str(cache.directory)), "codegen_cache.build: cannot write the build "
+                  "index (%s: %s); builds still work, warm builds lower again", type(err).__name__, err)
 
 
-def read_index(cache: CodegenCache, key: CacheKey) -> tuple[BuildPart, tuple[BuildPart, ...]] | None:
-    """(host part, device parts) of a build key, or None; a malformed entry is dropped."""
-    store = _index_store(cache)
+def read_index(cache: CodegenCache, key: CacheKey) -> tuple[BuildPart, tuple[BuildPart, ...], float] | None:
+    """(host part, device parts, their build seconds) of a build key, or None; a bad entry is dropped."""
+    store = cache.store("builds")
     try:
         blob = store.get(key.digest)
     except _INDEX_ERRORS as err:
-        warn_once("index-read", "codegen_cache.build: cannot read the build index (%s: %s)", type(err).__name__, err)
+        warn_once(logger, ("index-read", str(cache.directory)), "codegen_cache.build: cannot read the build "
+                  "index (%s: %s)", type(err).__name__, err)
         return None
     if blob is None:
         return None
@@ -245,11 +216,15 @@ def read_index(cache: CodegenCache, key: CacheKey) -> tuple[BuildPart, tuple[Bui
             raise ArtifactError(f"codec {art.codec!r} with key {str(art.meta.get('key'))[:16]}", kind=INDEX_CODEC)
         host = _part(art.meta.get("host"))
         devices = art.meta.get("devices")
+        seconds = art.meta.get("build_seconds", 0.0)
         if not isinstance(devices, list):
             raise ArtifactError("devices is not a list", kind=INDEX_CODEC)
-        return host, tuple(_part(d) for d in devices)
+        if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
+            raise ArtifactError("build_seconds is not a number", kind=INDEX_CODEC)
+        return host, tuple(_part(d) for d in devices), float(seconds)
     except ArtifactError as err:
-        warn_once("index-corrupt", "codegen_cache.build: dropping a bad build-index entry %s: %s", key.digest[:16], err)
+        warn_once(logger, ("index-corrupt", str(cache.directory)), "codegen_cache.build: dropping a bad "
+                  "build-index entry %s: %s", key.digest[:16], err)
         try:
             store.delete(key.digest)
         except _INDEX_ERRORS:
@@ -264,12 +239,3 @@ def _part(value: object) -> BuildPart:
     if value["mode"] not in ("compiled", "source"):
         raise ArtifactError(f"unknown mode {value['mode']!r}", kind=INDEX_CODEC)
     return BuildPart(*(value[f] for f in fields))
-
-
-def warn_once(kind: str, msg: str, *args: object) -> None:
-    """Log at WARNING the first time per kind in this process, then at DEBUG."""
-    if kind in _warned:
-        logger.debug(msg, *args)
-        return
-    _warned.add(kind)
-    logger.warning(msg, *args)

@@ -24,20 +24,13 @@ from tvm.ir import IRModule
 from tvm.runtime import Module
 from tvm.target import Target
 
-from .._artifacts._codecs import unframe
-from ._build import BuildRecord, _codegen, _plan, build_with_record, lower_plan
-from .._cache._cache import CodegenCache
+from .._artifacts import CachedLibraryModule
+from .._cache import CodegenCache
 from .._context import get_cache, use_cache
-from .._errors import ArtifactError
-from .._registry import default_registry
-from .._storage._disk import STORAGE_ERRORS
+from ._build import build_with_record
 
 __all__ = ["CachedBuild", "cached_export", "metaschedule_builder"]
 
-# Worker-local: CachedBuild hands the record of the module it returns to cached_export, which
-# LocalBuilder calls next in the same process with that module.
-_EXPORTS_MAX = 16
-_exports: dict[int, tuple[Module, CodegenCache | None, BuildRecord]] = {}
 _caches: dict[tuple[int, str, str], CodegenCache] = {}
 _caches_lock = threading.Lock()
 
@@ -76,68 +69,36 @@ class CachedBuild:
         cache = self.cache()
         try:
             with use_cache(cache):
-                module, record = build_with_record(mod, target)
-            if record.devices and not module.is_compilation_exportable():
-                module = _exportable_host(cache, mod, target, module)
+                module, _record = build_with_record(mod, target)
         finally:
             if cache is not None:
-                cache.flush()  # entries and counters now: this worker is killed, not exited
-        if len(_exports) >= _EXPORTS_MAX:
-            _exports.clear()
-        _exports[id(module)] = (module, cache, record)
+                cache.flush()  # background stores now: this worker is killed, not exited
+        for device_module in module.imports:
+            if not device_module.is_binary_serializable():
+                # A cached CUDA *source* entry (no CUDA driver here) comes back as a plain source
+                # module, which export_library cannot pack; tuning needs the GPU's runtime anyway.
+                raise ValueError(
+                    f"cannot export a {device_module.kind!r} device module for {target.kind.name!r}: "
+                    "TVM's runtime for that target is not loaded here, so the cached device code is "
+                    "source only; run MetaSchedule where the device runtime (e.g. a CUDA driver) loads"
+                )
         return module
 
 
-def _exportable_host(cache: CodegenCache | None, mod: IRModule, target: Target, module: Module) -> Module:
-    """A host module export_library can write (an object file): regenerated, device code kept.
-
-    A cached host module is a loaded shared library, which export_library cannot write out and
-    to which packed device imports cannot be added. So on GPU targets the host (llvm, a few ms)
-    is generated again here, uncached; the device modules (the nvcc compile) come from the cache.
-    """
-    plan = _plan(mod, target, "default")
-    host_all, _devices = lower_plan(plan)
-    registry = cache.registry if cache is not None else default_registry
-    fresh, _part, _entry = _codegen(None, registry, host_all, plan.host, "host")
-    for device_module in module.imports:
-        if not device_module.is_binary_serializable():
-            # A cached CUDA *source* entry (no CUDA driver here) comes back as a plain source
-            # module, which export_library cannot pack; tuning needs the GPU's runtime anyway.
-            raise ValueError(
-                f"cannot export a {device_module.kind!r} device module for {target.kind.name!r}: "
-                "TVM's runtime for that target is not loaded here, so the cached device code is "
-                "source only; run MetaSchedule where the device runtime (e.g. a CUDA driver) loads"
-            )
-        fresh.import_module(device_module)
-    return fresh
-
-
 def cached_export(module: Module) -> str:
-    """MetaSchedule's default_export, which also writes a cached llvm module's shared library."""
-    from tvm.s_tir.meta_schedule.builder.local_builder import default_export
+    """MetaSchedule's default_export, for modules the cache served too.
 
-    found = _exports.pop(id(module), None)
-    # A loaded shared library ("library") says it is binary serializable, but cannot be written.
-    if module.is_compilation_exportable():
-        return default_export(module)
-    if found is None or found[0] is not module or found[1] is None or module.imports:
-        raise ValueError(
-            f"cached_export cannot write a {module.kind!r} module that CachedBuild did not just return "
-            "in this process (a module loaded from a shared library has no object file to export)"
-        )
-    _module, cache, record = found
-    host = record.host
-    try:
-        blob = cache.store(host.mode).get(host.digest)
-        art = unframe(blob) if blob is not None else None
-    except (*STORAGE_ERRORS, ArtifactError) as err:
-        raise ValueError(f"cached_export: cannot read entry {host.digest} back ({err})") from err
-    if art is None or art.codec != "llvm-so":
-        raise ValueError(f"cached_export: entry {host.digest} is not a stored shared library "
-                         f"({'missing' if art is None else art.codec})")
-    path = os.path.join(tempfile.mkdtemp(), "tvm_tmp_mod.so")
-    with open(path, "wb") as f:
-        f.write(art.fields[0])
+    A module mapped from a cached shared library exports through its own export_library
+    (called here in Python: TVM's default_export is reached through the FFI, which hands it a
+    plain Module); alone, its stored library is the artifact, as a fresh build's export would be.
+    """
+    from tvm.support.tar import tar
+
+    if isinstance(module, CachedLibraryModule) and not len(module.imports):
+        path = os.path.join(tempfile.mkdtemp(), "tvm_tmp_mod.so")
+    else:
+        path = os.path.join(tempfile.mkdtemp(), "tvm_tmp_mod." + tar.output_format)
+    module.export_library(path, **({} if path.endswith(".so") else {"fcompile": tar}))
     return path
 
 

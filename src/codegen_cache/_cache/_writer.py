@@ -1,84 +1,114 @@
-"""Write-behind: a daemon thread per cache stores built modules off the caller's path."""
+"""The background writer: one daemon thread per process for work no caller should wait for.
+
+Its jobs move staged entries into their diskcache stores, push entries to the remote tier and
+ask for llvm upgrades. None of them is needed for an entry to survive: lower() has written
+the entry's file before it returns, and any process that finds a staged file promotes it. So
+a job that is never run (the process was killed, the queue was cut at exit) loses nothing,
+and the writer can be strict about time:
+
+- a job that raises is logged and counted; the thread goes on with the next one;
+- `wait(timeout)` returns within `timeout` whatever the thread does, and says if it drained;
+- at interpreter exit the queue gets EXIT_SECONDS, and Ctrl-C there stops the wait;
+- in a child made by fork the parent's queue is dropped (the parent runs its own jobs) and a
+  thread starts again on the child's first job.
+"""
 
 from __future__ import annotations
 
-import queue
+import atexit
+import collections
+import logging
 import threading
 import time
-import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from tvm.ir import IRModule
-from tvm.runtime import Module
+from .._forksafe import on_fork_child
 
-from .._artifacts._codecs import PendingArtifact
-from .._key import CacheKey
+__all__ = ["EXIT_SECONDS", "Writer", "writer"]
 
-__all__ = ["StoreJob", "WriteBehind"]
+logger = logging.getLogger(__name__)
 
-
-@dataclass(slots=True)
-class StoreJob:
-    """One built module waiting to be encoded and stored."""
-
-    key: CacheKey
-    store: str
-    module: Module
-    ir: IRModule
-    pending: PendingArtifact
-    release_lease: bool
-    structural_hash: int  # of `ir` before the build: the mutation guard compares against it
-    codegen: str
+EXIT_SECONDS = 5.0
+Job = Callable[[], None]
 
 
-class WriteBehind:
-    """Runs `write(job)` for each submitted job on one daemon thread, in order."""
+class Writer:
+    """A FIFO of jobs run by one daemon thread, started on the first job."""
 
-    def __init__(self, write: Callable[[StoreJob], bool]) -> None:
-        # A weak reference: the thread must not keep the cache alive.
-        self._write = weakref.WeakMethod(write)
-        self._queue: queue.Queue[StoreJob | None] = queue.Queue()
+    def __init__(self, name: str = "codegen-cache-writer") -> None:
+        self.name = name
+        self._reset()
+        on_fork_child(self._reset)
+
+    def _reset(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._jobs: collections.deque[Job] = collections.deque()
+        self._running = 0
         self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+        self.failures = 0
 
-    def submit(self, job: StoreJob) -> None:
-        """Queue `job`, starting the thread if needed."""
-        with self._lock:
+    def submit(self, job: Job) -> None:
+        """Queue `job`; the thread runs it soon."""
+        with self._cond:
+            self._jobs.append(job)
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=_loop, args=(self._write, self._queue),
-                                                name="codegen-cache-writer", daemon=True)
+                self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
                 self._thread.start()
-        self._queue.put(job)
+            self._cond.notify_all()
 
-    def wait(self, timeout: float | None = None) -> None:
-        """Until every queued job is done, or `timeout` seconds have passed."""
+    def pending(self) -> int:
+        """Jobs queued or running."""
+        with self._cond:
+            return len(self._jobs) + self._running
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Until every job is done or `timeout` seconds passed; True when the queue drained."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self._thread is not None and self._queue.unfinished_tasks:
-            if deadline is not None and time.monotonic() > deadline:
-                return
-            time.sleep(0.005)
+        with self._cond:
+            while self._jobs or self._running:
+                if self._thread is None or not self._thread.is_alive():
+                    # Nothing will run them (the thread could not start): the jobs are extras,
+                    # their entries are on disk already.
+                    return False
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._cond.wait(remaining if remaining is None else min(remaining, 0.5))
+            return True
 
-    def close(self) -> None:
-        """Finish the queued jobs and stop the thread."""
-        self.wait()
-        with self._lock:
-            if self._thread is not None:
-                self._queue.put(None)
-                self._thread.join(timeout=5)
-                self._thread = None
+    def _loop(self) -> None:
+        cond = self._cond
+        while True:
+            with cond:
+                while not self._jobs:
+                    cond.wait()
+                job = self._jobs.popleft()
+                self._running += 1
+            try:
+                job()
+            except Exception:  # noqa: BLE001 - the thread outlives any one job's failure
+                self.failures += 1
+                logger.exception("codegen cache: a background store job failed (the entry stays staged)")
+            finally:
+                with cond:
+                    self._running -= 1
+                    cond.notify_all()
 
 
-def _loop(write_ref: weakref.WeakMethod, jobs: queue.Queue) -> None:
-    while True:
-        job = jobs.get()
-        try:
-            if job is None:
-                return
-            write = write_ref()
-            if write is None:
-                return
-            write(job)
-            del write
-        finally:
-            jobs.task_done()
+writer = Writer()
+
+
+def _at_exit() -> None:
+    try:
+        if not writer.wait(EXIT_SECONDS):
+            logger.debug("codegen cache: exiting with %d background jobs left (their entries are staged)",
+                         writer.pending())
+    except KeyboardInterrupt:
+        pass  # Ctrl-C while exiting: stop waiting, never abort the interpreter
+
+
+# Before atexit's handlers, which include finalizers of temporary directories a job may use.
+try:
+    threading._register_atexit(_at_exit)  # type: ignore[attr-defined]
+except (AttributeError, RuntimeError):
+    atexit.register(_at_exit)

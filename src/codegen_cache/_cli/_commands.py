@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from .._config import Settings, check_directory, describe_settings, format_age, format_size
+from .._errors import CommandError
 
 __all__ = [
     "EXIT_CODES",
@@ -57,18 +58,6 @@ EXIT_CODES = {
     EXIT_CACHE: "the cache could not be read or written (I/O or database error)",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
 }
-
-
-class CommandError(Exception):
-    """A command cannot do what was asked; its message is printed and `code` returned."""
-
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message, code)
-        self.message = message
-        self.code = code
-
-    def __str__(self) -> str:
-        return self.message
 
 
 # ---- output helpers -------------------------------------------------------------------------
@@ -114,7 +103,9 @@ def open_cache(settings: Settings, *, remote: bool = False):
 
     if not remote:
         settings = dataclasses.replace(settings, remote=None)
-    return CodegenCache(settings=settings, write_behind=False)
+    cache = CodegenCache(settings=settings, write_behind=False)
+    cache.promote_staged()  # entries of processes that stopped before moving them into their store
+    return cache
 
 
 def _dir_setting(args: argparse.Namespace) -> str:
@@ -147,7 +138,8 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     if args.reset:
         require_writable(args, settings)
         cache.reset_stats()
-    limits = {"compiled": settings.compiled_size_limit, "source": settings.source_size_limit, "failures": None}
+    limits = {"compiled": settings.compiled_size_limit, "source": settings.source_size_limit, "failures": None,
+              "builds": None}
     stores = {}
     for name in ALL_STORES:
         present = (cache.directory / name).is_dir()
@@ -214,7 +206,7 @@ def cmd_ls(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
     """One entry in full: metadata, key parts, integrity, and with --code its source."""
-    from .._artifacts._codecs import unframe
+    from .._artifacts import unframe
     from .._errors import ArtifactError
     from ._inventory import find_entries
 

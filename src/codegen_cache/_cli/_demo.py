@@ -45,7 +45,8 @@ def _spread(configs: tuple, n: int) -> list:
 def _sweeps(nvcc_configs: int) -> tuple[list[_Sweep], float, list[str]]:
     from . import _demo_kernels as k
     from .._build._lowering import lower_for_codegen
-    from ..codegens.cuda import cuda_runtime_available, find_nvcc, nvcc_version
+    from .._compat import cuda_runtime_available
+    from ..codegens.cuda import find_nvcc, nvcc_version
 
     t0 = time.perf_counter()
     cuda = {cfg: lower_for_codegen(k.cuda_matmul(*cfg), CUDA_TARGET) for cfg in k.CUDA_TILES}

@@ -136,7 +136,8 @@ def check_toolchain() -> dict[str, Any]:
     import tvm
 
     from .._key import static_salts
-    from ..codegens.cuda import cuda_runtime_available, find_nvcc, nvcc_version
+    from .._compat import cuda_runtime_available
+    from ..codegens.cuda import find_nvcc, nvcc_version
 
     salts = dict(static_salts())
     cc = shutil.which("cc") or shutil.which("gcc")

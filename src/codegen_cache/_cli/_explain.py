@@ -14,7 +14,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from .._artifacts._codecs import unframe
+from .._artifacts import unframe
 from .._errors import ArtifactError
 from ._inventory import ENTRY_STORES, Entry, iter_entries
 from .._storage._disk import STORAGE_ERRORS

@@ -12,19 +12,20 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._artifacts._codecs import read_meta, unframe
+from .._artifacts import CODECS, read_meta, unframe
 from .._errors import ArtifactError
+from .._key import PART_NAMES
 from .._storage._disk import STORAGE_ERRORS, ArtifactStore
 
 __all__ = ["ALL_STORES", "ENTRY_STORES", "Entry", "find_entries", "iter_entries", "prune", "target_summary",
            "verify_entries"]
 
 ENTRY_STORES = ("compiled", "source")
-ALL_STORES = ("compiled", "source", "failures")
+ALL_STORES = ("compiled", "source", "failures", "builds")
 # The order of the key's parts (_key.compute_key); entry metadata is sorted JSON, so restore it.
-PART_ORDER = ("ir", "target", "codegen", "mode", "tvm", "tvm_ffi", "llvm", "format", "toolchain", "salt")
 # Payload fields per codec, as the decoder expects them (checked without decoding).
-_CODEC_FIELDS = {"llvm-so": 1, "cuda-bin": 4, "c": 1, "source": 1, "failure": 0}
+_CODEC_FIELDS = {**{codec: fields for codec, (fields, _decoder) in CODECS.items()}, "failure": 0,
+                 "build-index": 0}
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +45,7 @@ class Entry:
         parts = self.meta.get("parts")
         if not isinstance(parts, dict):
             return {}
-        rank = {name: i for i, name in enumerate(PART_ORDER)}
+        rank = {name: i for i, name in enumerate(PART_NAMES)}
         return {n: parts[n] for n in sorted(parts, key=lambda n: (rank.get(n, len(rank)), n))}
 
     @property

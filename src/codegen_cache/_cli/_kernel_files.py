@@ -19,14 +19,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .._errors import KernelSourceError
+
 __all__ = ["KernelSourceError", "codegen_target", "is_lowered", "last_line", "load_kernels", "load_module",
            "load_source", "parse_target"]
 
 _KERNEL_ATTRS = ("kernels", "variants")
-
-
-class KernelSourceError(ValueError):
-    """A kernels file or module cannot be loaded, or does not expose kernels."""
 
 
 def parse_target(text: str):

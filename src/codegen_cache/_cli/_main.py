@@ -22,7 +22,6 @@ from ._commands import (
     EXIT_OK,
     EXIT_PROBLEMS,
     EXIT_USAGE,
-    CommandError,
     cmd_clear,
     cmd_ls,
     cmd_prune,
@@ -34,6 +33,7 @@ from ._commands import (
     print_json,
     require_writable,
 )
+from .._errors import CommandError
 from .._config import (
     ConfigError,
     Settings,
@@ -72,7 +72,7 @@ def _age_arg(text: str) -> float:
 
 def _input_errors() -> tuple[type[BaseException], ...]:
     from .._errors import LoweringError
-    from ._kernel_files import KernelSourceError
+    from .._errors import KernelSourceError
 
     return (KernelSourceError, LoweringError, ValueError, TypeError)
 

@@ -45,7 +45,7 @@ def _modes(target, mode: str) -> list[bool]:
 
 def warm_lowered(cache, mod, target, compile_device: bool) -> dict[str, Any]:
     """Put one codegen input into the cache; on a GPU-less host, compiled CUDA is nvcc only."""
-    from ..codegens.cuda import cuda_runtime_available
+    from .._compat import cuda_runtime_available
 
     t0 = time.perf_counter()
     if compile_device and target.kind.name == "cuda" and not cuda_runtime_available():

@@ -2,7 +2,10 @@
 
 diskcache pickles anything that is not bytes/str/int/float and unpickles whatever rows of
 mode PICKLE are in its database (CVE-2025-69872). `SafeDisk` refuses both directions, so a
-hostile cache directory yields an error that the cache turns into a miss.
+hostile cache directory yields an error that the cache turns into a miss. Reads go through
+`ArtifactStore.read`, which looks the row up itself (diskcache's `Cache` table; diskcache is
+pinned to 5.6.x for that) so that a value file is opened without following symlinks, must be
+a regular file, and is read no further than the size its row recorded.
 """
 
 from __future__ import annotations
@@ -14,35 +17,23 @@ import os
 import re
 import shutil
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import diskcache
 
-from .._errors import ArtifactError
-from ._faults import ReadOnlyStoreError, ReadOnlyView, share_file_mode, storage_fault, warn_read_only, writable
+from .._errors import ArtifactError, UnsafeEntryError
+from .._forksafe import on_fork_child, sqlite_gate
+from ._faults import ReadOnlyStoreError, share_file_mode, storage_fault, warn_read_only, writable
+from ._readonly import ReadOnlyView
 
-__all__ = [
-    "STORAGE_ERRORS",
-    "ArtifactStore",
-    "ReadOnlyStoreError",
-    "SafeDisk",
-    "UnsafeEntryError",
-    "share_file_mode",
-    "storage_fault",
-]
+__all__ = ["STORAGE_ERRORS", "ArtifactStore", "Row", "SafeDisk", "storage_fault"]
 
 logger = logging.getLogger(__name__)
-
-
-class UnsafeEntryError(ArtifactError):
-    """A row in the store would need unpickling (written by something other than us)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason, kind="store row")
-
 
 # What the storage can raise; the cache turns each into a miss or a skipped store.
 STORAGE_ERRORS = (sqlite3.Error, OSError, diskcache.Timeout)
@@ -51,6 +42,9 @@ STORAGE_ERRORS = (sqlite3.Error, OSError, diskcache.Timeout)
 _VALUE_FILE = re.compile(r"^[0-9a-f]{2}[/\\][0-9a-f]{2}[/\\][0-9a-f]{28}\.val$")
 _DB_FILES = ("cache.db", "cache.db-wal", "cache.db-shm")
 _SQLITE_CORRUPT, _SQLITE_NOTADB = 11, 26  # result codes (sqlite3 names them only from Python 3.11)
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_SELECT = ("SELECT mode, filename, value, size FROM Cache WHERE key = ? AND raw = 1 "
+           "AND (expire_time IS NULL OR expire_time > ?)")
 
 
 def _is_corrupt(err: sqlite3.DatabaseError) -> bool:
@@ -83,17 +77,23 @@ class SafeDisk(diskcache.Disk):
     def fetch(self, mode, filename, value, read):
         if mode != diskcache.core.MODE_RAW and mode != diskcache.core.MODE_BINARY:
             raise UnsafeEntryError(f"refusing to read a cache row of mode {mode} (only bytes are stored)")
-        if mode == diskcache.core.MODE_BINARY and not _VALUE_FILE.match(str(filename)):
-            raise UnsafeEntryError(f"refusing to read value file {str(filename)[:80]!r} (not a store file name)")
-        return super().fetch(mode, filename, value, read)
+        if mode == diskcache.core.MODE_BINARY:
+            return _read_value_file(self._directory, filename, None)[0]
+        return bytes(value)
 
     def remove(self, file_path):
         # diskcache removes the file a row names when the row goes (delete, cull, clear):
-        # a planted '../../x' must not delete files outside the store.
+        # a planted '../../x' must not delete files outside the store, nor a FIFO or link
+        # planted at a store name be treated as ours.
         if not _VALUE_FILE.match(str(file_path)):
             logger.warning("codegen cache: not removing %r named by a store row (not a store file name)",
                            str(file_path)[:200])
             return
+        full = os.path.join(self._directory, file_path)
+        with contextlib.suppress(OSError):
+            if not stat.S_ISREG(os.lstat(full).st_mode):
+                logger.warning("codegen cache: not removing %s: not a regular file (left in place)", full)
+                return
         super().remove(file_path)
 
     def _write(self, full_path, iterator, mode, encoding=None):
@@ -117,6 +117,42 @@ class SafeDisk(diskcache.Disk):
         return size
 
 
+def _read_value_file(directory: str, filename: object, size: int | None) -> tuple[bytes, str]:
+    """The bytes of a value file and its path: a regular file, read up to `size` bytes."""
+    if not _VALUE_FILE.match(str(filename)):
+        raise UnsafeEntryError(f"refusing to read value file {str(filename)[:80]!r} (not a store file name)")
+    path = os.path.join(directory, str(filename))
+    fd = os.open(path, _READ_FLAGS)  # a symlink fails here (ELOOP); a FIFO opens without blocking
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UnsafeEntryError(f"value file {path} is not a regular file")
+        if size is not None and info.st_size != size:
+            raise ArtifactError(f"value file holds {info.st_size} bytes, its row says {size}")
+        wanted = info.st_size if size is None else size
+        chunks, got = [], 0
+        while got < wanted:
+            chunk = os.read(fd, wanted - got)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+        data = b"".join(chunks)
+    finally:
+        os.close(fd)
+    if len(data) != wanted:
+        raise ArtifactError(f"value file ended after {len(data)} of {wanted} bytes")
+    return data, path
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """A stored value and, when it lives in a file of its own, that file (for in-place loads)."""
+
+    blob: bytes
+    path: str | None
+
+
 class ArtifactStore:
     """One diskcache store (e.g. <dir>/compiled) of framed artifacts, opened lazily."""
 
@@ -126,38 +162,46 @@ class ArtifactStore:
         self.size_limit = size_limit
         self.timeout = timeout
         self.on_evict = on_evict
-        self._cache: diskcache.Cache | None = None
-        self._pid = -1
+        self._reset()
+        on_fork_child(self._reset)
+
+    def _reset(self) -> None:
+        # Also in a child of fork: a diskcache connection must not cross it (diskcache would
+        # close the parent's; we drop ours and open anew).
+        self._cache: diskcache.Cache | ReadOnlyView | None = None
+        self._db_id: tuple[int, int] | None = None
         self._lock = threading.Lock()
 
-    def _open(self) -> diskcache.Cache:
-        # A diskcache connection must not cross fork(); reopen in a child process.
+    def _open(self) -> diskcache.Cache | ReadOnlyView:
         cache = self._cache
-        if cache is not None and self._pid == os.getpid():
+        if cache is not None:
             return cache
         with self._lock:
-            if self._cache is None or self._pid != os.getpid():
-                if not writable(self.directory):
-                    self._cache = ReadOnlyView(self.directory, SafeDisk(str(self.directory)))  # type: ignore[assignment]
-                    self._pid = os.getpid()
-                    warn_read_only(self.directory.parent)
-                    return self._cache
-                # The cache directory too, when this call makes it (an existing one is left as it is).
-                made_root = not self.directory.parent.exists()
-                self.directory.mkdir(parents=True, exist_ok=True)
-                try:
-                    self._cache = self._connect()
-                except sqlite3.DatabaseError as err:
-                    if not _is_corrupt(err):
-                        raise
-                    self._start_afresh(err)
-                    self.directory.mkdir(parents=True, exist_ok=True)
-                    self._cache = self._connect()
-                self._pid = os.getpid()
-                for path in (*((self.directory.parent,) if made_root else ()), self.directory,
-                             *(self.directory / n for n in _DB_FILES)):
-                    share_file_mode(path)
+            if self._cache is None:
+                self._cache = self._open_locked()
             return self._cache
+
+    def _open_locked(self) -> diskcache.Cache | ReadOnlyView:
+        if not writable(self.directory):
+            warn_read_only(self.directory.parent)
+            return ReadOnlyView(self.directory, SafeDisk(str(self.directory)))
+        # The cache directory too, when this call makes it (an existing one is left as it is).
+        made_root = not self.directory.parent.exists()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with sqlite_gate:
+            try:
+                cache = self._connect()
+            except sqlite3.DatabaseError as err:
+                if not _is_corrupt(err):
+                    raise
+                self._start_afresh(err)
+                self.directory.mkdir(parents=True, exist_ok=True)
+                cache = self._connect()
+        for path in (*((self.directory.parent,) if made_root else ()), self.directory,
+                     *(self.directory / n for n in _DB_FILES)):
+            share_file_mode(path)
+        self._db_id = self._db_identity()
+        return cache
 
     def _connect(self) -> diskcache.Cache:
         return diskcache.Cache(
@@ -170,6 +214,13 @@ class ArtifactStore:
             statistics=False,
         )
 
+    def _db_identity(self) -> tuple[int, int] | None:
+        try:
+            info = os.stat(self.directory / "cache.db")
+        except OSError:
+            return None
+        return info.st_dev, info.st_ino
+
     def _start_afresh(self, err: sqlite3.DatabaseError) -> None:
         # The index is damaged (not a database, malformed): none of its entries can be found
         # again, and every process would fail on it for good. Move the whole store aside (one
@@ -177,7 +228,7 @@ class ArtifactStore:
         # delete it; the caller opens an empty store in its place.
         logger.warning("codegen cache: the index of %s is corrupt (%s); starting that store afresh",
                        self.directory, err)
-        if self._cache is not None:
+        if isinstance(self._cache, diskcache.Cache):
             with contextlib.suppress(*STORAGE_ERRORS):
                 self._cache.close()
         self._cache = None
@@ -188,70 +239,118 @@ class ArtifactStore:
             return  # another process moved it first
         shutil.rmtree(aside, ignore_errors=True)
 
-    def _checked(self, func, *args, **kwargs):
-        # A store can also turn out damaged after it opened: start afresh, then fail this call
-        # (the cache counts it as a miss or a skipped store); the next call opens the new store.
-        try:
-            return func(*args, **kwargs)
-        except sqlite3.DatabaseError as err:
-            if _is_corrupt(err) and not isinstance(self._cache, ReadOnlyView):
-                with self._lock:
-                    self._start_afresh(err)
-            raise
+    def _run(self, func, *args, **kwargs):
+        # Every SQLite call passes the fork gate. A store can also turn out damaged after it
+        # opened: start afresh, then fail this call (the cache counts it as a miss or a skipped
+        # store); the next call opens the new store.
+        with sqlite_gate:
+            try:
+                return func(*args, **kwargs)
+            except sqlite3.DatabaseError as err:
+                if _is_corrupt(err) and isinstance(self._cache, diskcache.Cache):
+                    with self._lock:
+                        self._start_afresh(err)
+                raise
+
+    def _writable_cache(self) -> diskcache.Cache:
+        """The open store for a write; reopened (recreated) if its directory was removed."""
+        cache = self._open()
+        if isinstance(cache, ReadOnlyView):
+            raise ReadOnlyStoreError(self.directory)
+        if self._db_identity() != self._db_id:
+            # Removed (or replaced) under this process: a write would go into an unlinked file
+            # and be lost while counted as stored. Open (and so create) the store again.
+            logger.info("codegen cache: %s was removed or replaced; opening it again", self.directory)
+            with self._lock:
+                with contextlib.suppress(*STORAGE_ERRORS):
+                    cache.close()
+                self._cache = None
+            cache = self._open()
+            if isinstance(cache, ReadOnlyView):
+                raise ReadOnlyStoreError(self.directory)
+        return cache
 
     @property
     def read_only(self) -> bool:
         """True when the store's directory cannot be written: reads work, writes raise."""
         return isinstance(self._open(), ReadOnlyView)
 
+    def read(self, key: str) -> Row | None:
+        """The row stored under `key`: its bytes and, for a value file, the file's path."""
+        cache = self._open()
+        if isinstance(cache, ReadOnlyView):
+            blob = self._run(cache.get, key)
+            return None if blob is None else Row(blob, None)
+        found = self._run(lambda: cache._sql(_SELECT, (key, time.time())).fetchone())
+        if found is None:
+            return None
+        mode, filename, value, size = found
+        if mode == diskcache.core.MODE_RAW:
+            if not isinstance(value, bytes):
+                raise UnsafeEntryError(f"row of mode {mode} holds a {type(value).__name__}")
+            return Row(value, None)
+        if mode != diskcache.core.MODE_BINARY:
+            raise UnsafeEntryError(f"refusing to read a cache row of mode {mode} (only bytes are stored)")
+        try:
+            blob, path = _read_value_file(str(self.directory), filename, int(size))
+        except FileNotFoundError:
+            return None  # evicted by another process between the row and the file
+        return Row(blob, path)
+
     def get(self, key: str) -> bytes | None:
         """The bytes stored under `key`, or None."""
-        return self._checked(lambda: self._open().get(key, default=None, retry=False))
+        row = self.read(key)
+        return None if row is None else row.blob
 
     def put(self, key: str, blob: bytes, *, expire: float | None = None, tag: str | None = None) -> bool:
         """Store `blob` under `key` (atomic for readers), then evict to the size limit."""
-        cache = self._open()
-        stored = bool(cache.set(key, blob, expire=expire, tag=tag, retry=False))
-        if cache.volume() > self.size_limit:
-            evicted = int(cache.cull(retry=False))
+        cache = self._writable_cache()
+        stored = bool(self._run(cache.set, key, blob, expire=expire, tag=tag, retry=False))
+        if self._run(cache.volume) > self.size_limit:
+            evicted = int(self._run(cache.cull, retry=False))
             if evicted and self.on_evict is not None:
                 self.on_evict(evicted)
         return stored
 
     def add(self, key: str, blob: bytes, *, expire: float | None = None) -> bool:
         """Store `blob` only if `key` is absent; True when this call stored it."""
-        return bool(self._open().add(key, blob, expire=expire, retry=False))
+        return bool(self._run(self._writable_cache().add, key, blob, expire=expire, retry=False))
 
     def delete(self, key: str) -> bool:
         """Remove `key`; True when it was there."""
-        return bool(self._open().delete(key, retry=False))
+        cache = self._open()
+        if isinstance(cache, ReadOnlyView):
+            raise ReadOnlyStoreError(self.directory)
+        return bool(self._run(cache.delete, key, retry=False))
 
     def keys(self) -> Iterator[str]:
         """Every key in the store."""
-        return iter(self._open())
+        return iter(self._run(lambda: list(self._open())))
 
     def __len__(self) -> int:
-        return len(self._open())
+        return int(self._run(lambda: len(self._open())))
 
     def volume(self) -> int:
         """Bytes on disk (database plus value files)."""
-        return int(self._open().volume())
+        return int(self._run(lambda: self._open().volume()))
 
     def expire(self) -> int:
         """Drop expired entries; how many went."""
-        return int(self._open().expire(retry=False))
+        return int(self._run(self._writable_cache().expire, retry=False))
 
     def clear(self) -> int:
         """Remove every entry; how many went."""
-        return int(self._open().clear(retry=False))
+        return int(self._run(self._writable_cache().clear, retry=False))
 
     def cull(self) -> int:
         """Evict entries until the store fits its size limit."""
-        return int(self._open().cull(retry=False))
+        return int(self._run(self._writable_cache().cull, retry=False))
 
     def close(self) -> None:
         """Close the database connection of this process."""
         with self._lock:
-            if self._cache is not None and self._pid == os.getpid():
-                self._cache.close()
+            if self._cache is not None:
+                with contextlib.suppress(*STORAGE_ERRORS):
+                    self._cache.close()
             self._cache = None
+

@@ -3,8 +3,7 @@
 - `storage_fault` names the faults that fail many operations at once (no space, read-only),
   so the cache warns once per fault rather than once per operation;
 - `share_file_mode` keeps a shared (team) cache writable by its group and never by the world;
-- `ReadOnlyView` serves the rows of a store whose directory cannot be written, which
-  diskcache itself cannot open.
+- `ensure_dir` makes the cache's own directories and refuses a symlink in their place.
 """
 
 from __future__ import annotations
@@ -14,26 +13,17 @@ import logging
 import os
 import sqlite3
 import stat
-import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import diskcache
+from .._errors import ReadOnlyStoreError
+from .._log import warn_once
 
-__all__ = ["ReadOnlyStoreError", "ReadOnlyView", "share_file_mode", "storage_fault", "warn_read_only", "writable"]
+__all__ = ["DIR_MODE", "FILE_MODE", "ReadOnlyStoreError", "ensure_dir", "share_file_mode", "storage_fault", "warn_read_only", "writable"]
 
 logger = logging.getLogger(__name__)
 
 # SQLite result codes (sqlite3 names them only from Python 3.11).
 _SQLITE_READONLY, _SQLITE_IOERR, _SQLITE_FULL, _SQLITE_CANTOPEN = 8, 10, 13, 14
-
-
-class ReadOnlyStoreError(OSError):
-    """A write to a store whose directory cannot be written (read-only mount, no permission)."""
-
-    def __init__(self, directory: Path) -> None:
-        super().__init__(errno.EROFS, "cache store is read-only", str(directory))
 
 
 def storage_fault(err: BaseException, directory: str | os.PathLike[str] | None = None) -> str | None:
@@ -98,15 +88,38 @@ def share_file_mode(path: str | os.PathLike[str]) -> None:
         pass  # gone, or not ours to change: leave it
 
 
-_warned: set[Path] = set()
-
-
 def warn_read_only(root: Path) -> None:
-    """Warn once per cache directory and process (its four stores open read-only together)."""
-    if root not in _warned:
-        _warned.add(root)
-        logger.warning("codegen cache: %s cannot be written (read-only mount or no permission); "
-                       "serving the entries it has and storing nothing new", root)
+    """Warn once per cache directory and process (its stores open read-only together)."""
+    # The key is the cache's StorageGuard's too: one warning for the directory, whoever sees it first.
+    warn_once(logger, ("read-only", str(root)), "codegen cache: %s cannot be written (read-only mount or no "
+              "permission); serving the entries it has and storing nothing new", root)
+
+
+# Modes the cache creates files and directories with (the umask narrows them): readable and
+# writable by the group for a team cache (umask 002), never by the world.
+FILE_MODE, DIR_MODE = 0o660, 0o770
+
+
+def ensure_dir(path: str | os.PathLike[str]) -> None:
+    """Create `path` as a real directory; OSError if something else (a symlink, a file) is there.
+
+    The cache writes only below directories it made: a symlink planted at `<dir>/locks` or
+    `<dir>/tmp` must not send its files (or its deletes) elsewhere.
+    """
+    path = os.fspath(path)
+    try:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            return
+    except FileNotFoundError:
+        parent = os.path.dirname(path)
+        if parent and parent != path:
+            ensure_dir(parent)
+        try:
+            os.mkdir(path, DIR_MODE)
+        except FileExistsError:
+            pass
+    if not stat.S_ISDIR(os.lstat(path).st_mode):
+        raise OSError(errno.ENOTDIR, "not a directory of the cache (a symlink?)", path)
 
 
 def writable(directory: Path) -> bool:
@@ -118,72 +131,3 @@ def writable(directory: Path) -> bool:
         return False
     db = directory / "cache.db"
     return not db.exists() or os.access(db, os.R_OK | os.W_OK)
-
-
-class ReadOnlyView:
-    """The read side of a diskcache store in a directory that cannot be written.
-
-    diskcache itself cannot open one (it writes its settings on open, and a WAL database
-    needs its -shm file), so rows are read with SQLite in read-only mode, through SafeDisk's
-    checks; every write raises ReadOnlyStoreError, which the cache turns into a skipped store.
-    """
-
-    def __init__(self, directory: Path, disk: diskcache.Disk) -> None:
-        self.directory = directory
-        self._disk = disk  # the store's SafeDisk: its checks apply to every row read here
-        self._lock = threading.Lock()
-        self._conn: sqlite3.Connection | None = None
-        db = directory / "cache.db"
-        if db.exists():
-            try:
-                self._conn = self._connect(db, immutable=False)
-            except sqlite3.Error:
-                # A WAL database on read-only media without its -shm file opens only as
-                # immutable (SQLite then skips locking: entries are still checksummed).
-                self._conn = self._connect(db, immutable=True)
-
-    @staticmethod
-    def _connect(db: Path, *, immutable: bool) -> sqlite3.Connection:
-        uri = f"{db.absolute().as_uri()}?mode=ro" + ("&immutable=1" if immutable else "")
-        conn = sqlite3.connect(uri, uri=True, timeout=2.0, check_same_thread=False)
-        conn.execute("SELECT COUNT(*) FROM Cache").fetchone()
-        return conn
-
-    def _query(self, sql: str, args: tuple = ()) -> list[tuple]:
-        if self._conn is None:
-            return []
-        with self._lock:
-            return self._conn.execute(sql, args).fetchall()
-
-    def get(self, key: str, default=None, retry: bool = False):
-        rows = self._query("SELECT mode, filename, value, expire_time FROM Cache WHERE key = ? AND raw = 1", (key,))
-        if not rows:
-            return default
-        mode, filename, value, expire_time = rows[0]
-        if expire_time is not None and expire_time < time.time():
-            return default
-        try:
-            return self._disk.fetch(mode, filename, value, False)
-        except FileNotFoundError:
-            return default
-
-    def __iter__(self) -> Iterator[str]:
-        for key, raw in self._query("SELECT key, raw FROM Cache ORDER BY rowid"):
-            yield self._disk.get(key, raw)
-
-    def __len__(self) -> int:
-        return int(self._query("SELECT COUNT(*) FROM Cache")[0][0]) if self._conn is not None else 0
-
-    def volume(self) -> int:
-        return int(self._query("SELECT COALESCE(SUM(size), 0) FROM Cache")[0][0]) if self._conn is not None else 0
-
-    def _refuse(self, *args, **kwargs):
-        raise ReadOnlyStoreError(self.directory)
-
-    set = add = delete = expire = clear = cull = _refuse
-
-    def close(self) -> None:
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-            self._conn = None

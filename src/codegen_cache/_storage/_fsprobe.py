@@ -16,11 +16,12 @@ import re
 import shutil
 import stat
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 
-from ._disk import share_file_mode
+from .._artifacts import SCRATCH_PREFIX
+from .._log import warn_once
+from ._faults import ensure_dir, share_file_mode
 
 __all__ = ["NETWORK_FS_TYPES", "FsReport", "probe", "scratch_dir", "warn_if_unsafe"]
 
@@ -132,41 +133,41 @@ def probe(path: str | os.PathLike[str], *, mounts_file: str | None = None) -> Fs
     return FsReport(fs_type, mount_point, is_network, read_only, noexec, free, warnings)
 
 
-_warned: set[str] = set()
-_warned_lock = threading.Lock()
-
-
 def warn_if_unsafe(directory: str | os.PathLike[str]) -> FsReport | None:
-    """Probe a cache directory once per process; warn when it is on a network filesystem."""
-    key = os.path.realpath(os.fspath(directory))
-    with _warned_lock:
-        if key in _warned:
-            return None
-        _warned.add(key)
-    report = probe(key)
+    """Probe a cache directory; warn (once per directory and process) on a network filesystem."""
+    report = probe(directory)
     if report.is_network:
-        logger.warning("codegen cache: %s", report.warnings[0])
+        warn_once(logger, ("network-fs", os.path.realpath(os.fspath(directory))), "codegen cache: %s",
+                  report.warnings[0])
     return report
 
 
 def _sweep(directory: str, max_age: float) -> int:
-    """Remove tempfile leftovers ('tmp*') older than `max_age` seconds; how many went."""
+    """Remove the cache's own leftovers (names starting 'cgc-') older than `max_age` s; how many went.
+
+    Only names with the cache's prefix, never through a symlink: a file or link someone else put
+    in the directory is not the cache's to delete.
+    """
     removed = 0
     cutoff = time.time() - max_age
     try:
-        entries = list(os.scandir(directory))
+        with os.scandir(directory) as scan:
+            entries = [e for e in scan if e.name.startswith(SCRATCH_PREFIX)]
     except OSError:
         return 0
     for entry in entries:
         try:
-            if not entry.name.startswith("tmp") or entry.stat(follow_symlinks=False).st_mtime > cutoff:
+            info = entry.stat(follow_symlinks=False)
+            if info.st_mtime > cutoff or info.st_uid != os.geteuid():
                 continue
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path)
-            else:
+            if stat.S_ISDIR(info.st_mode):
+                shutil.rmtree(entry.path)  # never follows symlinks inside
+            elif stat.S_ISREG(info.st_mode):
                 os.unlink(entry.path)
+            else:
+                continue
             removed += 1
-        except OSError as err:  # another process swept it first, or not ours to remove
+        except OSError as err:  # another process swept it first
             logger.debug("cannot remove scratch leftover %s: %s", entry.path, err)
     if removed:
         logger.info("removed %d scratch leftovers older than %.0fs from %s", removed, max_age, directory)
@@ -182,7 +183,7 @@ def scratch_dir(preferred: str | os.PathLike[str], *, max_age: float = SCRATCH_M
     """
     path = os.fspath(preferred)
     try:
-        os.makedirs(path, exist_ok=True)
+        ensure_dir(path)
         share_file_mode(path)
         # In a world-writable, non-sticky directory anyone could swap a library between our
         # write and the dlopen.

@@ -11,6 +11,8 @@ from typing import Any
 from tvm.ir import IRModule
 from tvm.runtime import Module
 
+from .._forksafe import on_fork_child
+
 __all__ = ["MemoryEntry", "MemoryTier"]
 
 
@@ -35,6 +37,13 @@ class MemoryTier:
         self._bytes = 0
         self._lock = threading.Lock()
         self.evictions = 0
+        on_fork_child(self._after_fork)
+
+    def _after_fork(self) -> None:
+        # A thread of the parent may have held the lock at the fork; the entries stay (a pool
+        # worker serves what its parent built), their byte count is recomputed.
+        self._lock = threading.Lock()
+        self._bytes = sum(e.nbytes for e in self._entries.values())
 
     def get(self, key: str) -> MemoryEntry | None:
         """The entry under `key`, marked most recently used."""

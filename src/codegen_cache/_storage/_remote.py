@@ -23,9 +23,8 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlsplit, urlunsplit
 
-from .._artifacts._codecs import unframe
+from .._artifacts import FORMAT_VERSION, unframe
 from .._errors import ArtifactError, ConfigError
-from .._key import ARTIFACT_FORMAT_VERSION
 
 __all__ = ["DEFAULT_MAX_ENTRY_BYTES", "DEFAULT_TTL", "RedisTier", "check_url"]
 
@@ -125,7 +124,7 @@ class RedisTier:
         self.backoff = float(backoff)
         self.max_backoff = max(float(max_backoff), self.backoff)
         # The format version is in the prefix: readers of another layout never see these keys.
-        self.prefix = f"{prefix}:v{ARTIFACT_FORMAT_VERSION}:"
+        self.prefix = f"{prefix}:v{FORMAT_VERSION}:"
         self._client = _make_client(self.url, self.timeout)
         self._lock = threading.Lock()
         self._offline_until = 0.0

@@ -1,0 +1,127 @@
+"""TVM's CUDA module byte format, parsed and written without TVM, and loaded through TVM.
+
+A compiled CUDA module saves as [fmt][function map][code] (each length-prefixed); TVM's
+`ffi.Module.load_from_bytes.cuda` reads it back where TVM's CUDA runtime is loaded (a GPU
+driver). The format lives here, beside the other codecs, so that any CUDA codegen (ours or a
+user's) produces entries every reader can decode.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from tvm.runtime import Module
+
+from .. import _compat
+from .._errors import ArtifactError, CudaRuntimeUnavailableError
+
+__all__ = ["CudaPayload", "load_cuda_payload", "module_payload", "recall_source", "remember_source"]
+
+_U64 = struct.Struct("<Q")
+# Compiled modules loaded from bytes do not keep their CUDA source; remember it for the cache.
+_SOURCES_MAX = 256
+_sources: OrderedDict[bytes, str] = OrderedDict()
+_sources_lock = threading.Lock()
+
+
+@dataclass(frozen=True, slots=True)
+class CudaPayload:
+    """TVM's CUDA module save format: [fmt][function map][code], each length-prefixed."""
+
+    fmt: str
+    fmap: bytes
+    code: bytes
+
+    def to_bytes(self) -> bytes:
+        """Serialize in TVM's byte format (what `ffi.Module.load_from_bytes.cuda` reads)."""
+        fmt = self.fmt.encode()
+        return b"".join((_U64.pack(len(fmt)), fmt, self.fmap, _U64.pack(len(self.code)), self.code))
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> CudaPayload:
+        """Parse TVM's byte format; raise ArtifactError on anything malformed."""
+        try:
+            fmt, pos = _read_str(data, 0)
+            fmap_start = pos
+            pos = _skip_fmap(data, pos)
+            fmap_end = pos
+            code, pos = _read_str(data, pos)
+        except (struct.error, UnicodeDecodeError, ValueError) as err:
+            raise ArtifactError(f"CUDA payload is malformed ({err})", kind="cuda") from None
+        if pos != len(data):
+            raise ArtifactError(f"CUDA payload has {len(data) - pos} trailing bytes", kind="cuda")
+        return cls(fmt.decode("ascii"), data[fmap_start:fmap_end], code)
+
+
+def _read_str(data: bytes, pos: int) -> tuple[bytes, int]:
+    (length,) = _U64.unpack_from(data, pos)
+    end = pos + 8 + length
+    if end > len(data):
+        raise ValueError(f"a field of {length} bytes runs past the end ({len(data)} bytes)")
+    return data[pos + 8 : end], end
+
+
+def _skip_fmap(data: bytes, pos: int) -> int:
+    # Map<String, FunctionInfo>: count, then per entry the key and FunctionInfo::Save's fields:
+    # name, arg_types (4-byte DLDataType each), launch_param_tags (strings), arg_extra_tags (u32).
+    (count,) = _U64.unpack_from(data, pos)
+    pos += 8
+    for _ in range(count):
+        _key, pos = _read_str(data, pos)
+        _name, pos = _read_str(data, pos)
+        (n_args,) = _U64.unpack_from(data, pos)
+        pos += 8 + 4 * n_args
+        (n_tags,) = _U64.unpack_from(data, pos)
+        pos += 8
+        for _ in range(n_tags):
+            _tag, pos = _read_str(data, pos)
+        (n_extra,) = _U64.unpack_from(data, pos)
+        pos += 8 + 4 * n_extra
+        if pos > len(data):
+            raise ValueError("function map runs past the end")
+    return pos
+
+
+def module_payload(module: Module) -> CudaPayload:
+    """The save-to-bytes payload of a CUDA runtime module (no imports), parsed."""
+    packed = _compat.global_func("runtime.ModulePackImportsToTensor")(module).numpy().tobytes()
+    # Container: [u64 size][u64 n][n x u64 row_ptr][u64 m][m x u64 child][str kind][bytes payload]
+    pos = 8
+    (rows,) = _U64.unpack_from(packed, pos)
+    pos += 8 + 8 * rows
+    (children,) = _U64.unpack_from(packed, pos)
+    pos += 8 + 8 * children
+    (kind_len,) = _U64.unpack_from(packed, pos)
+    kind = packed[pos + 8 : pos + 8 + kind_len]
+    pos += 8 + kind_len
+    if kind != b"cuda":
+        raise ArtifactError(f"expected a cuda module, found {kind!r}", kind="cuda")
+    (size,) = _U64.unpack_from(packed, pos)
+    payload = packed[pos + 8 : pos + 8 + size]
+    return CudaPayload.from_bytes(payload)
+
+
+def remember_source(code: bytes, source: str) -> None:
+    """Keep the CUDA source of a compiled binary, which TVM's loaded module does not hold."""
+    with _sources_lock:
+        _sources[code] = source
+        _sources.move_to_end(code)
+        while len(_sources) > _SOURCES_MAX:
+            _sources.popitem(last=False)
+
+
+def recall_source(code: bytes) -> str | None:
+    """The CUDA source remembered for a compiled binary, if any."""
+    with _sources_lock:
+        return _sources.get(code)
+
+
+def load_cuda_payload(payload: CudaPayload) -> Module:
+    """Load a compiled payload through TVM's CUDA runtime; a clear error where it is missing."""
+    loader = _compat.global_func("ffi.Module.load_from_bytes.cuda", missing_ok=True)
+    if loader is None:
+        raise CudaRuntimeUnavailableError("load a compiled CUDA module")
+    return loader(payload.to_bytes())

@@ -1,0 +1,140 @@
+"""The frame around every stored value: payload first, metadata and a checksum in a trailer.
+
+Layout (little-endian), version 3:
+
+    field 0 | field 1 | ... | meta (UTF-8 JSON: what a hit needs) | info (UTF-8 JSON:
+    descriptive, for tools; not parsed on a hit) | codec name (ASCII) | u64 length of each
+    field | footer
+
+    footer: u64 payload length | u32 meta length | u32 info length | u16 field count |
+            u8 codec name length | u8 reserved | u16 format version |
+            u64 xxh3-64 of every byte before the checksum | b"CGCA"
+
+The payload comes first so that a stored shared library starts at offset 0 of its value file:
+the loader maps it in place (ELF ignores what follows its sections), with no copy. Everything
+is found from the fixed-size footer at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import xxhash
+
+from .._errors import ArtifactError
+
+__all__ = ["FORMAT_VERSION", "HOT_META", "MAGIC", "Artifact", "frame", "read_meta", "unframe"]
+
+# Bump when the frame or a codec's payload changes: the version is also a key part, so entries
+# of another layout are never looked up, and the remote tier's key prefix.
+FORMAT_VERSION = 3
+MAGIC = b"CGCA"
+_FOOTER = struct.Struct("<QIIHBBHQ4s")
+_U64 = struct.Struct("<Q")
+# Metadata a hit reads; everything else goes to the info section, parsed only by tools.
+HOT_META = frozenset({"key", "build_seconds", "source_format", "c_func_names", "func_names", "module_kind",
+                      "ir_digest"})
+
+
+@dataclass(frozen=True, slots=True)
+class Artifact:
+    """An unframed artifact: codec name, metadata and payload fields."""
+
+    codec: str
+    meta: dict[str, Any]
+    fields: tuple[bytes, ...]
+
+
+def frame(codec: str, meta: Mapping[str, Any], fields: Sequence[bytes]) -> bytes:
+    """Frame a codec's fields with metadata and a checksum."""
+    name = codec.encode("ascii")
+    hot = json.dumps({k: v for k, v in meta.items() if k in HOT_META}, sort_keys=True, separators=(",", ":")).encode()
+    info = json.dumps({k: v for k, v in meta.items() if k not in HOT_META}, sort_keys=True,
+                      separators=(",", ":")).encode()
+    lengths = b"".join(_U64.pack(len(f)) for f in fields)
+    body = b"".join((*fields, hot, info, name, lengths))
+    payload_len = sum(len(f) for f in fields)
+    head = _FOOTER.pack(payload_len, len(hot), len(info), len(fields), len(name), 0, FORMAT_VERSION, 0, MAGIC)[:-12]
+    checksum = xxhash.xxh3_64(body)
+    checksum.update(head)
+    return body + head + _U64.pack(checksum.intdigest()) + MAGIC
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    codec: str
+    meta_start: int
+    meta_len: int
+    info_len: int
+    field_lengths: tuple[int, ...]
+    checksum: int
+    end: int  # where the checksummed bytes end
+
+
+def _layout(blob: bytes | memoryview) -> _Layout:
+    size = len(blob)
+    if size < _FOOTER.size:
+        raise ArtifactError(f"{size} bytes is shorter than the frame footer")
+    payload_len, meta_len, info_len, n_fields, name_len, _r, version, checksum, magic = _FOOTER.unpack_from(
+        blob, size - _FOOTER.size)
+    if magic != MAGIC:
+        raise ArtifactError(f"bad magic {bytes(magic)!r} (expected {MAGIC!r})")
+    if version != FORMAT_VERSION:
+        raise ArtifactError(f"format version {version}, this reader knows {FORMAT_VERSION}")
+    tail = _FOOTER.size + 8 * n_fields + name_len
+    if payload_len + meta_len + info_len + tail != size:
+        raise ArtifactError(f"section lengths add up to {payload_len + meta_len + info_len + tail}, "
+                            f"not the {size} bytes present")
+    lengths_at = size - _FOOTER.size - 8 * n_fields
+    lengths = tuple(_U64.unpack_from(blob, lengths_at + 8 * i)[0] for i in range(n_fields))
+    if sum(lengths) != payload_len:
+        raise ArtifactError(f"field lengths add up to {sum(lengths)}, not the payload's {payload_len}")
+    try:
+        codec = bytes(blob[lengths_at - name_len : lengths_at]).decode("ascii")
+    except UnicodeDecodeError:
+        raise ArtifactError("codec name is not ASCII") from None
+    return _Layout(codec, payload_len, meta_len, info_len, lengths, checksum, size - 12)
+
+
+def _json_object(data: bytes | memoryview, what: str, codec: str) -> dict[str, Any]:
+    try:
+        value = json.loads(bytes(data))
+    except (UnicodeDecodeError, ValueError) as err:
+        raise ArtifactError(f"{what} is not JSON ({err})", kind=codec) from None
+    if not isinstance(value, dict):
+        raise ArtifactError(f"{what} is not a JSON object", kind=codec)
+    return value
+
+
+def _meta(blob: bytes | memoryview, layout: _Layout, info: bool) -> dict[str, Any]:
+    start = layout.meta_start
+    meta = _json_object(blob[start : start + layout.meta_len], "metadata", layout.codec)
+    if info:
+        start += layout.meta_len
+        meta = {**_json_object(blob[start : start + layout.info_len], "info", layout.codec), **meta}
+    return meta
+
+
+def read_meta(blob: bytes | memoryview) -> tuple[str, dict[str, Any]]:
+    """Codec name and metadata of a framed artifact, without checking the payload."""
+    layout = _layout(blob)
+    return layout.codec, _meta(blob, layout, True)
+
+
+def unframe(blob: bytes | memoryview, *, info: bool = True) -> Artifact:
+    """Check the framing and checksum of `blob` and split it; ArtifactError when malformed.
+
+    info=False leaves the descriptive metadata unparsed (the hit path needs only the rest).
+    """
+    layout = _layout(blob)
+    if xxhash.xxh3_64_intdigest(memoryview(blob)[: layout.end]) != layout.checksum:
+        raise ArtifactError("checksum mismatch (the entry is corrupt)", kind=layout.codec)
+    fields, pos = [], 0
+    for length in layout.field_lengths:
+        fields.append(bytes(blob[pos : pos + length]))
+        pos += length
+    return Artifact(layout.codec, _meta(blob, layout, info), tuple(fields))

@@ -1,0 +1,65 @@
+"""Compiled CUDA entries made on a host without a GPU: nvcc runs, nothing is loaded.
+
+A GPU-less build machine (CI, a login node) fills the compiled store for GPU hosts that share
+the cache (its directory, or the remote tier). The compile is single-flight like a lowering:
+N processes warming one configuration run nvcc once.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from tvm.ir import IRModule
+
+from .._artifacts import encode_cuda_binary
+from .._targets import TargetLike, as_target
+from ._tiers import Probe
+
+if TYPE_CHECKING:
+    from ._cache import CodegenCache
+
+__all__ = ["precompile_cuda"]
+
+
+def _func_names(mod: IRModule) -> list[str]:
+    from ._cache import _func_names as names
+
+    return names(mod)
+
+
+def precompile_cuda(cache: CodegenCache, mod: IRModule, target: TargetLike, codegen: Any = None) -> str:
+    """Compile CUDA with nvcc and store the binary for compile_device=True; returns the key digest."""
+    from ..codegens.cuda import compile_cuda_payload
+
+    target = as_target(target)
+    entry = cache.resolve(target, codegen)
+    key = cache.key_for(mod, target, compile_device=True, codegen=entry)
+    digest = key.digest
+
+    def stored() -> bool | None:
+        # Present is enough: on this host the entry cannot be loaded (no driver), only kept.
+        return True if cache._has_entry("compiled", digest) else None  # noqa: SLF001
+
+    if not cache.settings.recache and stored():
+        return digest
+    held = None
+    if not cache.settings.recache:
+        held, found = cache._flight.begin(digest, stored)  # noqa: SLF001
+        if found:
+            return digest
+    try:
+        t0 = time.perf_counter()
+        payload, source = compile_cuda_payload(mod, target)
+        seconds = time.perf_counter() - t0
+        cache._stats.add_for(entry.name, "compiled", "builds")  # noqa: SLF001
+        cache._stats.add_for(entry.name, "compiled", "build_seconds", seconds)  # noqa: SLF001
+        meta = {"key": digest, "parts": key.as_dict(), "codegen": entry.name, "mode": "compiled",
+                "target_kind": target.kind.name, "build_seconds": seconds, "created": time.time()}
+        if cache.settings.verify:
+            meta["ir_digest"] = Probe(digest, "compiled", mod).ir_digest
+        blob = encode_cuda_binary(payload, source, meta, func_names=_func_names(mod))
+        cache._stage(entry.name, "compiled", digest, blob)  # noqa: SLF001
+    finally:
+        cache._flight.release(held)  # noqa: SLF001
+    return digest

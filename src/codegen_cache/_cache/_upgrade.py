@@ -1,0 +1,208 @@
+"""Upgrades of llvm entries (LLVM IR -> shared library) in a helper process, one per cache directory.
+
+Emitting an object file runs LLVM, which aborts the whole process on an I/O error (a full
+disk) and may leave C++ threads that abort at exit; linking runs a compiler that Ctrl-C in a
+terminal or a Jupyter interrupt would kill with the rest of the process group. So neither
+runs in the user's process: lower() stores the LLVM IR at once, drops a marker file in
+`<dir>/upgrade/`, and makes sure an upgrader is running. The upgrader is this module run as a
+program, in a session of its own, detached (a grandchild: nobody has to wait for it). It holds
+`<dir>/upgrade/.lock` (an flock: at most one per directory and host), upgrades every marked
+entry, and exits after IDLE_SECONDS without work. A marker whose upgrade fails is dropped;
+the next process that loads the raw entry marks it again, so a failed or interrupted upgrade
+is retried later, and the raw entry serves hits meanwhile.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .._log import warn_once
+from .._storage._faults import FILE_MODE, ensure_dir
+
+__all__ = ["IDLE_SECONDS", "request", "wait_idle"]
+
+logger = logging.getLogger(__name__)
+
+IDLE_SECONDS = 3.0
+_MARKER = re.compile(r"^(compiled|source)\.([0-9a-f]{32})$")
+_LOCK_NAME = ".lock"
+# The launcher forks before it imports anything heavy (the upgrader imports TVM), so that
+# whoever starts it waits for a bare interpreter start only.
+_BOOTSTRAP = (
+    "import os, sys\n"
+    "if os.fork() > 0:\n    os._exit(0)\n"
+    "from codegen_cache._cache._upgrade import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+def _marker_dir(directory: Path) -> Path:
+    return Path(directory) / "upgrade"
+
+
+def request(directory: Path, store: str, digest: str) -> bool:
+    """Mark an entry for upgrading and make sure an upgrader runs; False if that failed."""
+    markers = _marker_dir(directory)
+    try:
+        ensure_dir(markers)
+        fd = os.open(markers / f"{store}.{digest}", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+        os.close(fd)
+    except OSError as err:
+        logger.debug("codegen cache: cannot mark %s for upgrading: %s", digest[:16], err)
+        return False
+    # Marker first, then the check: an upgrader about to exit rescans after releasing its
+    # lock, so either it sees this marker or this check sees its lock free.
+    if _running(directory):
+        return True
+    return _spawn(directory)
+
+
+def _lock_path(directory: Path) -> Path:
+    return _marker_dir(directory) / _LOCK_NAME
+
+
+def _running(directory: Path) -> bool:
+    try:
+        fd = os.open(_lock_path(directory), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # closing drops the lock we may have just taken
+    return False
+
+
+def _spawn(directory: Path) -> bool:
+    if not sys.executable:
+        return False
+    try:
+        # The launcher forks the upgrader and exits at once; waiting for it reaps it.
+        launcher = subprocess.run(
+            [sys.executable, "-c", _BOOTSTRAP, str(directory)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, close_fds=True, timeout=60, check=False,
+        )
+    except (OSError, subprocess.SubprocessError) as err:
+        warn_once(logger, ("upgrader", str(directory)), "codegen cache: cannot start the llvm upgrader "
+                  "(%s); llvm entries stay LLVM IR (slower hits, still correct)", err)
+        return False
+    return launcher.returncode == 0
+
+
+def wait_idle(directory: Path, timeout: float) -> bool:
+    """Until no entry of `directory` is marked for upgrading (or `timeout`); True when none is."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            pending = any(_MARKER.match(n) for n in os.listdir(_marker_dir(directory)))
+        except OSError:
+            pending = False
+        if not pending:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        if not _running(directory):
+            _spawn(directory)
+        time.sleep(0.05)
+
+
+# ---- the upgrader program ------------------------------------------------------------------
+
+
+def _upgrade_one(directory: Path, store_name: str, digest: str, stores: dict, counters) -> None:
+    from .._artifacts import upgrade
+    from .._errors import ArtifactError
+    from .._storage._disk import STORAGE_ERRORS, ArtifactStore
+    from .._storage._fsprobe import scratch_dir
+    from .._storage._pending import PendingFiles
+
+    store = stores.get(store_name)
+    if store is None:
+        # The size limit is the store's own setting, kept in its database; this one is unused.
+        store = stores[store_name] = ArtifactStore(directory / store_name, size_limit=1 << 62)
+    staged = PendingFiles(directory / "pending" / store_name)
+    try:
+        row = store.read(digest)
+        blob = row.blob if row is not None else staged.read(digest)
+        if blob is None:
+            return
+        better = upgrade(blob, scratch_dir(directory / "tmp"))
+        if better is None:
+            return
+        # Only over the entry we read: a rebuild (recache) may have replaced it meanwhile.
+        current = store.read(digest)
+        if current is None or current.blob == blob:
+            store.put(digest, better)
+            staged.remove(digest, blob)
+            counters.add("upgrades")
+    except (ArtifactError, *STORAGE_ERRORS, RuntimeError, ValueError, subprocess.SubprocessError) as err:
+        counters.add("error:upgrade")
+        logger.warning("codegen cache: upgrading %s/%s failed: %s", store_name, digest[:16], err)
+
+
+def _serve(directory: Path) -> int:
+    from .._storage._counters import CounterTable
+    ensure_dir(_lock_path(directory).parent)
+    lock = os.open(_lock_path(directory), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return 0  # another upgrader has this directory
+    markers, stores, counters = _marker_dir(directory), {}, CounterTable(directory)
+    idle_since = time.monotonic()
+    while True:
+        if not os.path.isdir(markers):
+            return 0  # the cache directory was removed: nothing left to upgrade
+        try:
+            names = sorted(n for n in os.listdir(markers) if _MARKER.match(n))
+        except OSError:
+            names = []
+        for name in names:
+            store_name, digest = _MARKER.match(name).groups()  # type: ignore[union-attr]
+            _upgrade_one(directory, store_name, digest, stores, counters)
+            try:
+                os.unlink(markers / name)
+            except OSError:
+                pass
+        if names:
+            idle_since = time.monotonic()
+        elif time.monotonic() - idle_since > IDLE_SECONDS:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            try:
+                again = any(_MARKER.match(n) for n in os.listdir(markers))
+            except OSError:
+                again = False
+            if not again:
+                return 0
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return 0  # a new upgrader took over the new markers
+            idle_since = time.monotonic()
+        else:
+            time.sleep(0.1)
+
+
+def main(argv: list[str]) -> int:
+    """The upgrader of the cache directory argv[0] (started detached by `request`)."""
+    directory = Path(argv[0])
+    try:
+        ensure_dir(directory / "tmp")
+        log = os.open(directory / "tmp" / "cgc-upgrader.log",
+                      os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+        os.dup2(log, 2)  # what LLVM or the linker print too
+        os.close(log)
+    except OSError:
+        pass
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s codegen-cache upgrader %(process)d: %(message)s")
+    return _serve(directory)

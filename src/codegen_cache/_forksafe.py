@@ -1,0 +1,106 @@
+"""What a process made by fork() must not inherit from its parent, and how the cache resets it.
+
+fork() copies the memory of the calling thread's process but only that thread: a lock another
+thread held stays held forever in the child, a queue keeps the parent's unfinished jobs, and a
+file lock or a SQLite connection is shared with the parent. Each component registers what
+its child must do (`on_fork_child`): forget the parent's jobs, locks and connections, start
+its own when first used. `ForkGate` makes fork() wait until no thread of ours is inside
+SQLite, whose own mutexes would otherwise be copied while held.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable
+
+__all__ = ["ForkGate", "on_fork_child", "sqlite_gate"]
+
+logger = logging.getLogger(__name__)
+
+_callbacks: list[Callable[[], Callable[[], None] | None]] = []
+_callbacks_lock = threading.Lock()
+
+
+def on_fork_child(callback: Callable[[], None]) -> None:
+    """Run `callback` in every child process right after fork (a bound method is held weakly)."""
+    if hasattr(callback, "__self__"):
+        ref = weakref.WeakMethod(callback)  # type: ignore[arg-type]
+    else:
+        ref = lambda: callback  # noqa: E731 - a plain function lives as long as its module
+    with _callbacks_lock:
+        _callbacks.append(ref)
+
+
+def _after_fork_in_child() -> None:
+    global _callbacks_lock
+    # The lock may have been held by another thread of the parent at the fork.
+    _callbacks_lock = threading.Lock()
+    alive = []
+    for ref in _callbacks:
+        callback = ref()
+        if callback is None:
+            continue
+        alive.append(ref)
+        try:
+            callback()
+        except Exception:  # noqa: BLE001 - one component's reset must not stop the others'
+            logger.exception("codegen cache: resetting %r after fork failed", callback)
+    _callbacks[:] = alive
+
+
+class ForkGate:
+    """Threads pass through it around SQLite calls; fork() waits until none is inside."""
+
+    # A SQLite call waits at most its busy timeout (a few seconds); a fork waits a bit longer,
+    # then goes ahead rather than hang the parent.
+    FORK_WAIT = 10.0
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._inside = 0
+        self._forking = False
+
+    def __enter__(self) -> None:
+        with self._cond:
+            while self._forking:
+                self._cond.wait()
+            self._inside += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            self._inside -= 1
+            if not self._inside:
+                self._cond.notify_all()
+
+    def before_fork(self) -> None:
+        """Hold the gate shut until the fork is done (called in the forking thread)."""
+        self._cond.acquire()
+        deadline = time.monotonic() + self.FORK_WAIT
+        while self._inside and time.monotonic() < deadline:
+            self._cond.wait(deadline - time.monotonic())
+        self._forking = True
+
+    def after_fork_in_parent(self) -> None:
+        """Open the gate again."""
+        self._forking = False
+        self._cond.notify_all()
+        self._cond.release()
+
+    def after_fork_in_child(self) -> None:
+        """A new gate: the child has none of the parent's threads inside."""
+        self._reset()
+
+
+sqlite_gate = ForkGate()
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=sqlite_gate.before_fork, after_in_parent=sqlite_gate.after_fork_in_parent,
+                        after_in_child=sqlite_gate.after_fork_in_child)
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,128 @@
+"""Entries written before lower() returns: one file per entry, renamed into place atomically.
+
+A fresh module's entry is written here on the caller's thread (tens of microseconds: one
+write and a rename into the page cache), so it survives whatever happens to the process
+next: exit, os._exit, SIGTERM from Pool.terminate, garbage collection of the cache object.
+Moving it into the diskcache store (`promote`) comes later, on a background thread, or from
+any process that finds the file: every step is idempotent and the file is complete once it
+is visible. Readers look here after a store miss (one stat).
+
+Only names this module made are read or removed: `<digest>` (32 hex digits) for entries and
+`cgc-*.tmp` while writing; files are opened without following symlinks, must be regular
+files, and reads are bounded.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import stat
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from ._faults import FILE_MODE, ensure_dir, share_file_mode
+
+__all__ = ["MAX_ENTRY_BYTES", "PendingFiles"]
+
+logger = logging.getLogger(__name__)
+
+MAX_ENTRY_BYTES = 1 << 30  # no codegen result comes near this; a bigger file was planted
+_NAME = re.compile(r"^[0-9a-f]{32}$")
+_TMP_PREFIX = "cgc-"
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class PendingFiles:
+    """The staging directory of one store: `<cache>/pending/<store>/`."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = str(directory)
+
+    def path(self, digest: str) -> str:
+        """Where the entry of `digest` is staged."""
+        return os.path.join(self.directory, digest)
+
+    def write(self, digest: str, blob: bytes) -> bool:
+        """Write the entry atomically (a reader sees all of it or nothing); OSError on failure."""
+        if not _NAME.match(digest):
+            raise ValueError(f"not a key digest: {digest!r}")
+        tmp = os.path.join(self.directory, f"{_TMP_PREFIX}{os.getpid()}-{time.monotonic_ns()}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+        except FileNotFoundError:  # first write, or the cache directory was removed under us
+            ensure_dir(self.directory)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+        try:
+            try:
+                view = memoryview(blob)
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
+            share_file_mode(tmp)
+            os.rename(tmp, self.path(digest))
+            return True
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+
+    def read(self, digest: str, *, max_bytes: int = MAX_ENTRY_BYTES) -> bytes | None:
+        """The staged bytes of `digest`, or None (absent, not a regular file, or too big)."""
+        try:
+            fd = os.open(self.path(digest), _READ_FLAGS)
+        except OSError as err:
+            if err.errno not in (errno.ENOENT, errno.ENOTDIR):
+                logger.debug("codegen cache: cannot open staged entry %s: %s", digest[:16], err)
+            return None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
+                logger.warning("codegen cache: ignoring %s: not a regular file of at most %d bytes",
+                               self.path(digest), max_bytes)
+                return None
+            data = os.read(fd, info.st_size + 1)
+            while len(data) <= info.st_size:
+                more = os.read(fd, info.st_size + 1 - len(data))
+                if not more:
+                    break
+                data += more
+            return data if len(data) == info.st_size else None
+        finally:
+            os.close(fd)
+
+    def remove(self, digest: str, blob: bytes | None = None) -> None:
+        """Remove the staged file of `digest` (only if it still holds `blob`, when given)."""
+        path = self.path(digest)
+        if blob is not None and self.read(digest) != blob:
+            return  # replaced meanwhile (a rebuild): the newer file is promoted on its own
+        try:
+            os.unlink(path)
+        except OSError as err:
+            if err.errno != errno.ENOENT:
+                logger.debug("codegen cache: cannot remove staged entry %s: %s", path, err)
+
+    def digests(self) -> Iterator[str]:
+        """Digests staged here (entries only, never temporary or foreign files)."""
+        try:
+            with os.scandir(self.directory) as entries:
+                names = [e.name for e in entries if _NAME.match(e.name) and e.is_file(follow_symlinks=False)]
+        except OSError:
+            return iter(())
+        return iter(names)
+
+    def clear(self) -> int:
+        """Remove every staged entry; how many went."""
+        removed = 0
+        for digest in list(self.digests()):
+            try:
+                os.unlink(self.path(digest))
+                removed += 1
+            except OSError:
+                pass
+        return removed
