@@ -29,7 +29,7 @@ from ._registry import (
     resolve_device_codegen,
 )
 from ._cache._stats import CacheStats
-from .codegens import install_lazy as _install_builtin_codegens
+from .codegens import install_builtins as _install_builtin_codegens
 
 _install_builtin_codegens(default_registry)
 

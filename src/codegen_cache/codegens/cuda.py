@@ -26,7 +26,7 @@ from tvm.target import Target
 
 from .._errors import ArtifactError, CudaRuntimeUnavailableError
 from .._registry import DeviceCodegen
-from ._common import env_salts, register_all
+from ._common import env_salts
 
 __all__ = [
     "CODEGENS",
@@ -266,5 +266,3 @@ CODEGENS = {
         )
     ]
 }
-
-register_all(CODEGENS)
