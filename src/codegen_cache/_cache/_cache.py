@@ -216,11 +216,17 @@ class CodegenCache:
     def _lower(self, mod: IRModule, target: TargetLike, compile_device: bool,
                codegen: DeviceCodegen | str | None) -> Module:
         start = time.perf_counter()
-        if not isinstance(mod, IRModule):
-            raise TypeError(f"Expected a tvm.IRModule to lower, got {type(mod).__name__}")
         if type(target) is not Target:
             target = as_target(target)
         entry = codegen if type(codegen) is DeviceCodegen else self.resolve(target, codegen)
+        if not isinstance(mod, IRModule) or not isinstance(entry, DeviceCodegen):
+            # Nothing to key (not an IRModule; a duck-typed entry has no key parts): run it uncached.
+            self._stats.add("uncacheable")
+            run = entry.invoke if isinstance(entry, DeviceCodegen) else entry.lower
+            module = run(mod, target, compile_device=compile_device)
+            _emit_fields("uncacheable", "", entry.name, "compiled" if compile_device else "source", 0.0, 0.0,
+                         time.perf_counter() - start, time.perf_counter() - start, False)
+            return module
         if (entry.build if compile_device else entry.build_without_compile) is None:
             entry._func_for(target, compile_device)  # noqa: SLF001 - raises the seed's ValueError
         structural_hash = ir_hash(mod)

@@ -46,6 +46,7 @@ COUNTERS = (
     "remote_offline",
     "build_seconds",
     "saved_seconds",
+    "uncacheable",
 )
 
 
@@ -76,6 +77,7 @@ class CacheStats:
     remote_offline: int = 0
     build_seconds: float = 0.0
     saved_seconds: float = 0.0
+    uncacheable: int = 0
     errors: dict[str, int] = field(default_factory=dict)
 
     @property
