@@ -38,7 +38,7 @@ from ._registry import (
     register_lazy_device_codegen,
     resolve_device_codegen,
 )
-from .codegens import install_lazy as _install_builtin_codegens
+from .codegens import install_builtins as _install_builtin_codegens
 
 _install_builtin_codegens(default_registry)
 

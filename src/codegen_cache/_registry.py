@@ -1,18 +1,37 @@
-"""The device codegen registry, API-compatible with tilelang.backend.device_codegen."""
+"""The device codegen registry: the API and behaviour of tilelang.backend.device_codegen.
+
+Behaviour kept from tilelang commit 607a9144c (docs/codegens.md has the full table): entries are
+any object with DeviceCodegen's attributes; `override=True` removes the old entry and appends the
+new one at the end of the kind's list; each kind has ONE lazy import path (a later call replaces
+it), imported on the kind's first use, whose import errors propagate raw and are retried on the
+next use; `matches` returns the predicate's own value; messages start with the original's text.
+
+Extensions: a registry is a class (tests build a fresh one); targets may be given as a dict or a
+string; DeviceCodegen has `toolchain` and `salt` for the cache key, and `lower` goes through the
+cache. The built-in codegens of the stock TVM kinds are kept apart (`register_builtin_family`):
+never in the lazy slot, never in the registered lists; they come after every registered codegen
+of their kind and give way to one of the same name. So where a registered codegen matches, every
+answer is the original's; a stock kind where nothing registered matches resolves to its built-in
+instead of raising. compile_device must be a bool (the one deliberate difference).
+"""
 
 from __future__ import annotations
 
 import importlib
+import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from importlib import import_module  # module-level name: tilelang's own tests patch it
+from typing import TYPE_CHECKING, Any
 
-import tvm
 import tvm_ffi
 from tvm.ir import IRModule
 from tvm.target import Target
 
+from ._context import active_cache
+from ._outcome import emit_uncached
 from ._targets import TargetLike, as_target
 
 if TYPE_CHECKING:
@@ -37,25 +56,26 @@ TargetPredicate = Callable[[Target], bool]
 ToolchainFunc = Callable[[Target, bool], Mapping[str, str]]
 
 
-def _build_function_names() -> list[str]:
-    return sorted(n for n in tvm_ffi.registry.list_global_func_names() if n.startswith("target.build."))
+def _add_note(err: BaseException, note: str) -> None:
+    if sys.version_info >= (3, 11):  # BaseException.add_note is new in 3.11
+        err.add_note(note)
 
 
 def global_func_device_codegen(global_func_name: str) -> DeviceCodegenFunc:
     """Create a device codegen callback backed by a TVM global function."""
 
-    def codegen(mod: IRModule, target: Target) -> Module:
-        func = tvm.get_global_func(global_func_name, allow_missing=True)
-        if func is None:
-            raise ValueError(
-                f"TVM global function {global_func_name!r} is not registered in this TVM build. "
-                f"Registered codegen functions: {_build_function_names()}."
-            )
+    def build(mod: IRModule, target: Target) -> Module:
+        # Looked up on every call, as the original does: a function registered later is found,
+        # and an unknown name raises tvm_ffi's own ValueError("Cannot find global function ...").
+        try:
+            func = tvm_ffi.get_global_func(global_func_name)
+        except ValueError as err:
+            names = sorted(n for n in tvm_ffi.registry.list_global_func_names() if n.startswith("target.build."))
+            _add_note(err, f"Registered codegen functions in this TVM build: {names}.")
+            raise
         return func(mod, target)
 
-    codegen.__name__ = f"global_func<{global_func_name}>"
-    codegen.__qualname__ = codegen.__name__
-    return codegen
+    return build
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,21 +86,20 @@ class DeviceCodegen:
     build: DeviceCodegenFunc | None = None
     build_without_compile: DeviceCodegenFunc | None = None
     supports_target: TargetPredicate | None = None
-    # Extensions (keyword defaults keep the seed's constructor unchanged):
+    # Extensions (keyword defaults keep the original's constructor unchanged):
     toolchain: ToolchainFunc | None = None
     salt: str = ""
 
     def matches(self, target: Target) -> bool:
-        """True when this codegen accepts `target` (always, without a predicate)."""
-        return self.supports_target is None or bool(self.supports_target(target))
+        """The predicate's own value for `target` (True without a predicate), as the original."""
+        return True if self.supports_target is None else self.supports_target(target)
 
     def _func_for(self, target: Target, compile_device: bool) -> DeviceCodegenFunc:
         func = self.build if compile_device else self.build_without_compile
         if func is None:
             mode = "with compilation" if compile_device else "without compilation"
             raise ValueError(
-                f"Device codegen {self.name!r} for target {target.kind.name!r} "
-                f"does not support lowering {mode}"
+                f"Device codegen '{self.name}' for target '{target.kind.name}' does not support lowering {mode}"
             )
         return func
 
@@ -95,13 +114,21 @@ class DeviceCodegen:
 
     def lower(self, mod: IRModule, target: TargetLike, *, compile_device: bool) -> Module:
         """Lower `mod` through the active cache (see use_cache), else call the codegen."""
-        from ._context import active_cache  # the cache layer sits above the registry
-
+        # Deliberately stricter than the original (any truthy value compiles there): a string
+        # such as "False" silently compiling is the bug this catches.
+        if not isinstance(compile_device, bool):
+            raise TypeError(
+                f"compile_device must be a bool, got {compile_device!r} of type {type(compile_device).__name__}"
+            )
         target = as_target(target)
         self._func_for(target, compile_device)  # a missing mode is an error before any lookup
         cache = active_cache()
         if cache is None:
-            return self.invoke(mod, target, compile_device=compile_device)
+            start = time.perf_counter()
+            module = self.invoke(mod, target, compile_device=compile_device)
+            emit_uncached(self.name, "compiled" if compile_device else "source", time.perf_counter() - start)
+            return module
+        # The cache runs the codegen itself for inputs it cannot key (not an IRModule).
         return cache.lower(mod, target, compile_device=compile_device, codegen=self)
 
 
@@ -109,8 +136,13 @@ class DeviceCodegenRegistry:
     """Codegens per target kind, in registration order, plus lazily imported backends."""
 
     def __init__(self) -> None:
-        self._codegens: dict[str, list[DeviceCodegen]] = {}
-        self._lazy: dict[str, list[str]] = {}
+        # The original's three module globals, same shapes and meaning:
+        self._codegens: dict[str, list[Any]] = {}  # _DEVICE_CODEGENS
+        self._lazy: dict[str, str] = {}  # _LAZY_DEVICE_CODEGENS: one import path per kind
+        self._loaded: set[str] = set()  # _LOADED_DEVICE_CODEGENS: kinds whose lazy path was imported
+        # Extension: built-in families, apart from all of the above, and their loaded entries.
+        self._builtins: dict[str, str] = {}
+        self._builtin_codegens: dict[str, tuple[DeviceCodegen, ...]] = {}
         # Bumped on every change, so callers may memoize resolve() per target.
         self.version = 0
         # RLock: a lazily imported backend registers into this registry while we hold the lock.
@@ -118,91 +150,115 @@ class DeviceCodegenRegistry:
 
     def register(self, target_kind: str, codegen: DeviceCodegen, *, override: bool = False) -> DeviceCodegen:
         """Register `codegen` for `target_kind`; the same name twice raises unless override."""
-        if not isinstance(codegen, DeviceCodegen):
-            raise TypeError(f"Expected a DeviceCodegen for target kind {target_kind!r}, got {codegen!r}")
         with self._lock:
             entries = self._codegens.setdefault(target_kind, [])
-            for index, existing in enumerate(entries):
-                if existing.name == codegen.name:
-                    if not override:
-                        raise ValueError(
-                            f"Device codegen {codegen.name!r} is already registered for target kind "
-                            f"{target_kind!r}. Pass override=True to replace it."
-                        )
-                    entries[index] = codegen
-                    self.version += 1
-                    return codegen
+            if override:
+                # Removed and appended at the end, as the original: the kind's order changes.
+                entries[:] = [item for item in entries if item.name != codegen.name]
+            elif any(item.name == codegen.name for item in entries):
+                raise ValueError(
+                    f"Device codegen {codegen.name!r} is already registered for target kind {target_kind!r}. "
+                    "Pass override=True to replace it (the new entry then goes to the end of the kind's list)."
+                )
             entries.append(codegen)
             self.version += 1
         return codegen
 
     def register_lazy(self, target_kind: str, import_path: str) -> None:
-        """Import `import_path` when `target_kind` is first used; it registers its codegens."""
+        """Import `import_path` when `target_kind` is next used (replaces the kind's earlier path)."""
         with self._lock:
-            paths = self._lazy.setdefault(target_kind, [])
-            if import_path not in paths:
-                paths.append(import_path)
+            self._lazy[target_kind] = import_path
+            self._loaded.discard(target_kind)
+            self.version += 1
+
+    def register_builtin_family(self, target_kind: str, module: str) -> None:
+        """Extension: `module.CODEGENS[target_kind]` back the kind, after every registered codegen."""
+        with self._lock:
+            self._builtins[target_kind] = module
+            self._builtin_codegens.pop(target_kind, None)
+            self.version += 1
+
+    def _ensure_loaded(self, target_kind: str) -> None:
+        if target_kind in self._loaded and (target_kind in self._builtin_codegens or target_kind not in self._builtins):
+            return  # the hot path: no lock (set and dict lookups are atomic)
+        with self._lock:
+            if target_kind not in self._loaded:
+                import_path = self._lazy.get(target_kind)
+                if import_path is not None:
+                    # Raw errors (ModuleNotFoundError with .name), as the original; the kind
+                    # stays unloaded, so the next call retries (e.g. after installing it).
+                    import_module(import_path)
+                self._loaded.add(target_kind)
+            if target_kind in self._builtins and target_kind not in self._builtin_codegens:
+                family = importlib.import_module(self._builtins[target_kind])
+                self._builtin_codegens[target_kind] = tuple(family.CODEGENS.get(target_kind, ()))
                 self.version += 1
 
-    def _load_lazy(self, target_kind: str) -> None:
-        if target_kind not in self._lazy:
-            return
+    def _entries(self, target_kind: str) -> list[DeviceCodegen]:
+        # The registered codegens (the original's list), then the built-ins no registered name hides.
         with self._lock:
-            paths = self._lazy.get(target_kind, [])
-            while paths:
-                path = paths[0]
-                try:
-                    importlib.import_module(path)
-                except ImportError as err:
-                    # Left in the list, so a later call retries (e.g. after installing the backend).
-                    raise ImportError(
-                        f"Failed to import device codegen module {path!r} registered for target "
-                        f"kind {target_kind!r}: {err}"
-                    ) from err
-                paths.pop(0)
-            self._lazy.pop(target_kind, None)
+            entries = list(self._codegens.get(target_kind, ()))
+            builtins = self._builtin_codegens.get(target_kind, ())
+        if builtins:
+            taken = {item.name for item in entries}
+            entries += [codegen for codegen in builtins if codegen.name not in taken]
+        return entries
 
     def registered(self, target_kind: str) -> list[DeviceCodegen]:
-        """Codegens registered so far for a kind, without importing lazy backends."""
-        with self._lock:
-            return list(self._codegens.get(target_kind, ()))
+        """Codegens of a kind so far (built-ins last, if loaded), without importing anything."""
+        return self._entries(target_kind)
 
     def codegens_for_kind(self, target_kind: str) -> list[DeviceCodegen]:
-        """All codegens registered for a kind, in registration order (lazy ones loaded)."""
-        self._load_lazy(target_kind)
-        with self._lock:
-            return list(self._codegens.get(target_kind, ()))
+        """All codegens of a kind in resolution order: registered ones, then built-ins (lazy ones loaded)."""
+        self._ensure_loaded(target_kind)
+        return self._entries(target_kind)
 
     def kinds(self) -> list[str]:
-        """Every target kind with a codegen or a lazy registration."""
+        """Every target kind with a codegen, a lazy path or a built-in family."""
         with self._lock:
-            return sorted(set(self._codegens) | set(self._lazy))
+            return sorted(set(self._codegens) | set(self._lazy) | set(self._builtins))
+
+    def _matching(self, target: Target) -> list[DeviceCodegen]:
+        kind = target.kind.name
+        found = []
+        for codegen in self.codegens_for_kind(kind):
+            try:
+                accepted = codegen.matches(target)
+            # Broad on purpose: the predicate is user code, and its exception propagates
+            # unchanged (as the original's does); only a note naming the codegen is added.
+            except Exception as err:
+                _add_note(err, f"raised by the supports_target of device codegen {codegen.name!r} "
+                               f"registered for target kind {kind!r}, for target {target}")
+                raise
+            if accepted:
+                found.append(codegen)
+        return found
 
     def allowed(self, target: TargetLike) -> list[str]:
         """Names of the codegens that match `target`, in registration order."""
-        target = as_target(target)
-        return [c.name for c in self.codegens_for_kind(target.kind.name) if c.matches(target)]
+        return [codegen.name for codegen in self._matching(as_target(target))]
 
     def resolve(self, target: TargetLike) -> DeviceCodegen:
         """The first codegen that matches `target`; ValueError naming what is available."""
         target = as_target(target)
+        matches = self._matching(target)
+        if matches:
+            return matches[0]
         kind = target.kind.name
-        entries = self.codegens_for_kind(kind)
-        for codegen in entries:
-            if codegen.matches(target):
-                return codegen
-        if entries:
-            raise ValueError(
-                f"No device codegen registered for target kind {kind!r} matches target "
-                f"{target}. Registered for {kind!r}: {[c.name for c in entries]}."
-            )
-        raise ValueError(
-            f"No device codegen registered for target kind {kind!r}. "
-            f"Available target kinds: {self.kinds()}."
-        )
+        names = [codegen.name for codegen in self.registered(kind)]
+        message = f"No device codegen registered for target '{kind}'. Available: {', '.join(names) or '<none>'}."
+        if names:
+            message += f" None of them accepts target {target}."
+        else:
+            message += f" Target kinds with a device codegen: {', '.join(self.kinds()) or '<none>'}."
+        raise ValueError(message)
 
 
 default_registry = DeviceCodegenRegistry()
+# The original's private globals, for code that reads or patches them (tilelang's own tests do).
+_DEVICE_CODEGENS = default_registry._codegens
+_LAZY_DEVICE_CODEGENS = default_registry._lazy
+_LOADED_DEVICE_CODEGENS = default_registry._loaded
 
 
 def register_device_codegen(target_kind: str, codegen: DeviceCodegen, *, override: bool = False) -> DeviceCodegen:

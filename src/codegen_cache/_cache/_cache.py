@@ -233,9 +233,16 @@ class CodegenCache:
         if type(target) is not Target:
             target = as_target(target)
         entry = codegen if type(codegen) is DeviceCodegen else self.resolve(target, codegen)
-        if _mode_function(entry, compile_device) is None:
-            DeviceCodegen._func_for(entry, target, compile_device)  # noqa: SLF001 - raises the seed's ValueError
         mode = "compiled" if compile_device else "source"
+        if not isinstance(entry, DeviceCodegen):
+            # A duck-typed entry (tilelang's registry takes any object with the attributes):
+            # its own lower() decides what happens; nothing here knows its key parts.
+            self._stats.add_for(entry.name, mode, "uncacheable")
+            module = entry.lower(mod, target, compile_device=compile_device)
+            emit_uncached(entry.name, mode, time.perf_counter() - start)
+            return module
+        if _mode_function(entry, compile_device) is None:
+            entry._func_for(target, compile_device)  # noqa: SLF001 - raises the seed's ValueError
         if not isinstance(mod, IRModule):
             # Nothing to key (tilelang's own tests pass placeholders): the codegen decides.
             self._stats.add_for(entry.name, mode, "uncacheable")

@@ -1,12 +1,19 @@
-"""Built-in device codegens for the stock TVM target kinds, registered lazily per family."""
+"""Built-in device codegens for the stock TVM target kinds, one module per family.
+
+Each family module defines `CODEGENS` ({target kind: [DeviceCodegen, ...]}) and registers
+nothing when imported: a registry adds a kind's built-ins itself on the kind's first use, after
+the user's lazy path for that kind, skipping names already taken (DeviceCodegenRegistry.
+register_builtin_family). They are kept apart from the user-visible lazy slot (one path per kind,
+replaced by a later register_lazy_device_codegen), so a user's path never removes a built-in.
+"""
 
 from __future__ import annotations
 
 from .._registry import DeviceCodegenRegistry
 
-__all__ = ["BUILTIN_FAMILIES", "install_lazy"]
+__all__ = ["BUILTIN_FAMILIES", "install_builtins"]
 
-# target kind -> module that registers its codegens when the kind is first used
+# target kind -> module whose CODEGENS[kind] are that kind's built-in codegens
 BUILTIN_FAMILIES: dict[str, str] = {
     "cuda": "codegen_cache.codegens.cuda",
     "llvm": "codegen_cache.codegens.cpu",
@@ -20,7 +27,7 @@ BUILTIN_FAMILIES: dict[str, str] = {
 }
 
 
-def install_lazy(registry: DeviceCodegenRegistry) -> None:
-    """Register every built-in family lazily in `registry`."""
+def install_builtins(registry: DeviceCodegenRegistry) -> None:
+    """Give `registry` every built-in family (loaded per kind on its first use)."""
     for kind, module in BUILTIN_FAMILIES.items():
-        registry.register_lazy(kind, module)
+        registry.register_builtin_family(kind, module)

@@ -10,7 +10,6 @@ from tvm.runtime import Module
 from tvm.target import Target
 
 from .._registry import DeviceCodegen, global_func_device_codegen
-from ._common import register_all
 
 __all__ = ["CODEGENS", "llvm_ir_source"]
 
@@ -42,5 +41,3 @@ CODEGENS = {
     ],
     "c": [DeviceCodegen("c", build_without_compile=global_func_device_codegen("target.build.c"))],
 }
-
-register_all(CODEGENS)

@@ -24,7 +24,7 @@ from .. import _compat
 from .._artifacts._cuda import CudaPayload, load_cuda_payload, module_payload, remember_source
 from .._errors import CudaRuntimeUnavailableError
 from .._registry import DeviceCodegen
-from ._common import env_salts, register_all
+from ._common import env_salts
 
 __all__ = ["CODEGENS", "build_cuda", "compile_cuda_payload", "cuda_source_module", "find_nvcc", "nvcc_version"]
 
@@ -144,5 +144,3 @@ CODEGENS = {
         )
     ]
 }
-
-register_all(CODEGENS)

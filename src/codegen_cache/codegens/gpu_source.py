@@ -10,7 +10,7 @@ from __future__ import annotations
 from tvm.target import Target
 
 from .._registry import DeviceCodegen, global_func_device_codegen
-from ._common import env_salts, register_all
+from ._common import env_salts
 
 __all__ = ["CODEGENS"]
 
@@ -50,5 +50,3 @@ CODEGENS = {
     "vulkan": [_source_codegen("vulkan")],
     "webgpu": [_source_codegen("webgpu")],
 }
-
-register_all(CODEGENS)
