@@ -23,6 +23,7 @@ from ._errors import (
     ConfigError,
     CudaRuntimeUnavailableError,
     LoweringError,
+    UncacheableError,
 )
 from ._key import CacheKey
 from ._outcome import Outcome, last_outcome, record_outcomes
@@ -64,6 +65,7 @@ __all__ = [
     "Outcome",
     "Settings",
     "TargetPredicate",
+    "UncacheableError",
     "allowed_device_codegens_for_target",
     "build",
     "build_key",

@@ -15,6 +15,7 @@ __all__ = [
     "KernelSourceError",
     "LoweringError",
     "ReadOnlyStoreError",
+    "UncacheableError",
     "UnsafeEntryError",
 ]
 
@@ -138,3 +139,23 @@ class CommandError(CodegenCacheError):
 
     def __reduce__(self):
         return (CommandError, (self.message, self.code))
+
+
+class UncacheableError(CodegenCacheError):
+    """A codegen reads an input the key cannot hold (e.g. a callback with no trustworthy identity).
+
+    Raised by a codegen's toolchain function; the cache then runs the codegen without storing
+    or serving anything, counts the lowering as uncacheable and warns once per input.
+    """
+
+    def __init__(self, what: str, reason: str, remedy: str) -> None:
+        super().__init__(what, reason, remedy)
+        self.what = what
+        self.reason = reason
+        self.remedy = remedy
+
+    def __str__(self) -> str:
+        return f"{self.what} cannot be keyed ({self.reason}); {self.remedy}"
+
+    def __reduce__(self):
+        return (UncacheableError, (self.what, self.reason, self.remedy))

@@ -30,7 +30,7 @@ from tvm.target import Target
 from .. import _context
 from .._artifacts import FORMAT_VERSION, frame, prepare
 from .._config import Settings, settings_from_env
-from .._errors import ConfigError
+from .._errors import ConfigError, UncacheableError
 from .._key import CacheKey, compute_key, ir_hash
 from .._outcome import emit, emit_uncached
 from .._registry import DeviceCodegen, DeviceCodegenRegistry, default_registry
@@ -250,7 +250,15 @@ class CodegenCache:
             emit_uncached(entry.name, mode, time.perf_counter() - start)
             return module
         structural_hash = ir_hash(mod)
-        key = self._key(mod, target, entry, compile_device, structural_hash)
+        try:
+            key = self._key(mod, target, entry, compile_device, structural_hash)
+        except UncacheableError as err:
+            # An input the key cannot hold: neither stored nor served, every time.
+            self._stats.add_for(entry.name, mode, "uncacheable")
+            self._guard.warn(f"uncacheable:{err.what}", "codegen cache: not caching %r results: %s", entry.name, err)
+            module = _mode_function(entry, compile_device)(mod, target)
+            emit_uncached(entry.name, mode, time.perf_counter() - start)
+            return module
         key_seconds = time.perf_counter() - start
         probe = Probe(key.digest, mode, mod, self.settings.verify)
 
