@@ -1,6 +1,6 @@
 """Artifact bytes: the frame, one codec per module kind, the CUDA payload; nothing here pickles."""
 
-from ._codecs import CODECS, check, decode, encode_cuda_binary, prepare, upgrade
+from ._codecs import CODECS, check, decode, encode_cuda_binary, function_names, prepare, upgrade
 from ._cuda import CudaPayload
 from ._frame import FORMAT_VERSION, HOT_META, Artifact, frame, read_meta, unframe
 from ._llvm import SCRATCH_PREFIX, CachedIRModule, CachedLibraryModule, compiler_command
@@ -20,6 +20,7 @@ __all__ = [
     "encode",
     "encode_cuda_binary",
     "frame",
+    "function_names",
     "prepare",
     "read_meta",
     "unframe",

@@ -26,7 +26,7 @@ from .._errors import ArtifactError, CudaRuntimeUnavailableError
 from . import _cuda, _llvm
 from ._frame import Artifact, frame, unframe
 
-__all__ = ["CODECS", "decode", "encode_cuda_binary", "prepare", "upgrade"]
+__all__ = ["CODECS", "check", "decode", "encode_cuda_binary", "function_names", "prepare", "upgrade"]
 
 # The JSON type of each metadata field a hit reads; a checksum is not authentication, so a
 # well-framed entry may still hold anything there (a null build_seconds made lower() raise).
@@ -34,6 +34,15 @@ _HOT_TYPES = {"key": str, "build_seconds": (int, float), "source_format": str, "
               "func_names": list, "module_kind": str, "ir_digest": str}
 # Formats that runtime.SourceModuleCreate is given per fallback module kind.
 _SOURCE_FORMATS = {"cuda": "cu", "opencl": "cl", "metal": "metal", "webgpu": "wgsl", "source": ""}
+
+
+def function_names(mod) -> list[str]:
+    """The symbols of an IRModule's functions (global_symbol, else the name), sorted."""
+    names = []
+    for gv, func in mod.functions.items():
+        symbol = func.attrs.get("global_symbol") if func.attrs is not None else None
+        names.append(str(symbol) if symbol is not None else gv.name_hint)
+    return sorted(names)
 
 
 def prepare(module: Module, meta: Mapping[str, Any], *, func_names: Sequence[str]) -> tuple[str, dict, list[bytes]]:

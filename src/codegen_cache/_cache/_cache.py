@@ -28,7 +28,7 @@ from tvm.runtime import Module
 from tvm.target import Target
 
 from .. import _context
-from .._artifacts import FORMAT_VERSION, frame, prepare
+from .._artifacts import FORMAT_VERSION, frame, function_names, prepare
 from .._config import Settings, settings_from_env
 from .._errors import ConfigError, UncacheableError
 from .._key import CacheKey, compute_key, ir_hash
@@ -60,14 +60,6 @@ _ENCODE_ERRORS = (ValueError, RuntimeError, OSError)
 # Bound of flush(): the background jobs are extras (every entry is staged on disk already).
 FLUSH_SECONDS = 30.0
 _INDEX_SIZE_LIMIT = 64 << 20
-
-
-def _func_names(mod: IRModule) -> list[str]:
-    names = []
-    for gv, func in mod.functions.items():
-        symbol = func.attrs.get("global_symbol") if func.attrs is not None else None
-        names.append(str(symbol) if symbol is not None else gv.name_hint)
-    return sorted(names)
 
 
 def _mode_function(entry: Any, compile_device: bool):
@@ -335,7 +327,7 @@ class CodegenCache:
         if self.settings.verify:
             meta["ir_digest"] = Probe(key.digest, mode, mod).ir_digest
         try:
-            codec, meta, fields = prepare(module, meta, func_names=_func_names(mod))
+            codec, meta, fields = prepare(module, meta, func_names=function_names(mod))
             blob = frame(codec, meta, fields)
         except _ENCODE_ERRORS as err:
             self._stats.add("stores_skipped")

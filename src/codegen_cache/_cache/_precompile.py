@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from tvm.ir import IRModule
 
-from .._artifacts import encode_cuda_binary
+from .._artifacts import encode_cuda_binary, function_names
 from .._targets import TargetLike, as_target
 from ._tiers import Probe
 
@@ -20,12 +20,6 @@ if TYPE_CHECKING:
     from ._cache import CodegenCache
 
 __all__ = ["precompile_cuda"]
-
-
-def _func_names(mod: IRModule) -> list[str]:
-    from ._cache import _func_names as names
-
-    return names(mod)
 
 
 def precompile_cuda(cache: CodegenCache, mod: IRModule, target: TargetLike, codegen: Any = None) -> str:
@@ -58,7 +52,7 @@ def precompile_cuda(cache: CodegenCache, mod: IRModule, target: TargetLike, code
                 "target_kind": target.kind.name, "build_seconds": seconds, "created": time.time()}
         if cache.settings.verify:
             meta["ir_digest"] = Probe(digest, "compiled", mod).ir_digest
-        blob = encode_cuda_binary(payload, source, meta, func_names=_func_names(mod))
+        blob = encode_cuda_binary(payload, source, meta, func_names=function_names(mod))
         cache._stage(entry.name, "compiled", digest, blob)  # noqa: SLF001
     finally:
         cache._flight.release(held)  # noqa: SLF001

@@ -202,10 +202,10 @@ def explain(cache, mod, target, *, modes: list[bool], limit: int = 3, kernel=Non
     `kernel`, the module before lowering, lets explain tell a changed kernel from a changed
     target (by lowering it for the stored entries' targets).
     """
-    from .._cache._cache import _func_names  # noqa: PLC2701 - the names the cache records in entries
+    from .._artifacts import function_names  # the names the cache records in entries
 
     entries = list(iter_entries(cache, ENTRY_STORES))
-    wanted_funcs = _func_names(mod)
+    wanted_funcs = function_names(mod)
     relower = _Relowering(kernel)
     report: dict[str, Any] = {"directory": str(cache.directory), "entries": len(entries),
                               "func_names": wanted_funcs, "modes": []}
