@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Any, Union
 
 from tvm.target import Target
@@ -12,10 +12,6 @@ from tvm.target import Target
 __all__ = ["TargetLike", "as_target", "canonical_target"]
 
 TargetLike = Union[Target, Mapping[str, Any], str]
-
-_CANONICAL_MAX = 1024
-_canonical: dict[Target, str] = {}
-_canonical_lock = threading.Lock()
 
 
 def as_target(target: TargetLike) -> Target:
@@ -48,17 +44,10 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
+@lru_cache(maxsize=1024)
 def canonical_target(target: Target) -> str:
     """Sorted-key JSON of target.export() with the host expanded; memoized per Target object.
 
     str(target) is not canonical (attribute order follows construction), so keys use this.
     """
-    cached = _canonical.get(target)
-    if cached is not None:
-        return cached
-    text = json.dumps(_jsonable(target.export()), sort_keys=True, separators=(",", ":"))
-    with _canonical_lock:
-        if len(_canonical) >= _CANONICAL_MAX:
-            _canonical.clear()
-        _canonical[target] = text
-    return text
+    return json.dumps(_jsonable(target.export()), sort_keys=True, separators=(",", ":"))

@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import tvm
@@ -109,10 +110,6 @@ def _pass_context_part() -> str | None:
     return text
 
 
-_CODEGENS_MAX = 1024
-_codegens_json: dict[tuple, str] = {}
-
-
 def _codegens_part(plan: Plan, registry: DeviceCodegenRegistry) -> str:
     """Codegen name, mode, toolchain and salt of every target the build may call a codegen for.
 
@@ -129,22 +126,33 @@ def _codegens_part(plan: Plan, registry: DeviceCodegenRegistry) -> str:
         compiled = compile_device(entry, target)
         toolchain = tuple(sorted(entry.toolchain(target, compiled).items())) if entry.toolchain is not None else ()
         rows.add((canonical_target(target), entry.name, compiled, toolchain, entry.salt))
-    memo = tuple(sorted(rows))
-    text = _codegens_json.get(memo)
-    if text is None:
-        text = json.dumps([{"target": t, "codegen": c, "mode": "compiled" if m else "source",
-                            "toolchain": dict(tc), "salt": salt} for t, c, m, tc, salt in memo],
-                          sort_keys=True, separators=(",", ":"))
-        if len(_codegens_json) >= _CODEGENS_MAX:
-            _codegens_json.clear()
-        _codegens_json[memo] = text
-    return text
+    return _codegens_json(tuple(sorted(rows)))
 
 
-# The parts after the input's hash repeat across builds; encode them once per combination.
-_TAILS_MAX = 1024
-_tails: dict[tuple, tuple[tuple[tuple[str, str], ...], bytes]] = {}
+@lru_cache(maxsize=1024)
+def _codegens_json(rows: tuple) -> str:
+    return json.dumps([{"target": t, "codegen": c, "mode": "compiled" if m else "source",
+                        "toolchain": dict(tc), "salt": salt} for t, c, m, tc, salt in rows],
+                      sort_keys=True, separators=(",", ":"))
+
+
 _INPUT_PREFIX = _encode_part("input", "0" * 16)[:-16]
+
+
+# The parts after the input's hash repeat across builds: encoded once per combination.
+@lru_cache(maxsize=1024)
+def _tail(bind: Target, pipeline_target: Target | None, pipeline: str | None, context: str, codegens: str,
+          salts: tuple[tuple[str, str], ...]) -> tuple[tuple[tuple[str, str], ...], bytes]:
+    parts = (
+        ("target", canonical_target(bind)),
+        ("pipeline_target", canonical_target(pipeline_target) if pipeline_target is not None else ""),
+        ("pipeline", pipeline if pipeline is not None else "<default for target>"),
+        ("pass_context", context),
+        *salts,
+        ("codegens", codegens),
+        ("index_format", INDEX_FORMAT),
+    )
+    return parts, b"".join(_encode_part(n, v) for n, v in parts)
 
 
 def key_of(plan: Plan, registry: DeviceCodegenRegistry) -> CacheKey | None:
@@ -162,22 +170,7 @@ def key_of(plan: Plan, registry: DeviceCodegenRegistry) -> CacheKey | None:
     # The pipeline's target only picks the pipeline when none is named (beyond that, the host
     # it implies is in the bound target).
     pipeline_target = plan.target if plan.pipeline is None else None
-    memo = (plan.bind, pipeline_target, plan.pipeline, context, _codegens_part(plan, registry))
-    found = _tails.get(memo)
-    if found is None:
-        parts = (
-            ("target", canonical_target(plan.bind)),
-            ("pipeline_target", canonical_target(pipeline_target) if pipeline_target is not None else ""),
-            ("pipeline", plan.pipeline if plan.pipeline is not None else "<default for target>"),
-            ("pass_context", context),
-            *static_salts(),
-            ("codegens", memo[-1]),
-            ("index_format", INDEX_FORMAT),
-        )
-        found = (parts, b"".join(_encode_part(n, v) for n, v in parts))
-        if len(_tails) >= _TAILS_MAX:
-            _tails.clear()
-        _tails[memo] = found
+    found = _tail(plan.bind, pipeline_target, plan.pipeline, context, _codegens_part(plan, registry), static_salts())
     tail_parts, tail_bytes = found
     input_part = ("input", f"{plan.hashed[0] & 0xFFFFFFFFFFFFFFFF:016x}")
     digest = xxhash.xxh3_128_hexdigest(_INPUT_PREFIX + input_part[1].encode() + tail_bytes)
