@@ -14,6 +14,7 @@ from ._build import (
     metaschedule_builder,
 )
 from ._cache import CacheStats, CodegenCache
+from ._cli import main
 from ._config import Settings, settings_from_env
 from ._context import get_cache, use_cache
 from ._errors import (
@@ -39,6 +40,9 @@ from ._registry import (
     register_lazy_device_codegen,
     resolve_device_codegen,
 )
+from ._storage._fsprobe import FsReport
+from ._storage._fsprobe import probe as probe_filesystem
+from ._storage._remote import RedisTier
 from .codegens import install_builtins as _install_builtin_codegens
 
 _install_builtin_codegens(default_registry)
@@ -60,9 +64,11 @@ __all__ = [
     "DeviceCodegen",
     "DeviceCodegenFunc",
     "DeviceCodegenRegistry",
+    "FsReport",
     "LoweredKernel",
     "LoweringError",
     "Outcome",
+    "RedisTier",
     "Settings",
     "TargetPredicate",
     "UncacheableError",
@@ -77,7 +83,9 @@ __all__ = [
     "last_outcome",
     "lower_for_codegen",
     "lower_kernel",
+    "main",
     "metaschedule_builder",
+    "probe_filesystem",
     "record_outcomes",
     "register_device_codegen",
     "register_lazy_device_codegen",
