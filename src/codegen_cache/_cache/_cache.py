@@ -226,41 +226,49 @@ class CodegenCache:
             target = as_target(target)
         entry = codegen if type(codegen) is DeviceCodegen else self.resolve(target, codegen)
         mode = "compiled" if compile_device else "source"
-        if not isinstance(entry, DeviceCodegen):
-            # A duck-typed entry (tilelang's registry takes any object with the attributes):
-            # its own lower() decides what happens; nothing here knows its key parts.
-            self._stats.add_for(entry.name, mode, "uncacheable")
-            module = entry.lower(mod, target, compile_device=compile_device)
-            emit_uncached(entry.name, mode, time.perf_counter() - start)
-            return module
-        if _mode_function(entry, compile_device) is None:
-            entry._func_for(target, compile_device)  # noqa: SLF001 - raises the seed's ValueError
-        if not isinstance(mod, IRModule):
-            # Nothing to key (tilelang's own tests pass placeholders): the codegen decides.
-            self._stats.add_for(entry.name, mode, "uncacheable")
-            module = _mode_function(entry, compile_device)(mod, target)
-            emit_uncached(entry.name, mode, time.perf_counter() - start)
-            return module
-        structural_hash = ir_hash(mod)
-        try:
-            key = self._key(mod, target, entry, compile_device, structural_hash)
-        except UncacheableError as err:
-            # An input the key cannot hold: neither stored nor served, every time.
-            self._stats.add_for(entry.name, mode, "uncacheable")
-            self._guard.warn(f"uncacheable:{err.what}", "codegen cache: not caching %r results: %s", entry.name, err)
-            module = _mode_function(entry, compile_device)(mod, target)
-            emit_uncached(entry.name, mode, time.perf_counter() - start)
-            return module
+        key = self._key_or_none(entry, mod, target, compile_device)
+        if key is None:
+            return self._run_uncached(entry, mod, target, compile_device, mode, start)
         key_seconds = time.perf_counter() - start
         probe = Probe(key.digest, mode, mod, self.settings.verify)
-
         found = None if self.settings.recache else self._chain.lookup(probe)
         if isinstance(found, Hit):
             return self._served(found, entry.name, mode, key.digest, key_seconds, start)
-        collision = found is COLLISION
+        return self._miss(entry, key, probe, target, compile_device, found is COLLISION, key_seconds, start)
+
+    def _key_or_none(self, entry: Any, mod: Any, target: Target, compile_device: bool) -> CacheKey | None:
+        """The key of this lowering, or None where nothing can key it (the codegen runs uncached)."""
+        if not isinstance(entry, DeviceCodegen):
+            # A duck-typed entry (tilelang's registry takes any object with the attributes):
+            # its own lower() decides what happens; nothing here knows its key parts.
+            return None
+        if _mode_function(entry, compile_device) is None:
+            entry._func_for(target, compile_device)  # noqa: SLF001 - raises the seed's ValueError
+        if not isinstance(mod, IRModule):
+            return None  # nothing to key (tilelang's own tests pass placeholders)
+        try:
+            return self._key(mod, target, entry, compile_device, ir_hash(mod))
+        except UncacheableError as err:
+            # An input the key cannot hold: neither stored nor served, every time.
+            self._guard.warn(f"uncacheable:{err.what}", "codegen cache: not caching %r results: %s", entry.name, err)
+            return None
+
+    def _run_uncached(self, entry: Any, mod: Any, target: Target, compile_device: bool, mode: str,
+                      start: float) -> Module:
+        self._stats.add_for(entry.name, mode, "uncacheable")
+        if isinstance(entry, DeviceCodegen):
+            module = _mode_function(entry, compile_device)(mod, target)
+        else:
+            module = entry.lower(mod, target, compile_device=compile_device)
+        emit_uncached(entry.name, mode, time.perf_counter() - start)
+        return module
+
+    def _miss(self, entry: DeviceCodegen, key: CacheKey, probe: Probe, target: Target, compile_device: bool,
+              collision: bool, key_seconds: float, start: float) -> Module:
+        """Serve a remembered failure, or wait for a live build of this key, or build and stage."""
+        mode, mod = probe.mode, probe.ir
         if collision:
             self._count_collision(key.digest)
-
         self._stats.add_for(entry.name, mode, "misses")
         if not self.settings.recache:
             try:
