@@ -7,7 +7,9 @@ runs in the user's process: lower() stores the LLVM IR at once, drops a marker f
 `<dir>/upgrade/`, and makes sure an upgrader is running. The upgrader is this module run as a
 program, in a session of its own, detached (a grandchild: nobody has to wait for it). It holds
 `<dir>/upgrade/.lock` (an flock: at most one per directory and host), upgrades every marked
-entry, and exits after IDLE_SECONDS without work. A marker whose upgrade fails is dropped;
+entry, and exits after IDLE_SECONDS without work. Whoever starts it takes that lock first and
+hands the locked descriptor down: when many processes ask at once, one wins the lock and starts
+the only upgrader; the others see it held (an upgrader imports TVM: seconds of CPU each). A marker whose upgrade fails is dropped;
 the next process that loads the raw entry marks it again, so a failed or interrupted upgrade
 is retried later, and the raw entry serves hits meanwhile.
 """
@@ -23,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+from .._forksafe import on_fork_child
 from .._log import warn_once
 from .._storage._faults import FILE_MODE, ensure_dir
 
@@ -35,12 +38,31 @@ _MARKER = re.compile(r"^(compiled|source)\.([0-9a-f]{32})$")
 _LOCK_NAME = ".lock"
 # The launcher forks before it imports anything heavy (the upgrader imports TVM), so that
 # whoever starts it waits for a bare interpreter start only.
+# argv: the directory and the descriptor of its upgrade lock, locked by the parent.
 _BOOTSTRAP = (
     "import os, sys\n"
     "if os.fork() > 0:\n    os._exit(0)\n"
     "from codegen_cache._cache._upgrade import main\n"
     "sys.exit(main(sys.argv[1:]))\n"
 )
+# wait_idle starts an upgrader at most this often (one that dies at start must not be
+# restarted on every poll).
+_RESPAWN_SECONDS = 1.0
+# Locked descriptors on their way to a launcher: a child forked meanwhile closes its copies,
+# or it would hold the lock (it is shared by every copy) and no upgrader would ever start.
+_handing: set[int] = set()
+
+
+def _close_handed() -> None:
+    for fd in list(_handing):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _handing.clear()
+
+
+on_fork_child(_close_handed)
 
 
 def _marker_dir(directory: Path) -> Path:
@@ -57,40 +79,57 @@ def request(directory: Path, store: str, digest: str) -> bool:
     except OSError as err:
         logger.debug("codegen cache: cannot mark %s for upgrading: %s", digest[:16], err)
         return False
-    # Marker first, then the check: an upgrader about to exit rescans after releasing its
-    # lock, so either it sees this marker or this check sees its lock free.
-    if _running(directory):
-        return True
-    return _spawn(directory)
+    # Marker first, then the lock: an upgrader about to exit rescans after releasing its
+    # lock, so either it sees this marker or we get its lock and start the next one.
+    return _ensure_running(directory)
 
 
 def _lock_path(directory: Path) -> Path:
     return _marker_dir(directory) / _LOCK_NAME
 
 
-def _running(directory: Path) -> bool:
+def _take_lock(directory: Path) -> int | None:
+    """The upgrade lock of `directory`, locked, or None when an upgrader holds it (or no lock can be had)."""
     try:
         fd = os.open(_lock_path(directory), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
-    except OSError:
-        return False
+    except OSError as err:
+        logger.debug("codegen cache: cannot open the upgrade lock of %s: %s", directory, err)
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if fd < 3:  # stdin/stdout/stderr were closed: the launcher's would replace it
+            fd, old = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3), fd
+            os.close(old)
     except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _ensure_running(directory: Path) -> bool:
+    """Start an upgrader unless one runs; True when one runs now."""
+    fd = _take_lock(directory)
+    if fd is None:
         return True
+    _handing.add(fd)
+    try:
+        return _spawn(directory, fd)
     finally:
-        os.close(fd)  # closing drops the lock we may have just taken
-    return False
+        # The upgrader holds the lock through its own copy of the descriptor from now on.
+        if fd in _handing:
+            _handing.discard(fd)
+            os.close(fd)
 
 
-def _spawn(directory: Path) -> bool:
+def _spawn(directory: Path, lock_fd: int) -> bool:
     if not sys.executable:
         return False
     try:
         # The launcher forks the upgrader and exits at once; waiting for it reaps it.
         launcher = subprocess.run(
-            [sys.executable, "-c", _BOOTSTRAP, str(directory)],
+            [sys.executable, "-c", _BOOTSTRAP, str(directory), str(lock_fd)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, close_fds=True, timeout=60, check=False,
+            start_new_session=True, close_fds=True, pass_fds=(lock_fd,), timeout=60, check=False,
         )
     except (OSError, subprocess.SubprocessError) as err:
         warn_once(logger, ("upgrader", str(directory)), "codegen cache: cannot start the llvm upgrader "
@@ -102,6 +141,7 @@ def _spawn(directory: Path) -> bool:
 def wait_idle(directory: Path, timeout: float) -> bool:
     """Until no entry of `directory` is marked for upgrading (or `timeout`); True when none is."""
     deadline = time.monotonic() + timeout
+    last_start = -_RESPAWN_SECONDS
     while True:
         try:
             pending = any(_MARKER.match(n) for n in os.listdir(_marker_dir(directory)))
@@ -109,11 +149,13 @@ def wait_idle(directory: Path, timeout: float) -> bool:
             pending = False
         if not pending:
             return True
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        if now >= deadline:
             return False
-        if not _running(directory):
-            _spawn(directory)
-        time.sleep(0.05)
+        if now - last_start >= _RESPAWN_SECONDS:
+            last_start = now
+            _ensure_running(directory)
+        time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
 
 
 # ---- the upgrader program ------------------------------------------------------------------
@@ -150,14 +192,15 @@ def _upgrade_one(directory: Path, store_name: str, digest: str, stores: dict, co
         logger.warning("codegen cache: upgrading %s/%s failed: %s", store_name, digest[:16], err)
 
 
-def _serve(directory: Path) -> int:
+def _serve(directory: Path, lock: int | None = None) -> int:
     from .._storage._counters import CounterTable
-    ensure_dir(_lock_path(directory).parent)
-    lock = os.open(_lock_path(directory), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return 0  # another upgrader has this directory
+    if lock is None:
+        ensure_dir(_marker_dir(directory))
+        lock = _take_lock(directory)
+        if lock is None:
+            return 0  # another upgrader has this directory
+    else:
+        os.set_inheritable(lock, False)  # the linker must not hold it
     markers, stores, counters = _marker_dir(directory), {}, CounterTable(directory)
     idle_since = time.monotonic()
     while True:
@@ -194,8 +237,9 @@ def _serve(directory: Path) -> int:
 
 
 def main(argv: list[str]) -> int:
-    """The upgrader of the cache directory argv[0] (started detached by `request`)."""
+    """The upgrader of the cache directory argv[0], holding the locked descriptor argv[1] (from `request`)."""
     directory = Path(argv[0])
+    lock = int(argv[1]) if len(argv) > 1 else None
     try:
         ensure_dir(directory / "tmp")
         log = os.open(directory / "tmp" / "cgc-upgrader.log",
@@ -205,4 +249,4 @@ def main(argv: list[str]) -> int:
     except OSError:
         pass
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s codegen-cache upgrader %(process)d: %(message)s")
-    return _serve(directory)
+    return _serve(directory, lock)
