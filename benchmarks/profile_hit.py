@@ -58,7 +58,7 @@ def _steps(cache, mod, target, compile_device: bool) -> dict:
         "key from parts (_key incl. toolchain)":
             lambda: cache._key(mod, target, entry, compile_device, h),  # noqa: SLF001
         "memory get + same_as": lambda: cache._memory.get(key.digest).ir.same_as(mod),  # noqa: SLF001
-        "count hit (stats)": lambda: cache._count_hit("hits_memory", hit.meta),  # noqa: SLF001
+        "count hit (stats)": lambda: cache._stats.add_for(entry.name, mode, "hits_memory"),  # noqa: SLF001
         "emit outcome": lambda: _emit_fields("memory", key.digest, entry.name, mode, 0.0, 0.0, 0.0, 0.0, None),
         "3x perf_counter": lambda: (time.perf_counter(), time.perf_counter(), time.perf_counter()),
         "disk: store.get (SQLite)": lambda: store.get(key.digest),

@@ -143,3 +143,25 @@ def test_parts_are_named_and_ordered(llvm_vadd):
 
 def test_key_parts_are_length_prefixed():
     assert CacheKey.from_parts([("a", "bc")]) != CacheKey.from_parts([("ab", "c")])
+
+
+def _two_functions(target="llvm", first=None, second=None):
+    """A lowered module of two functions (vadd as 'first', vmul as 'second' unless swapped)."""
+    import tvm
+
+    a, _ = cc.lower_for_codegen(first or kernels.vadd, target)
+    b, _ = cc.lower_for_codegen(second or kernels.vmul, target)
+    (fa,), (fb,) = a.functions.values(), b.functions.values()
+    return tvm.IRModule({"first": fa.with_attr("global_symbol", "first"),
+                         "second": fb.with_attr("global_symbol", "second")})
+
+
+def test_a_module_of_several_functions_hashes_by_function_exactly():
+    from codegen_cache._key import ir_hash
+
+    base = ir_hash(_two_functions())
+    assert ir_hash(_two_functions()) == base  # lowered again: equal
+    assert ir_hash(_two_functions(first=kernels.vmul, second=kernels.vadd)) != base  # functions swap names
+    assert ir_hash(_two_functions(second=kernels.vadd)) != base  # one function changes
+    assert ir_hash(_two_functions().with_attr("note", "x")) != base  # the module's attributes
+    assert ir_hash(_two_functions("c")) != base  # the target attribute of each function
