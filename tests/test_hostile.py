@@ -187,7 +187,7 @@ def test_redis_tier_rejects_hostile_payloads_inside_a_full_lower(tmp_path, seede
     class Client:
         value: bytes | None = None
 
-        def get(self, name):
+        def get(self, name, limit):
             return self.value
 
         def set(self, name, value, px=None):

@@ -95,7 +95,10 @@ def tier(request, tmp_path):
     tiers = _Tiers(tmp_path, url)
     made = tiers.make(request.param)
     if request.param == "remote":
-        made.remote._client.flushall()
+        import redis
+
+        with redis.Redis.from_url(url) as client:
+            client.flushall()
     yield made
     for close in tiers.closers:
         close()

@@ -95,6 +95,13 @@ def _parse_count(name: str, value: str | int) -> int:
     return number
 
 
+def _parse_deadline(name: str, value: str | float) -> float:
+    seconds = parse_age(name, value)
+    if not seconds > 0:
+        raise ConfigError(name, value, "a duration above 0, e.g. 0.5 (seconds) or 2s")
+    return seconds
+
+
 def _parse_level(name: str, value: str) -> str:
     level = str(value).strip().upper()
     if level not in _LOG_LEVELS:
@@ -156,6 +163,7 @@ class Settings:
     remote_secret: str | None = None
     remote_ttl: float = 14 * 86400.0
     remote_max_entry_bytes: int = 32 << 20
+    remote_timeout: float = 0.5
     lease_wait: float = 600.0
     failure_ttl: float = 24 * 3600.0
     log_level: str | None = None
@@ -174,7 +182,10 @@ ENV_VARS: dict[str, tuple[str, object, str]] = {
     "CODEGEN_CACHE_REMOTE": ("remote", _parse_remote, "redis://host:port/db of a shared tier"),
     "CODEGEN_CACHE_REMOTE_SECRET": ("remote_secret", _parse_text, "HMAC key for remote entries"),
     "CODEGEN_CACHE_REMOTE_TTL": ("remote_ttl", parse_age, "remote entries expire this long after a write (0: never)"),
-    "CODEGEN_CACHE_REMOTE_MAX_ENTRY": ("remote_max_entry_bytes", parse_size, "larger entries stay local-only"),
+    "CODEGEN_CACHE_REMOTE_MAX_ENTRY": ("remote_max_entry_bytes", parse_size,
+                                       "larger entries are neither written nor read"),
+    "CODEGEN_CACHE_REMOTE_TIMEOUT": ("remote_timeout", _parse_deadline,
+                                     "deadline of each remote call, connecting included"),
     "CODEGEN_CACHE_LEASE_WAIT": ("lease_wait", parse_age, "longest wait for another process's compile"),
     "CODEGEN_CACHE_FAILURE_TTL": ("failure_ttl", parse_age, "how long a codegen failure is remembered"),
     "CODEGEN_CACHE_LOG_LEVEL": ("log_level", _parse_level, "level of the codegen_cache logger"),
@@ -188,6 +199,7 @@ ACCEPTED: dict[object, str] = {
     parse_size: "bytes, or a number with K, M, G or T (powers of 1024), e.g. 512M, 2G",
     parse_age: "seconds, or a number with s, m, h, d or w, e.g. 30s, 12h, 7d",
     _parse_count: "a whole number of 0 or more",
+    _parse_deadline: "a duration above 0, e.g. 0.5 (seconds) or 2s",
     _parse_level: "one of " + ", ".join(_LOG_LEVELS),
     _parse_text: "text (empty: unset)",
     _parse_remote: _REMOTE_ACCEPTED,

@@ -15,6 +15,8 @@ __all__ = [
     "KernelSourceError",
     "LoweringError",
     "ReadOnlyStoreError",
+    "RemoteReplyError",
+    "RemoteValueTooLargeError",
     "UncacheableError",
     "UnsafeEntryError",
 ]
@@ -159,3 +161,33 @@ class UncacheableError(CodegenCacheError):
 
     def __reduce__(self):
         return (UncacheableError, (self.what, self.reason, self.remedy))
+
+
+class RemoteReplyError(CodegenCacheError, ConnectionError):
+    """A remote server's reply is not what the command expects (malformed, wrong type, an error reply).
+
+    A ConnectionError, so the remote tier handles it like any other broken connection: the
+    connection is dropped and the call is a miss.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"bad reply from the remote server: {self.reason}"
+
+    def __reduce__(self):
+        return (type(self), (self.reason,))
+
+
+class RemoteValueTooLargeError(RemoteReplyError):
+    """A remote value announced as larger than the entry size cap; it was not read."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"a value of {size} bytes is over the cap of {limit} bytes (not read)")
+        self.size = size
+        self.limit = limit
+
+    def __reduce__(self):
+        return (RemoteValueTooLargeError, (self.size, self.limit))

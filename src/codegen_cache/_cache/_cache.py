@@ -155,7 +155,8 @@ class CodegenCache:
         from .._storage._remote import RedisTier
 
         return RedisTier(settings.remote, secret=settings.remote_secret, on_event=self._stats.add,
-                         ttl=settings.remote_ttl, max_entry_bytes=settings.remote_max_entry_bytes)
+                         ttl=settings.remote_ttl, max_entry_bytes=settings.remote_max_entry_bytes,
+                         timeout=settings.remote_timeout)
 
     def __repr__(self) -> str:
         return f"CodegenCache({str(self.directory)!r})"

@@ -7,9 +7,13 @@ The signature is HMAC-SHA256 over the Redis key and the frame, so an entry signe
 is rejected under another. Nothing read from Redis is unpickled: a value is bytes that must
 pass the envelope, signature and frame checks before the cache decodes it.
 
-Every Redis call has short socket timeouts and no client-side retries. A failed call puts the
-tier offline for a backoff that doubles up to a cap; while offline, get() and put() return at
-once, so a down, slow or refusing Redis costs a compile at most one timeout per backoff period.
+Every Redis call has one deadline (`timeout`, connecting and TLS included) and no retries; the
+client (`_resp`) parses replies strictly and reads a value only if its announced length is
+within the entry size cap. A failed call (refused, reset, past the deadline, a malformed or
+unexpected reply) is a miss, counted, and puts the tier offline for a backoff that doubles up
+to a cap; while offline, get() and put() return at once, so a down, slow, refusing or
+misbehaving Redis costs a compile at most one deadline per backoff period. A value over the
+cap is a rejected entry, not an outage: it is not read, and the rebuild replaces it.
 """
 
 from __future__ import annotations
@@ -24,14 +28,17 @@ from collections.abc import Callable
 from urllib.parse import urlsplit, urlunsplit
 
 from .._artifacts import FORMAT_VERSION, unframe
-from .._errors import ArtifactError, ConfigError
+from .._errors import ArtifactError, ConfigError, RemoteValueTooLargeError
+from .._forksafe import on_fork_child
+from ._resp import Endpoint, RespClient
 
-__all__ = ["DEFAULT_MAX_ENTRY_BYTES", "DEFAULT_TTL", "RedisTier", "check_url"]
+__all__ = ["DEFAULT_MAX_ENTRY_BYTES", "DEFAULT_TIMEOUT", "DEFAULT_TTL", "RedisTier", "check_url"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_ENTRY_BYTES = 32 << 20
 DEFAULT_TTL = 14 * 86400.0
+DEFAULT_TIMEOUT = 0.5
 _MAGIC = b"CGCR"
 _ENVELOPE_VERSION = 1
 _HEAD = struct.Struct("<4sBB")
@@ -98,7 +105,7 @@ class RedisTier:
         on_event: EventSink | None = None,
         max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES,
         ttl: float = DEFAULT_TTL,
-        timeout: float = 0.5,
+        timeout: float = DEFAULT_TIMEOUT,
         backoff: float = 5.0,
         max_backoff: float = 300.0,
         prefix: str = "codegen-cache",
@@ -125,8 +132,15 @@ class RedisTier:
         self.max_backoff = max(float(max_backoff), self.backoff)
         # The format version is in the prefix: readers of another layout never see these keys.
         self.prefix = f"{prefix}:v{FORMAT_VERSION}:"
-        self._client = _make_client(self.url, self.timeout)
+        try:
+            # Nothing connects here: the first get or put does.
+            self._client = RespClient(Endpoint.from_url(self.url, self.timeout))
+        except ValueError as err:
+            raise ConfigError("remote (CODEGEN_CACHE_REMOTE)", _redact(url), f"{_ACCEPTED_URLS} ({err})") from None
+        # A stored value is the frame plus the envelope; nothing longer is read.
+        self._read_limit = max_entry_bytes + _HEAD.size + _SIG_LEN
         self._lock = threading.Lock()
+        on_fork_child(self._after_fork)
         self._offline_until = 0.0
         self._next_backoff = self.backoff
         self._warned = False
@@ -166,8 +180,11 @@ class RedisTier:
             return None
         name = self.redis_key(digest)
         try:
-            value = self._client.get(name)
-        except _redis_errors() as err:
+            value = self._client.get(name.encode(), self._read_limit)
+        except RemoteValueTooLargeError as err:
+            self._rejected(digest, name, err)  # the server answered; one entry is bad
+            return None
+        except OSError as err:  # refused, reset, deadline, TLS, a malformed or error reply
             self._failed("get", err)
             return None
         self._succeeded()
@@ -178,11 +195,7 @@ class RedisTier:
         try:
             return self._open(name, value)
         except ArtifactError as err:
-            self._event("remote_rejected")
-            self._absent[digest] = time.monotonic()
-            first, self._warned_rejected = not self._warned_rejected, True
-            (logger.warning if first else logger.debug)(
-                "codegen cache: rejected remote entry %s (not loaded; rebuilt and replaced): %s", name, err)
+            self._rejected(digest, name, err)
             return None
 
     def put(self, digest: str, blob: bytes) -> bool:
@@ -200,8 +213,8 @@ class RedisTier:
         value = self._seal(name, blob)
         try:
             # Plain SET, not NX: a rejected (garbled or badly signed) entry is replaced by the rebuild.
-            self._client.set(name, value, px=int(self.ttl * 1000) or None)
-        except _redis_errors() as err:
+            self._client.set(name.encode(), value, px=int(self.ttl * 1000) or None)
+        except OSError as err:
             self._failed("put", err)
             return False
         self._succeeded()
@@ -212,8 +225,11 @@ class RedisTier:
         """Close the connections to Redis."""
         try:
             self._client.close()
-        except _redis_errors() as err:
+        except OSError as err:
             logger.debug("codegen cache: closing %s: %s", _redact(self.url), err)
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()  # another thread of the parent may have held it
 
     # ---- envelope -------------------------------------------------------------------------
 
@@ -228,7 +244,7 @@ class RedisTier:
         signature = self._signature(name, blob) if self._secret is not None else b""
         return _HEAD.pack(_MAGIC, _ENVELOPE_VERSION, len(signature)) + signature + blob
 
-    def _open(self, name: str, value: bytes) -> bytes:
+    def _open(self, name: str, value: bytes | bytearray) -> bytes:
         """The frame inside `value`, after the envelope, signature and frame checks."""
         if len(value) < _HEAD.size:
             raise ArtifactError(f"{len(value)} bytes is shorter than the remote envelope")
@@ -248,6 +264,13 @@ class RedisTier:
         return bytes(blob)
 
     # ---- availability ---------------------------------------------------------------------
+
+    def _rejected(self, digest: str, name: str, err: Exception) -> None:
+        self._event("remote_rejected")
+        self._absent[digest] = time.monotonic()
+        first, self._warned_rejected = not self._warned_rejected, True
+        (logger.warning if first else logger.debug)(
+            "codegen cache: rejected remote entry %s (not loaded; rebuilt and replaced): %s", name, err)
 
     def _recently_absent(self, digest: str) -> bool:
         seen = self._absent.get(digest)
@@ -287,30 +310,3 @@ class RedisTier:
         if self._on_event is not None:
             self._on_event(name)
 
-
-def _redis_errors() -> tuple[type[BaseException], ...]:
-    import redis
-
-    # RedisError covers connection, timeout, auth and refusals (OOM, READONLY); OSError what the
-    # socket layer raises outside them.
-    return (redis.RedisError, OSError)
-
-
-def _make_client(url: str, timeout: float):
-    try:
-        import redis
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
-    except ImportError as err:
-        raise ImportError(
-            f"the Redis remote tier needs the redis client: pip install 'tvm-codegen-cache[redis]' ({err})"
-        ) from err
-    try:
-        # No retries: the tier's own backoff decides when to try again. The connection is lazy:
-        # nothing is sent before the first get or put.
-        return redis.Redis.from_url(
-            url, socket_timeout=timeout, socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 0), retry_on_timeout=False, health_check_interval=0,
-        )
-    except ValueError as err:
-        raise ConfigError("remote (CODEGEN_CACHE_REMOTE)", _redact(url), f"{_ACCEPTED_URLS} ({err})") from None
