@@ -93,12 +93,79 @@ def test_stats_counts_entries_and_lookups(capsys, filled):
     assert "hits" in out and "memory 1, disk 0" in out and "hit rate 20.0%" in out
 
 
-def test_stats_of_a_missing_directory_does_not_create_it(capsys, tmp_path):
+def test_stats_of_a_default_directory_not_made_yet_does_not_create_it(capsys, monkeypatch, tmp_path):
     missing = tmp_path / "nothing-here"
-    code, data = run_json(capsys, "--dir", str(missing), "stats")
+    monkeypatch.setenv("CODEGEN_CACHE_DIR", str(missing))
+    code, data = run_json(capsys, "stats")
     assert code == 0 and data["exists"] is False
     assert all(s["entries"] == 0 for s in data["stores"].values())
     assert not missing.exists()
+
+
+@pytest.mark.parametrize("argv", [["stats"], ["ls"], ["show", "abcd"], ["clear"], ["clear", "--failures"],
+                                  ["prune", "--older-than", "1d"], ["verify"],
+                                  ["explain", KERNELS, "--kernel", "vadd", "-t", "llvm"]])
+def test_a_mistyped_dir_is_an_error_not_an_empty_cache(capsys, tmp_path, argv):
+    missing = tmp_path / "typo"
+    code, out, err = run(capsys, "--dir", str(missing), *argv)
+    assert code == _cli.EXIT_CONFIG and "removed" not in out
+    assert f"invalid value '{missing}' for --dir: expected an existing cache directory" in err
+    assert not missing.exists()
+
+
+def test_stats_counts_cold_and_warm_runs_as_ccache_does(capsys, tmp_path):
+    """Cold: misses = builds = stores, no hits; warm in a new process: hits only; breakdown and zeroed time."""
+    import kernels
+
+    root = tmp_path / "cache"
+    lowered = [cc.lower_for_codegen(k, t) for k, t in ((kernels.vadd, "llvm"), (kernels.vmul, "c"),
+                                                       (kernels.vadd_gpu, CUDA_TARGET))]
+    for _round in range(2):
+        cache = cc.CodegenCache(root, write_behind=False)
+        for (mod, target), compiled in zip(lowered, (True, False, False)):
+            cache.lower(mod, target, compile_device=compiled)
+        cache.close()
+        _code, data = run_json(capsys, "--dir", str(root), "stats")
+        c = data["counters"]
+        if _round == 0:
+            assert (c["misses"], c["builds"], c["stores"], c["hits"]) == (3, 3, 3, 0), c
+            assert c["zeroed_at"] is None
+    assert (c["misses"], c["builds"], c["stores"], c["hits_disk"], c["hits_memory"]) == (3, 3, 3, 3, 0), c
+    by = c["by_codegen"]
+    assert set(by) == {"llvm/compiled", "c/source", "cuda/source"}
+    assert all(row["hits"] == 1 and row["misses"] == 1 and row["builds"] == 1 and row["stores"] == 1
+               for row in by.values()), by
+    assert sum(row["saved_seconds"] for row in by.values()) == pytest.approx(c["saved_seconds"])
+    code, out, _err = run(capsys, "--dir", str(root), "stats", "-v")
+    assert code == 0 and "zeroed      never" in out
+    row = next(line.split() for line in out.splitlines() if line.startswith("llvm "))
+    assert row[:6] == ["llvm", "compiled", "1", "1", "1", "1"]
+    before = time.time()
+    assert run(capsys, "--dir", str(root), "stats", "--reset")[0] == 0
+    _code, data = run_json(capsys, "--dir", str(root), "stats")
+    assert data["counters"]["zeroed_at"] >= before - 1 and data["counters"]["by_codegen"] == {}
+    code, out, _err = run(capsys, "--dir", str(root), "stats", "-v")
+    assert "zeroed      20" in out and "nothing counted yet" in out
+
+
+def test_stats_counts_a_build_and_its_memory_hit(capsys, tmp_path):
+    """codegen_cache.build on an empty cache: misses and builds, no disk hit; then one memory hit."""
+    import kernels
+
+    cache = cc.CodegenCache(tmp_path / "cache", write_behind=False)
+    with cc.use_cache(cache):
+        cc.build(kernels.vadd, "llvm")
+        cold = cache.stats()
+        cc.build(kernels.vadd, "llvm")
+        outcome = cc.last_outcome()
+    assert (cold.misses, cold.builds, cold.stores, cold.hits) == (1, 1, 1, 0), cold
+    assert outcome.tier == "memory" and outcome.build_seconds > 0
+    warm = cache.stats()
+    assert warm.hits_memory == 1 and warm.hits_disk == 0 and warm.saved_seconds == pytest.approx(
+        outcome.build_seconds)
+    cache.close()
+    _code, data = run_json(capsys, "--dir", str(tmp_path / "cache"), "stats")
+    assert data["stores"]["builds"]["entries"] == 1  # the build index is part of the cache
 
 
 def test_stats_reset_zeroes_counters_but_keeps_entries(capsys, copy):
@@ -198,6 +265,7 @@ def test_explain_names_the_salt_that_changed(capsys, copy):
 
 def test_explain_an_empty_cache_and_a_cached_failure(capsys, tmp_path):
     root = tmp_path / "cache"
+    root.mkdir()
     code, out, _err = run(capsys, "--dir", str(root), "explain", KERNELS, "--kernel", "vadd", "-t", "c")
     assert code == 0 and "holds no entries" in out
     cache = cc.CodegenCache(root, write_behind=False)
@@ -485,6 +553,32 @@ def test_unwritable_directory_exits_3(capsys, monkeypatch, tmp_path):
     assert code == _cli.EXIT_CONFIG and "for --dir" in err and "it is a file" in err
 
 
+@pytest.mark.parametrize(("argv", "accepted"), [
+    (["warm", KERNELS, "-t", "llvm", "-j", "-3"], "-j/--workers: invalid value '-3': expected a whole number of 0"),
+    (["doctor", "--processes", "-1"], "--processes: invalid value '-1': expected a whole number of 0 or more"),
+    (["demo", "--nvcc-configs", "-4"], "--nvcc-configs: invalid value '-4': expected a whole number from 0 to 54"),
+    (["demo", "--nvcc-configs", "55"], "expected a whole number from 0 to 54"),
+    (["explain", KERNELS, "-t", "llvm", "--limit", "0"], "--limit: invalid value '0': expected a whole number of 1"),
+    (["warm", KERNELS, "-t", "llvm", "-j", "two"], "invalid value 'two'"),
+])
+def test_bad_numbers_are_usage_errors(capsys, tmp_path, argv, accepted):
+    code, out, err = run(capsys, "--dir", str(tmp_path), *argv)
+    assert code == _cli.EXIT_USAGE and accepted in err and out == ""
+
+
+def test_demo_config_count_is_the_demo_sweep():
+    from codegen_cache._cli import _demo_kernels
+
+    assert _cli.DEMO_CONFIGS == len(_demo_kernels.CUDA_TILES)
+
+
+def test_version(capsys):
+    code, out, _err = run(capsys, "--version")
+    assert code == 0 and out.strip() == f"codegen-cache {cc.__version__}"
+    done = cli("--version")
+    assert done.returncode == 0 and done.stdout.strip() == f"codegen-cache {cc.__version__}"
+
+
 def test_usage_errors_exit_2(capsys):
     assert run(capsys, "no-such-command")[0] == _cli.EXIT_USAGE
     assert run(capsys, "ls", "--sort", "colour")[0] == _cli.EXIT_USAGE
@@ -513,3 +607,97 @@ def test_help_lists_the_exit_codes(capsys):
     assert code == 0 and "exit codes:" in out and "configuration error" in out
     code, out, _err = run(capsys, "prune", "--help")
     assert code == 0 and "--older-than AGE" in out
+
+
+# ---- what ls, config and explain say (issue 16) ---------------------------------------------------
+
+
+def test_ls_shows_the_users_function_names_and_failures_apart(capsys, tmp_path):
+    import kernels
+
+    root = tmp_path / "cache"
+    cache = cc.CodegenCache(root, write_behind=False)
+    cache.lower(*cc.lower_for_codegen(kernels.vadd, "llvm"), compile_device=True)
+
+    def broken(mod, target):
+        raise RuntimeError("no registers left")
+
+    with pytest.raises(RuntimeError):
+        cache.lower(*cc.lower_for_codegen(kernels.vmul, "llvm"), compile_device=True,
+                    codegen=cc.DeviceCodegen("broken", build=broken))
+    cache.close()
+    code, out, _err = run(capsys, "--dir", str(root), "ls", "--compiled", "--failures")
+    assert code == 0
+    entries_table, failures_table = out.split("\n\n")
+    header, row = entries_table.splitlines()
+    assert row.split()[header.split().index("FUNCTIONS")] == "vadd" and "__tvm_ffi_" not in out
+    assert failures_table.splitlines()[0].split() == ["KEY", "STORE", "CODEGEN", "ERROR", "SIZE", "AGE"]
+    assert "broken" in failures_table and "RuntimeError: no registers left" in failures_table
+    _code, listed = run_json(capsys, "--dir", str(root), "ls", "--compiled")
+    assert listed[0]["functions"] == ["vadd"] and listed[0]["func_names"] == ["__tvm_ffi_vadd"]
+
+
+def test_config_prints_durations_as_the_docs_write_them(capsys, monkeypatch):
+    for var in cc._config.ENV_VARS:  # noqa: SLF001
+        monkeypatch.delenv(var, raising=False)
+    code, out, _err = run(capsys, "config")
+    docs = (TESTS.parent / "docs" / "configuration.md").read_text()
+    assert code == 0
+    for var in ("CODEGEN_CACHE_REMOTE_TTL", "CODEGEN_CACHE_LEASE_WAIT", "CODEGEN_CACHE_FAILURE_TTL"):
+        shown = next(line.split()[-1] for line in out.splitlines() if line.startswith(var + " "))
+        documented = next(line.split("|")[2].strip().strip("`") for line in docs.splitlines()
+                          if line.startswith(f"| `{var}`"))
+        assert shown == documented, (var, shown, documented)
+
+
+def test_explain_honours_verify(capsys, monkeypatch, filled):
+    root, _keys = filled
+    argv = ("--dir", str(root), "explain", KERNELS, "--kernel", "vadd", "-t", "llvm", "--mode", "compiled")
+    code, out, _err = run(capsys, *argv)
+    assert code == 0 and "-> HIT" in out
+    monkeypatch.setenv("CODEGEN_CACHE_VERIFY", "1")
+    code, out, _err = run(capsys, *argv)
+    assert code == 0 and "-> MISS" in out and "without the exact IR digest" in out
+    # And the lowering agrees: with verify on, that entry is not served.
+    import kernels
+
+    cache = cc.CodegenCache(settings=cc.settings_from_env(directory=root))
+    try:
+        _module, outcome = cache.lower_with_outcome(*cc.lower_for_codegen(kernels.vadd, "llvm"), compile_device=True)
+    finally:
+        cache.close()
+    assert outcome.tier == "built"
+
+
+def test_explain_a_build(capsys, tmp_path):
+    import kernels
+
+    root = tmp_path / "cache"
+    cache = cc.CodegenCache(root, write_behind=False)
+    with cc.use_cache(cache):
+        cc.build(kernels.vadd, "llvm")
+    argv = ("--dir", str(root), "explain", KERNELS, "-t", "llvm", "--build")
+    code, out, _err = run(capsys, *argv, "--kernel", "vadd")
+    assert code == 0 and "build: key" in out and "-> HIT" in out
+    code, data = run_json(capsys, *argv, "--kernel", "vmul")
+    (miss,) = data["modes"]
+    assert miss["status"] == "miss" and [d["part"] for d in miss["nearest"][0]["differs"]] == ["input"]
+    assert "module given to codegen_cache.build differs" in miss["verdict"][0]
+    host = next(iter(run_json(capsys, "--dir", str(root), "ls", "--compiled")[1]))
+    cache.store("compiled").delete(host["key"])
+    cache.close()
+    code, out, _err = run(capsys, *argv, "--kernel", "vadd")
+    assert code == 0 and "-> MISS" in out and "entries it names are gone (host llvm compiled" in out
+
+
+@pytest.mark.skipif(not HAS_NVCC, reason="needs nvcc")
+def test_precompile_counts_misses_and_hits(tmp_path):
+    import kernels
+
+    mod, target = cc.lower_for_codegen(kernels.vadd_gpu, CUDA_TARGET)
+    for expected in ((1, 1, 1, 0), (1, 1, 1, 1)):
+        cache = cc.CodegenCache(tmp_path / "cache", write_behind=False)
+        cache.precompile_cuda(mod, target)
+        stats = cache.stats()
+        cache.close()
+        assert (stats.misses, stats.builds, stats.stores, stats.hits_disk) == expected

@@ -154,7 +154,7 @@ def test_configure_logging_only_when_asked():
 def test_formats():
     assert config.format_size(0) == "0 B" and config.format_size(1536) == "1.5 KiB"
     assert config.format_size(4 << 30) == "4.0 GiB"
-    assert config.format_age(30) == "30s" and config.format_age(86400) == "1d" and config.format_age(14 * 86400) == "2w"
+    assert config.format_age(30) == "30s" and config.format_age(86400) == "1d" and config.format_age(14 * 86400) == "14d"
 
 
 def test_recache_rebuilds_and_overwrites(monkeypatch, tmp_path, llvm_vadd):

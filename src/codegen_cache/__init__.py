@@ -43,11 +43,11 @@ from ._registry import (
 from ._storage._fsprobe import FsReport
 from ._storage._fsprobe import probe as probe_filesystem
 from ._storage._remote import RedisTier
+from ._version import __version__ as __version__
 from .codegens import install_builtins as _install_builtin_codegens
 
 _install_builtin_codegens(default_registry)
 
-__version__ = "0.2.0"
 
 __all__ = [
     "ArtifactError",

@@ -292,8 +292,8 @@ def format_size(n: float) -> str:
 
 
 def format_age(seconds: float) -> str:
-    """Seconds as the largest whole unit that fits: 45s, 12m, 3h, 2d, 5w."""
-    for unit, size in (("w", 7 * 86400), ("d", 86400), ("h", 3600), ("m", 60)):
+    """Seconds as the largest whole unit that fits: 45s, 12m, 3h, 14d (days, as the docs write durations)."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size and seconds % size == 0 or seconds >= 2 * size:
             return f"{seconds / size:.0f}{unit}"
     return f"{seconds:.0f}s"

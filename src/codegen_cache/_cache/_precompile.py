@@ -35,19 +35,25 @@ def precompile_cuda(cache: CodegenCache, mod: IRModule, target: TargetLike, code
         # Present is enough: on this host the entry cannot be loaded (no driver), only kept.
         return True if cache._has_entry("compiled", digest) else None  # noqa: SLF001
 
+    count = cache._stats.add_for  # noqa: SLF001
     if not cache.settings.recache and stored():
+        count(entry.name, "compiled", "hits_disk")  # found, so nvcc did not run: a hit, as in ccache
         return digest
+    count(entry.name, "compiled", "misses")
     held = None
     if not cache.settings.recache:
         held, found = cache._flight.begin(digest, stored)  # noqa: SLF001
         if found:
+            # Compiled by another process while we waited: a hit, not a miss.
+            count(entry.name, "compiled", "misses", -1)
+            count(entry.name, "compiled", "hits_disk")
             return digest
     try:
         t0 = time.perf_counter()
         payload, source = compile_cuda_payload(mod, target)
         seconds = time.perf_counter() - t0
-        cache._stats.add_for(entry.name, "compiled", "builds")  # noqa: SLF001
-        cache._stats.add_for(entry.name, "compiled", "build_seconds", seconds)  # noqa: SLF001
+        count(entry.name, "compiled", "builds")
+        count(entry.name, "compiled", "build_seconds", seconds)
         meta = {"key": digest, "parts": key.as_dict(), "codegen": entry.name, "mode": "compiled",
                 "target_kind": target.kind.name, "build_seconds": seconds, "created": time.time()}
         if cache.settings.verify:

@@ -115,6 +115,7 @@ class CacheStats:
                     row[counter] = float(value) if counter.endswith("seconds") else int(value)
             elif name in COUNTERS:
                 values[name] = float(value) if name.endswith("seconds") else int(round(value))
+        by = {pair: row for pair, row in by.items() if any(row.values())}  # zeroed rows: nothing since a reset
         return cls(**values, errors=errors, by_codegen=by, zeroed_at=zeroed_at)  # type: ignore[arg-type]
 
 

@@ -50,8 +50,8 @@ EXIT_CODES = {
     EXIT_OK: "success",
     EXIT_PROBLEMS: "problems found: verify found bad entries, doctor a problem, warm a kernel that failed",
     EXIT_USAGE: "usage error: unknown command or option, or a bad option value",
-    EXIT_CONFIG: "configuration error: a setting (CODEGEN_CACHE_* or --dir) is not accepted, or the cache "
-                 "directory cannot be created or written",
+    EXIT_CONFIG: "configuration error: a setting (CODEGEN_CACHE_* or --dir) is not accepted, the cache "
+                 "directory cannot be created or written, or a --dir to read does not exist",
     EXIT_NOT_FOUND: "not found: no entry matches the key (or the prefix matches several)",
     EXIT_INPUT: "input error: the kernels file or module cannot be loaded or has no such kernel, a target is "
                 "invalid, or the kernel cannot be lowered for it",
@@ -174,7 +174,24 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
         print("other       " + ", ".join(f"{k} {v}" for k, v in other.items()))
     errors = c["errors"]
     print("errors      " + (", ".join(f"{k} {v}" for k, v in sorted(errors.items())) if errors else "none"))
+    print("zeroed      " + (fmt_when(c["zeroed_at"]) if c["zeroed_at"] is not None else "never (counting since the "
+                             "first use of this directory)"))
+    if args.verbose:
+        print()
+        print("\n".join(_breakdown(c["by_codegen"])))
     return EXIT_OK
+
+
+def _breakdown(by_codegen: dict[str, dict[str, float]]) -> list[str]:
+    """The per codegen and mode table of `stats -v`."""
+    if not by_codegen:
+        return ["per codegen and mode: nothing counted yet"]
+    rows = [["CODEGEN", "MODE", "HITS", "MISSES", "BUILDS", "STORES", "UNCACHEABLE", "CODEGEN TIME", "SAVED"]]
+    for pair, row in sorted(by_codegen.items()):
+        codegen, _, mode = pair.rpartition("/")
+        rows.append([codegen, mode, *(str(int(row[n])) for n in ("hits", "misses", "builds", "stores", "uncacheable")),
+                     fmt_seconds(row["build_seconds"]), fmt_seconds(row["saved_seconds"])])
+    return fmt_table(rows, right=set(range(2, 9)))
 
 
 def cmd_ls(args: argparse.Namespace, settings: Settings) -> int:
@@ -193,15 +210,29 @@ def cmd_ls(args: argparse.Namespace, settings: Settings) -> int:
         print_json([e.as_dict() for e in entries])
         return EXIT_OK
     rows = [["KEY", "STORE", "CODEGEN", "TARGET", "FUNCTIONS", "SIZE", "AGE", "BUILD"]]
+    failed = [["KEY", "STORE", "CODEGEN", "ERROR", "SIZE", "AGE"]]
     for e in entries:
-        funcs = ",".join(e.meta.get("func_names", [])) or (e.meta.get("error_type") or "-")
-        rows.append([e.key[:16], e.store, str(e.meta.get("codegen", "?")), e.target if e.store != "failures" else "-",
-                     funcs if len(funcs) <= 32 else funcs[:31] + "…", format_size(e.size), fmt_age(e.created),
+        if e.store == "failures":
+            error = f"{e.meta.get('error_type', '?')}: {e.meta.get('message', '')}".splitlines()[0]
+            failed.append([e.key[:16], e.store, str(e.meta.get("codegen", "?")), _clip(error, 60),
+                           format_size(e.size), fmt_age(e.created)])
+            continue
+        rows.append([e.key[:16], e.store, str(e.meta.get("codegen", "?")), e.target,
+                     _clip(",".join(e.functions) or "-", 32), format_size(e.size), fmt_age(e.created),
                      fmt_seconds(e.meta.get("build_seconds"))])
     if len(rows) > 1:
         print("\n".join(fmt_table(rows, right={5, 6, 7})))
+    if len(failed) > 1:
+        if len(rows) > 1:
+            print()
+        # Remembered codegen errors have no target or functions: their own table.
+        print("\n".join(fmt_table(failed, right={4, 5})))
     print(f"{len(entries)} entries, {format_size(sum(e.size for e in entries))}", file=sys.stderr)
     return EXIT_OK
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
@@ -241,7 +272,7 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
         lines += [("codegen", f"{entry.meta.get('codegen')}  mode {entry.meta.get('mode')}  "
                               f"module {entry.meta.get('module_kind')}"),
                   ("target", entry.target),
-                  ("functions", ", ".join(entry.meta.get("func_names", [])) or "-"),
+                  ("functions", ", ".join(entry.functions) or "-"),
                   ("build time", fmt_seconds(entry.meta.get("build_seconds")))]
     lines.append(("created", fmt_when(entry.created)))
     for name, value in lines:

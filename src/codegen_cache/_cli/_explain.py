@@ -37,6 +37,13 @@ _HINTS = {
     "toolchain": "The codegen's toolchain differs: its compiler version (nvcc) or an environment "
                  "variable it reads.",
     "salt": "The codegen declares another salt of its own.",
+    # codegen_cache.build's key (docs/tvm-build.md)
+    "input": "The module given to codegen_cache.build differs (its structural hash).",
+    "pipeline": "Another TIR pipeline was named.",
+    "pipeline_target": "The target that picks the default pipeline differs.",
+    "pass_context": "The PassContext differs (opt_level, config, required or disabled passes).",
+    "codegens": "The codegens the build may call differ (a registration, an override, a mode, a toolchain).",
+    "index_format": "The build index format changed with this version of tvm-codegen-cache.",
 }
 
 
@@ -214,6 +221,9 @@ def explain(cache, mod, target, *, modes: list[bool], limit: int = 3, kernel=Non
         wanted = key.as_dict()
         mode = "compiled" if compile_device else "source"
         exact = next((e for e in entries if e.key == key.digest and e.store == mode), None)
+        unverified = _unverified(cache, exact, mod)
+        if unverified:
+            exact = None
         failure = None if exact else _failure(cache, key.digest)
         status = "hit" if exact else "failure" if failure else "miss"
         others = [_compare(e, wanted, relower) for e in entries if e is not exact]
@@ -233,18 +243,36 @@ def explain(cache, mod, target, *, modes: list[bool], limit: int = 3, kernel=Non
             "failure": failure,
             "nearest": nearest,
             "patterns": [{"differs": list(p), "entries": n} for p, n in patterns.most_common(5)],
-            "verdict": _verdict(status, nearest, len(entries), wanted_funcs, failure, cache.directory,
-                                others_summary),
+            "verdict": [unverified] if unverified else _verdict(status, nearest, len(entries), wanted_funcs, failure,
+                                                                cache.directory, others_summary),
         })
     return report
+
+
+def _unverified(cache, exact: Entry | None, mod) -> str:
+    """Why CODEGEN_CACHE_VERIFY=1 would not serve the entry stored under the key ('' if it would)."""
+    if exact is None or not cache.settings.verify:
+        return ""
+    from .._cache._tiers import ir_digest
+
+    stored = exact.meta.get("ir_digest")
+    if stored is None:
+        return ("An entry is stored under this key, but without the exact IR digest that CODEGEN_CACHE_VERIFY=1 "
+                "requires (it was written with verify off): it is not served, so this lowering builds and "
+                "stores an entry that carries the digest.")
+    if stored != ir_digest(mod):
+        return ("The entry stored under this key holds another IRModule (a 64-bit structural hash collision, "
+                "caught by CODEGEN_CACHE_VERIFY=1): this lowering builds without caching.")
+    return ""
 
 
 def render(report: dict[str, Any]) -> list[str]:
     """The report as `codegen-cache explain` prints it."""
     from .._config import format_age
 
-    lines = [f"cache {report['directory']}: {report['entries']} entries; "
-             f"functions {', '.join(report['func_names'])}"]
+    names = [n.removeprefix("__tvm_ffi_") for n in report["func_names"]]
+    lines = [f"cache {report['directory']}: {report['entries']} entries"
+             + (f"; functions {', '.join(names)}" if names else "")]
     for m in report["modes"]:
         lines += ["", f"{m['mode']}: key {m['key']} -> {m['status'].upper()}"]
         if m["status"] == "hit":

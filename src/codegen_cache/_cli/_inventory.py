@@ -21,6 +21,8 @@ __all__ = ["ALL_STORES", "ENTRY_STORES", "Entry", "find_entries", "iter_entries"
            "verify_entries"]
 
 ENTRY_STORES = ("compiled", "source")
+# TVM's symbol for function `name` in a host (llvm, c) module: the user knows it as `name`.
+_FFI_PREFIX = "__tvm_ffi_"
 ALL_STORES = ("compiled", "source", "failures", "builds")
 # The order of the key's parts (_key.compute_key); entry metadata is sorted JSON, so restore it.
 # Payload fields per codec, as the decoder expects them (checked without decoding).
@@ -55,6 +57,12 @@ class Entry:
         return float(value) if isinstance(value, (int, float)) else None
 
     @property
+    def functions(self) -> list[str]:
+        """The user's names of the entry's functions (an llvm symbol `__tvm_ffi_scale` is `scale`)."""
+        names = self.meta.get("func_names") or []
+        return [n.removeprefix(_FFI_PREFIX) if isinstance(n, str) else str(n) for n in names]
+
+    @property
     def target(self) -> str:
         """A short target description, e.g. 'cuda sm_90' or 'llvm'."""
         return target_summary(self.parts.get("target")) or str(self.meta.get("target_kind", "?"))
@@ -72,6 +80,7 @@ class Entry:
             "target": self.target if self.store != "failures" else None,
             "target_kind": self.meta.get("target_kind"),
             "module_kind": self.meta.get("module_kind"),
+            "functions": self.functions,
             "func_names": self.meta.get("func_names", []),
             "build_seconds": self.meta.get("build_seconds"),
             "created": created,

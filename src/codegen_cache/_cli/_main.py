@@ -34,6 +34,7 @@ from ._commands import (
     require_writable,
 )
 from .._errors import CommandError
+from .._version import __version__
 from .._config import (
     ConfigError,
     Settings,
@@ -53,6 +54,10 @@ __all__ = ["EXIT_CACHE", "EXIT_CODES", "EXIT_CONFIG", "EXIT_INPUT", "EXIT_INTERR
            "EXIT_PROBLEMS", "EXIT_USAGE", "build_parser", "main"]
 
 
+# Commands that look at what a directory holds: an explicit --dir must exist.
+_READS_A_CACHE = frozenset({"stats", "ls", "show", "explain", "clear", "prune", "verify"})
+DEMO_CONFIGS = 54  # the CUDA tile configs the demo sweeps (_demo_kernels.CUDA_TILES)
+
 # ---- argument types and input errors ------------------------------------------------------------
 
 
@@ -68,6 +73,23 @@ def _age_arg(text: str) -> float:
         return parse_age("--older-than", text)
     except ConfigError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _count_arg(least: int, most: int | None = None):
+    """An argparse type: a whole number in least..most (a usage error, exit 2, otherwise)."""
+    accepted = f"a whole number of {least} or more" if most is None else f"a whole number from {least} to {most}"
+
+    def parse(text: str) -> int:
+        try:
+            number = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected {accepted}") from None
+        if number < least or (most is not None and number > most):
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected {accepted}")
+        return number
+
+    parse.__name__ = "count"  # argparse names the type in some messages
+    return parse
 
 
 def _input_errors() -> tuple[type[BaseException], ...]:
@@ -97,7 +119,17 @@ def cmd_explain(args: argparse.Namespace, settings: Settings) -> int:
     modes = [m for m in wanted if m in supported]
     if not modes:
         raise CommandError(f"codegen {entry.name!r} has no {args.mode} mode", EXIT_INPUT)
-    report = explain(cache, mod, target, modes=modes, limit=args.limit, kernel=kernel)
+    if args.build:
+        from ._explain_build import explain_build
+
+        if kernel is None:
+            raise CommandError("--build explains codegen_cache.build of a kernel; this file holds a lowered module",
+                               EXIT_INPUT)
+        from ._kernel_files import parse_target
+
+        report = explain_build(cache, kernel, parse_target(args.target), limit=args.limit)
+    else:
+        report = explain(cache, mod, target, modes=modes, limit=args.limit, kernel=kernel)
     cache.close()
     if args.json:
         print_json(report)
@@ -209,6 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dir", default=None, help="cache directory (default: CODEGEN_CACHE_DIR, else the user "
                         "cache dir)")
     parser.add_argument("--json", action="store_true", default=False, help="print data as JSON")
+    parser.add_argument("--version", action="version", version=f"codegen-cache {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, func, help_text: str) -> argparse.ArgumentParser:
@@ -225,6 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("stats", cmd_stats, "entries and bytes per store, hits and misses per tier, errors, time saved")
     p.add_argument("--reset", action="store_true", help="zero the counters (entries stay)")
+    p.add_argument("-v", "--verbose", action="store_true", help="also the counters per codegen and mode")
     p = add("ls", cmd_ls, "list entries: codegen, target, mode, size, age, build time")
     store_flags(p)
     p.add_argument("--sort", choices=("age", "size", "build", "key"), default="age",
@@ -242,7 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compile_device=True, False, or both (default)")
     p.add_argument("--lowered", action="store_true", help="the module is a codegen input already (detected "
                    "when every function has a target)")
-    p.add_argument("--limit", type=int, default=3, help="nearest entries to show (default 3)")
+    p.add_argument("--build", action="store_true", help="explain codegen_cache.build(kernel, target) (its build "
+                   "key and index) instead of one codegen lowering")
+    p.add_argument("--limit", type=_count_arg(1), default=3, help="nearest entries to show (default 3)")
     p = add("clear", cmd_clear, "remove every entry (of the chosen stores; all by default)")
     store_flags(p)
     p = add("prune", cmd_prune, "remove old entries, or the oldest until the stores fit a size")
@@ -258,19 +294,19 @@ def build_parser() -> argparse.ArgumentParser:
                    "(or PrimFuncs)")
     p.add_argument("-t", "--target", action="append", required=True, help="target (repeatable): 'llvm', "
                    "'cuda -arch=sm_90' or JSON")
-    p.add_argument("-j", "--workers", type=int, default=None, help="worker processes (default: one per CPU; "
+    p.add_argument("-j", "--workers", type=_count_arg(0), default=None, help="worker processes (default: one per CPU; "
                    "0: in this process)")
     p.add_argument("--mode", choices=("auto", "compiled", "source", "both"), default="auto",
                    help="auto (default): compiled where the codegen compiles, else source")
     p.add_argument("--kernel", action="append", help="only this kernel (repeatable)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p = add("doctor", cmd_doctor, "check key determinism, the cache filesystem and the toolchain")
-    p.add_argument("--processes", type=int, default=3, help="fresh processes for the determinism check "
+    p.add_argument("--processes", type=_count_arg(0), default=3, help="fresh processes for the determinism check "
                    "(default 3; 0 skips it)")
     p.add_argument("--kernels", help="also check the keys of this file's kernels (with --target)")
     p.add_argument("-t", "--target", action="append", help="targets for --kernels (repeatable)")
     p = add("demo", cmd_demo, "an autotuning-style sweep lowered cold, then warm: a table of times and hits")
-    p.add_argument("--nvcc-configs", type=int, default=None, metavar="N",
+    p.add_argument("--nvcc-configs", type=_count_arg(0, DEMO_CONFIGS), default=None, metavar="N",
                    help="how many of the 54 CUDA configs nvcc compiles (default 18; 0: none)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add("config", cmd_config, "every setting: value, where it came from, default")
@@ -292,6 +328,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.dir is not None and not str(args.dir).strip():
             raise ConfigError("--dir", args.dir, "a directory path")
         settings = settings_from_env(directory=args.dir)
+        if args.dir is not None and args.command in _READS_A_CACHE and not settings.directory.exists():
+            # A mistyped --dir must not read as an empty cache ("removed 0 entries").
+            raise ConfigError("--dir", args.dir, "an existing cache directory (this path does not exist; "
+                              "warm, demo or a lowering create one)")
         configure_logging(settings)
         return args.func(args, settings)
     except ConfigError as err:
