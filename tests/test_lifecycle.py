@@ -6,7 +6,10 @@ signals and real files; a hang fails the test by its timeout. Docs: docs/reliabi
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -16,7 +19,10 @@ from pathlib import Path
 
 import pytest
 
+import codegen_cache as cc
 from codegen_cache._cache import _upgrade
+from test_reliability import lower_fresh
+from workers import variant
 
 HERE = Path(__file__).parent
 
@@ -57,7 +63,10 @@ def test_many_processes_asking_for_upgrades_at_once_start_one_upgrader(tmp_path)
     script.write_text(textwrap.dedent("""
         import os, sys, time
         from pathlib import Path
-        from codegen_cache._cache import _upgrade
+        import codegen_cache as cc
+from codegen_cache._cache import _upgrade
+from test_reliability import lower_fresh
+from workers import variant
         while not os.path.exists(sys.argv[2]):
             time.sleep(0.002)
         print(_upgrade.request(Path(sys.argv[1]), "compiled", "%032x" % int(sys.argv[3])))
@@ -101,3 +110,419 @@ def test_waiting_for_upgrades_starts_an_upgrader_at_most_once_a_second(tmp_path,
     assert 2.5 <= time.monotonic() - start < 5
     launches = len(log.read_text().splitlines())
     assert 1 <= launches <= 3, launches
+
+
+# ---- 1. a returned miss is stored, whatever happens to the process next ---------------------------
+
+# The README's pattern: the cache object is dropped (and collected) right after its lowers.
+LOWER_AND_END = """
+    import gc, os, signal, sys
+    import codegen_cache as cc
+    from workers import variant
+    inputs = [variant(i) for i in range(3)]
+    with cc.use_cache(cc.CodegenCache(sys.argv[1])):
+        for mod, target in inputs:
+            for compiled in (True, False):
+                cc.resolve_device_codegen(target).lower(mod, target, compile_device=compiled)
+    gc.collect()
+    print("lowered", flush=True)
+    {end}
+"""
+ENDINGS = {
+    "interpreter-exit": "pass",
+    "os._exit": "os._exit(0)",
+    "SIGTERM": "os.kill(os.getpid(), signal.SIGTERM)",
+    "SIGKILL": "os.kill(os.getpid(), signal.SIGKILL)",
+}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("end", list(ENDINGS))
+def test_a_returned_miss_survives_the_end_of_its_process(tmp_path, end):
+    directory = tmp_path / "cache"
+    done = _python(LOWER_AND_END.replace("{end}", ENDINGS[end]), str(directory))
+    assert "lowered" in done.stdout, done.stderr[-3000:]
+    assert done.returncode in (0, -15, -9), done.stderr[-3000:]
+    for i in range(3):
+        for compiled in (True, False):
+            assert lower_fresh(directory, i, compiled)[0] == "disk", (i, compiled)
+    stats = cc.CodegenCache(directory).stats()  # the dead process's counters are there too
+    assert (stats.builds, stats.misses, stats.stores) == (6, 6, 6), stats
+
+
+POOL = """
+    import multiprocessing, sys
+    import codegen_cache as cc
+    from workers import variant
+
+    def work(i):
+        mod, target = variant(i)
+        cc.resolve_device_codegen(target).lower(mod, target, compile_device=True)
+        return i
+
+    if __name__ == "__main__":
+        for i in range(8):
+            variant(i)  # lowered once here; the forked workers inherit the modules
+        with multiprocessing.Pool(4) as pool:  # __exit__ terminates: SIGTERM to every worker
+            print(pool.map(work, range(8)), flush=True)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_pool_terminated_at_exit_keeps_every_entry_and_count(tmp_path):
+    directory = tmp_path / "cache"
+    done = _python(POOL, env={"CODEGEN_CACHE_DIR": str(directory)})
+    assert done.returncode == 0 and "[0, 1, 2, 3, 4, 5, 6, 7]" in done.stdout, done.stderr[-3000:]
+    for i in range(8):
+        assert lower_fresh(directory, i, True)[0] == "disk", i
+    stats = cc.CodegenCache(directory).stats()
+    assert (stats.builds, stats.misses, stats.stores) == (8, 8, 8), stats
+
+
+# ---- 2. fork ---------------------------------------------------------------------------------
+
+# The writer is kept busy, so the parent forks with jobs queued; each child reports its timings.
+FORK_WITH_QUEUED_WRITES = """
+    import json, os, sys, threading, time
+    import codegen_cache as cc
+    from codegen_cache._cache._writer import writer
+    from workers import variant
+
+    cache = cc.CodegenCache(sys.argv[1])
+    for i in range(5):
+        variant(i)
+    gate = threading.Event()
+    writer.submit(lambda: gate.wait(120))
+    for i in range(4):
+        cache.lower(*variant(i), compile_device=False)
+    assert writer.pending() >= 5, writer.pending()
+
+    def child_that_uses_the_cache():
+        t = {}
+        start = time.monotonic(); cache.stats(); t["stats"] = time.monotonic() - start
+        start = time.monotonic(); t["flushed"] = cache.flush(); t["flush"] = time.monotonic() - start
+        start = time.monotonic(); cache.lower(*variant(4), compile_device=False); t["lower"] = time.monotonic() - start
+        t["flushed_own"] = cache.flush()
+        start = time.monotonic(); cache.close(); t["close"] = time.monotonic() - start
+        print(json.dumps(t), flush=True)
+
+    def wait(pid, seconds):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                return True
+            time.sleep(0.01)
+        os.kill(pid, 9); os.waitpid(pid, 0)
+        return False
+
+    pid = os.fork()
+    if pid == 0:
+        child_that_uses_the_cache()
+        sys.exit(0)  # through interpreter shutdown (atexit, threading), as a script ends
+    used_ok = wait(pid, 60)
+    start = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        sys.exit(0)  # a child that never touches the cache
+    idle_ok = wait(pid, 60)
+    print(json.dumps({"used_ok": used_ok, "idle_ok": idle_ok, "idle_exit": time.monotonic() - start}), flush=True)
+    gate.set()
+    cache.close()
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_forked_child_never_waits_for_its_parents_writes(tmp_path):
+    directory = tmp_path / "cache"
+    done = _python(FORK_WITH_QUEUED_WRITES, str(directory))
+    assert done.returncode == 0, done.stderr[-3000:]
+    child, parent = (json.loads(line) for line in done.stdout.strip().splitlines()[-2:])
+    assert parent["used_ok"] and parent["idle_ok"], (parent, done.stderr[-3000:])
+    assert child["stats"] < 2 and child["flush"] < 2 and child["close"] < 2, child
+    assert child["flushed"] and child["flushed_own"], child
+    assert parent["idle_exit"] < 2, parent  # was 30 s: the child waited for the parent's queue
+    for i in range(5):  # the parent's entries and the child's
+        assert lower_fresh(directory, i, False)[0] == "disk", i
+
+
+SWEEP = """
+    import json, sys, threading, time
+    from concurrent.futures import ProcessPoolExecutor
+    import codegen_cache as cc
+    from codegen_cache._cache._writer import writer
+    from workers import variant
+
+    cache = cc.CodegenCache(sys.argv[1])
+
+    def work(i):
+        return cache.lower(*variant(i), compile_device=False).inspect_source("").count("add_")
+
+    if __name__ == "__main__":
+        for i in range(12):
+            variant(i)
+        gate = threading.Event()
+        writer.submit(lambda: gate.wait(120))  # jobs stay queued while the workers fork
+        cache.lower(*variant(0), compile_device=False)
+        start = time.monotonic()
+        with ProcessPoolExecutor(4) as pool:
+            found = list(pool.map(work, range(1, 12)))
+        print(json.dumps({"seconds": time.monotonic() - start, "found": found}), flush=True)
+        gate.set()
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_process_pool_sweep_after_queued_writes_is_fast(tmp_path):
+    done = _python(SWEEP, str(tmp_path / "cache"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert all(result["found"]), result
+    print(f"ProcessPoolExecutor(4) sweep of 11 lowerings: {result['seconds']:.2f} s")
+    assert result["seconds"] < 15, result  # was 30.2 s: each worker waited 30 s at exit
+
+
+FORK_WHILE_LOWERING = """
+    import json, os, random, sys, threading, time
+    import codegen_cache as cc
+    from workers import variant
+
+    forks = int(sys.argv[2])
+    cache = cc.CodegenCache(sys.argv[1], memory_entries=0)
+    for i in range(8 + forks):
+        variant(i)
+    stop = threading.Event()
+
+    def churn(seed):
+        rng = random.Random(seed)
+        while not stop.is_set():
+            i = rng.randrange(8)
+            digest = cache.key_for(*variant(i), compile_device=False).digest
+            cache.store("source").delete(digest)  # misses: locks, builds, stores, SQLite
+            cache.lower(*variant(i), compile_device=False)
+
+    threads = [threading.Thread(target=churn, args=(seed,), daemon=True) for seed in (1, 2)]
+    for t in threads:
+        t.start()
+    stuck, failed = 0, 0
+    for k in range(forks):
+        time.sleep(0.05)
+        pid = os.fork()
+        if pid == 0:
+            cache.lower(*variant(8 + k), compile_device=False)  # a miss: lock, build, stage
+            cache.stats(); cache.flush(); cache.close()
+            os._exit(0)
+        deadline = time.monotonic() + 60
+        while not os.waitpid(pid, os.WNOHANG)[0]:
+            if time.monotonic() > deadline:
+                stuck += 1
+                os.kill(pid, 9); os.waitpid(pid, 0)
+                break
+            time.sleep(0.01)
+        else:
+            continue
+    stop.set()
+    for t in threads:
+        t.join(60)
+    print(json.dumps({"stuck": stuck}), flush=True)
+    os._exit(0)
+"""
+
+
+@pytest.mark.timeout(600)
+def test_forking_while_two_threads_lower_never_leaves_a_stuck_child(tmp_path, request):
+    forks = 100 if request.config.getoption("--stress") else 10
+    directory = tmp_path / "cache"
+    done = _python(FORK_WHILE_LOWERING, str(directory), str(forks), timeout=540)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"stuck": 0}
+    for k in range(forks):
+        assert lower_fresh(directory, 8 + k, False)[0] == "disk", k
+
+
+# ---- 3. only a live build makes anyone wait ---------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+def test_a_waiting_lower_resumes_right_after_the_builders_lower_returns(tmp_path):
+    from test_concurrency import _finish, _spawn, _wait_ready
+
+    directory, log = tmp_path / "cache", tmp_path / "calls.log"
+    holder = _spawn(directory, 3, 1, log, seconds="10")
+    waiter = None
+    try:
+        _wait_ready([holder])
+        deadline = time.monotonic() + 60
+        while not log.exists():  # the holder is inside the codegen, holding the key's lock
+            assert time.monotonic() < deadline and holder.poll() is None
+            time.sleep(0.01)
+        waiter = _spawn(directory, 3, 1, log, seconds="10")
+        built, waited = _finish([holder, waiter])
+    finally:
+        for p in (holder, waiter):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+    assert built["tiers"] == ["built"] and waited["tiers"] == ["disk"], (built, waited)
+    assert waited["stats"]["lease_waits"] == 1 and log.read_text().count("add_3") == 1
+    gap = waited["ended"] - built["ended"]
+    print(f"waiter resumed {1e3 * gap:.1f} ms after the builder's lower() returned")
+    assert -0.05 < gap < 0.5, gap  # the lock is released as the entry is staged (10 ms polls)
+
+
+# ---- 4. signals -------------------------------------------------------------------------------
+
+
+def _codec(directory: Path, i: int) -> str | None:
+    """The codec of variant i's compiled entry in its store ('llvm-ir' raw, 'llvm-so' upgraded)."""
+    from codegen_cache._artifacts import read_meta
+
+    cache = cc.CodegenCache(directory)
+    digest = cache.key_for(*variant(i), compile_device=True).digest
+    row = cache.store("compiled").read(digest)
+    blob = row.blob if row is not None else cache.staged("compiled").read(digest)
+    return None if blob is None else read_meta(blob)[0]
+
+
+LOWER_THEN_WAIT = """
+    import sys, time
+    import codegen_cache as cc
+    from workers import variant
+    cache = cc.CodegenCache(sys.argv[1])
+    inputs = [variant(i) for i in range(4)]
+    for mod, target in inputs:
+        cache.lower(mod, target, compile_device=True)
+    print("lowered", flush=True)
+    cache.flush(upgrades=True, timeout=120)  # interrupted here
+    time.sleep(120)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_sigint_to_the_process_group_loses_no_entry_and_the_upgrade_finishes(tmp_path):
+    # What a Jupyter interrupt or Ctrl-C does: SIGINT to every process of the group.
+    directory = tmp_path / "cache"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(LOWER_THEN_WAIT), str(directory)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == "lowered", proc.stderr.read()[-3000:]
+        time.sleep(0.3)
+        os.killpg(proc.pid, signal.SIGINT)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err, err[-3000:]
+    assert proc.returncode not in (-signal.SIGABRT, 134), err[-3000:]
+    # The upgrader and its linker run in sessions of their own: the interrupt did not reach them.
+    assert cc.CodegenCache(directory).flush(upgrades=True, timeout=180)
+    assert [_codec(directory, i) for i in range(4)] == ["llvm-so"] * 4
+    for i in range(4):
+        assert lower_fresh(directory, i, True)[0] == "disk"
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_upgrader_is_replaced_and_its_entries_upgraded_later(tmp_path):
+    directory = tmp_path / "cache"
+    cache = cc.CodegenCache(directory)
+    for i in range(3):
+        cache.lower(*variant(i), compile_device=True)
+    assert cache.flush(timeout=60)
+    deadline = time.monotonic() + 60
+    while not any(_upgraders(directory).values()):  # the upgrader has started (TVM loaded)
+        assert time.monotonic() < deadline, "no upgrader started"
+        time.sleep(0.01)
+    for pid in _upgraders(directory):
+        os.kill(pid, signal.SIGKILL)
+    assert cache.flush(upgrades=True, timeout=180)
+    assert [_codec(directory, i) for i in range(3)] == ["llvm-so"] * 3
+
+
+EXIT_WITH_A_QUEUE = """
+    import sys, threading
+    import codegen_cache as cc
+    from codegen_cache._cache._writer import writer
+    from workers import variant
+    cache = cc.CodegenCache(sys.argv[1])
+    inputs = [variant(i) for i in range(12)]
+    gate = threading.Event()
+    writer.submit(lambda: gate.wait(120))  # the queue is still full when the script ends
+    for mod, target in inputs:
+        cache.lower(mod, target, compile_device=True)
+    print("exiting", flush=True)
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("interrupts", [1, 2])
+def test_ctrl_c_while_exiting_with_a_queue_never_aborts_or_loses_entries(tmp_path, interrupts):
+    directory = tmp_path / "cache"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(EXIT_WITH_A_QUEUE), str(directory)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == "exiting", proc.stderr.read()[-3000:]
+        for _ in range(interrupts):
+            time.sleep(0.3)
+            os.killpg(proc.pid, signal.SIGINT)
+        start = time.monotonic()
+        _out, err = proc.communicate(timeout=60)
+        print(f"exit {proc.returncode} {time.monotonic() - start:.2f} s after the last Ctrl-C")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode not in (-signal.SIGABRT, 134) and "terminate called" not in err, err[-3000:]
+    for i in range(12):
+        assert lower_fresh(directory, i, True)[0] == "disk", i
+
+
+# ---- 5. CC is a command line --------------------------------------------------------------------
+
+UPGRADE_WITH_CC = """
+    import sys
+    import codegen_cache as cc
+    from workers import variant
+    cache = cc.CodegenCache(sys.argv[1])
+    cache.lower(*variant(0), compile_device=True)
+    print(cache.flush(upgrades=True, timeout=180), flush=True)
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("compiler", ["gcc -m64", "ccache gcc", "WRAPPER gcc"])
+def test_cc_with_arguments_or_a_wrapper_links_llvm_entries(tmp_path, compiler):
+    log = tmp_path / "wrapper.log"
+    if compiler.startswith("WRAPPER"):  # a compiler wrapper as ccache is one: logs, then runs the rest
+        wrapper = tmp_path / "wrap"
+        wrapper.write_text(f'#!/bin/sh\necho "$@" >> {log}\nexec "$@"\n')
+        wrapper.chmod(0o755)
+        compiler = compiler.replace("WRAPPER", str(wrapper))
+    elif shutil.which(compiler.split()[0]) is None:
+        pytest.skip(f"{compiler.split()[0]} is not installed")
+    directory = tmp_path / "cache"
+    done = _python(UPGRADE_WITH_CC, str(directory), timeout=240,
+                   env={"CC": compiler, "CXX": "", "CCACHE_DIR": str(tmp_path / "ccache")})
+    assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr[-3000:]
+    assert _codec(directory, 0) == "llvm-so", (directory / "tmp" / "cgc-upgrader.log").read_text()[-3000:]
+    if "wrap" in compiler:
+        assert log.read_text().startswith("gcc -shared -fPIC")
+    assert lower_fresh(directory, 0, True)[0] == "disk"
+
+
+@pytest.mark.parametrize(("compiler", "works"), [("gcc -m64", True), ("no-such-compiler -O2", False)])
+def test_doctor_prints_and_tries_the_compiler_the_cache_uses(tmp_path, monkeypatch, capsys, compiler, works):
+    from codegen_cache import main
+
+    monkeypatch.setenv("CC", compiler)
+    monkeypatch.delenv("CXX", raising=False)
+    code = main(["--dir", str(tmp_path / "c"), "doctor", "--processes", "0"])
+    out = capsys.readouterr().out
+    assert f"`{compiler}`" in out, out
+    if works:
+        assert "links a shared library" in out
+    else:
+        assert code == 1 and "cannot link a shared library" in out and "no-such-compiler" in out

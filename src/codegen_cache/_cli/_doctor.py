@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -140,7 +139,6 @@ def check_toolchain() -> dict[str, Any]:
     from ..codegens.cuda import find_nvcc, nvcc_version
 
     salts = dict(static_salts())
-    cc = shutil.which("cc") or shutil.which("gcc")
     return {
         "tvm": salts.get("tvm"),
         "tvm_ffi": salts.get("tvm_ffi"),
@@ -149,8 +147,35 @@ def check_toolchain() -> dict[str, Any]:
         "nvcc": find_nvcc(),
         "nvcc_version": nvcc_version(),
         "cuda_driver": cuda_runtime_available(),
-        "c_compiler": cc,
+        **check_compiler(),
     }
+
+
+def check_compiler() -> dict[str, Any]:
+    """The command the llvm upgrader links with ($CXX/$CC as a command line, else g++ ...), tried on a tiny library."""
+    from .._artifacts import compiler_command
+
+    command = compiler_command()
+    found = {"c_compiler": " ".join(command) or None, "c_compiler_ok": False, "c_compiler_error": None}
+    if not command:
+        found["c_compiler_error"] = "none found ($CXX, $CC, g++, gcc, clang++, clang, c++, cc)"
+        return found
+    with tempfile.TemporaryDirectory(prefix="cgc-doctor-") as tmp:
+        source, lib = os.path.join(tmp, "probe.c"), os.path.join(tmp, "probe.so")
+        with open(source, "w") as f:
+            f.write("int codegen_cache_probe(void) { return 0; }\n")
+        try:
+            # The way the upgrader links (-shared -fPIC), in a session of its own as there.
+            done = subprocess.run([*command, "-shared", "-fPIC", "-o", lib, source], capture_output=True, text=True,
+                                  timeout=120, start_new_session=True, check=False)
+        except (OSError, subprocess.SubprocessError) as err:
+            found["c_compiler_error"] = str(err)
+            return found
+        if done.returncode != 0 or not os.path.exists(lib):
+            found["c_compiler_error"] = f"exit {done.returncode}: {done.stderr.strip()[-300:]}"
+        else:
+            found["c_compiler_ok"] = True
+    return found
 
 
 def toolchain_notes(tool: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -165,11 +190,13 @@ def toolchain_notes(tool: dict[str, Any]) -> tuple[list[str], list[str]]:
         notes.append("CUDA driver loaded: compiled CUDA entries are loaded and runnable here")
     else:
         notes.append("no CUDA driver: compiled CUDA entries can be made (codegen-cache warm) but not loaded here")
-    if tool["c_compiler"]:
-        notes.append(f"C compiler {tool['c_compiler']}: llvm modules are stored as shared libraries")
+    if tool["c_compiler_ok"]:
+        notes.append(f"C compiler `{tool['c_compiler']}` (from $CXX, $CC or PATH) links a shared library: "
+                     "llvm entries become shared libraries")
     else:
-        problems.append("no C compiler (cc/gcc, or CC): llvm modules cannot be stored, so llvm lowerings always "
-                        "miss on disk (install gcc)")
+        problems.append(f"C compiler `{tool['c_compiler'] or '-'}` cannot link a shared library "
+                        f"({tool['c_compiler_error']}): llvm entries stay LLVM IR (correct, slower hits); "
+                        "set CC or CXX to a working compiler command, or install gcc")
     return notes, problems
 
 
@@ -190,7 +217,7 @@ def doctor(settings, *, processes: int = 3, kernels: str | None = None,
     problems += fs["problems"]
     tool = check_toolchain()
     notes, tool_problems = toolchain_notes(tool)
-    report["toolchain"] = {**tool, "notes": notes}
+    report["toolchain"] = {**tool, "notes": notes, "problems": tool_problems}
     problems += tool_problems
     unknown = unknown_env_vars()
     report["unknown_env_vars"] = unknown
@@ -229,6 +256,8 @@ def render(report: dict[str, Any]) -> list[str]:
     out(f"toolchain: tvm {tool['tvm']}, tvm-ffi {tool['tvm_ffi']}, LLVM {tool['llvm']}")
     for note in tool["notes"]:
         out(f"  {note}")
+    for problem in tool.get("problems", ()):
+        out(f"  WARNING: {problem}")
     for var in report["unknown_env_vars"]:
         out(f"configuration: WARNING: {var} is set but is not a codegen-cache setting (a typo?)")
     problems = report["problems"]
