@@ -26,6 +26,7 @@ import pytest
 import tvm
 
 import codegen_cache as cc
+import hooks
 import kernels
 from codegen_cache import _key
 from codegen_cache._artifacts import decode
@@ -480,10 +481,8 @@ CHANGES = {
     "ptxas-reg-level": lambda mp: mp.setenv("TVM_CUDA_PTXAS_REG_LEVEL", "2"),
     "no-fast-math": lambda mp: mp.setenv("TVM_CUDA_NVCC_NO_FAST_MATH", "1"),
     "kernel-debug": lambda mp: mp.setenv("TVM_KERNEL_DEBUG", "1"),
-    "postproc-hook": lambda mp: mp.setattr(cuda_codegen._compat, "global_func",
-                                           lambda name, missing_ok=False, _f=cuda_codegen._compat.global_func:
-                                           (lambda code, target: code) if name == "tvm_callback_cuda_postproc"
-                                           else _f(name, missing_ok=missing_ok)),
+    "nvcc-append-flags": lambda mp: mp.setenv("NVCC_APPEND_FLAGS", "-lineinfo"),
+    "postproc-hook": lambda mp: hooks.registered("tvm_callback_cuda_postproc", lambda code, target: code + "// hook\n"),
 }
 
 
@@ -494,8 +493,10 @@ def test_toolchain_or_env_change_never_serves_a_stale_compiled_cuda_entry(tmp_pa
     mod, target = cuda_vadd
     codegen = _stamping_cuda_codegen()
     before = cc.CodegenCache(tmp_path, write_behind=False).lower(mod, target, codegen=codegen).inspect_source("")
-    with monkeypatch.context() as mp:
-        CHANGES[change](mp)
+    with monkeypatch.context() as mp, contextlib.ExitStack() as stack:
+        changed = CHANGES[change](mp)
+        if changed is not None:
+            stack.enter_context(changed)  # a real hook, registered for the block
         module, outcome = cc.CodegenCache(tmp_path, write_behind=False).lower_with_outcome(mod, target, codegen=codegen)
         after = module.inspect_source("")
         assert outcome.tier == "built" and after != before

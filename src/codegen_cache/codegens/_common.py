@@ -1,13 +1,46 @@
-"""Helpers shared by the built-in codegen families."""
+"""Helpers shared by the built-in codegen families, and the inputs deliberately left out of keys."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable
 
-__all__ = ["env_salts"]
+__all__ = ["EXCLUDED_ENV", "env_salts"]
 
 
 def env_salts(names: Iterable[str]) -> dict[str, str]:
     """The values of the environment variables a codegen reads, for its cache key."""
     return {f"env:{name}": os.environ.get(name, "<unset>") for name in names}
+
+
+# Environment variables read by TVM's codegen libraries and by its Python support modules
+# (tvm/support, tvm/target) that are NOT key parts, and why. tests/test_key_inputs.py greps
+# TVM's sources and libraries and fails on a variable that is neither here nor in a key.
+EXCLUDED_ENV: dict[str, str] = {
+    "CUDA_PATH": "keyed by what it selects, not by value: the nvcc found (nvcc_path and nvcc build id) "
+    "for compiled cuda, the CUDA root (cuda_root) for nvptx",
+    "PATH": "keyed by what it selects: nvcc_path (compiled cuda), cuda_root (nvptx), rocm_root and ld.lld (rocm)",
+    "ROCM_PATH": "keyed by what it selects: rocm_root (rocm)",
+    "TVM_CUDA_COMPILE_MODE": "read only by tvm_callback_cuda_compile (NVRTC or nvcc), which the built-in cuda "
+    "codegens never call: compiled CUDA always runs nvcc through compile_cuda(compiler='nvcc')",
+    "TVM_CUDA_NVRTC_EXTRA_OPTS": "read only on the NVRTC path, which the built-in cuda codegens never take",
+    "TVM_COMPILE_FORCE_FALLBACK": "chooses between a runtime module and a source-only one in target.build.*, not "
+    "the generated code; the cuda source codegen sets it itself where TVM's CUDA runtime is loaded",
+    "TVM_IKET_INJECTED_CHILD_ENABLE": "read by a lowering pass (LowerIket): its effect is in the IR the codegen "
+    "receives, which the key hashes",
+    "TVM_IKET_OFFICIAL_PROFILE": "read by a lowering pass (LowerIket): its effect is in the IR",
+    "TVM_PRINT_AFTER_TIRX_DISPATCH_OPS": "debug printing in a lowering pass; changes no code",
+    "TVM_S_TIR_META_SCHEDULE_CLEAR_SCREEN": "MetaSchedule's progress display; not a codegen",
+    "TVM_NDK_CC": "tvm.support.ndk: Android export of a built library, after codegen",
+    "TVM_WIN_CC": "tvm.support.cc: Windows host compiler for exporting a library, after codegen",
+    "TVM_WIN_TARGET": "tvm.support.cc: Windows export, after codegen",
+    "CXX": "tvm.support.cc and the llvm artifact's link step: the host compiler links object code the codegen "
+    "already generated into a shared library (packaging, not code generation)",
+    "CC": "tvm.support.cc: as CXX",
+    "TVM_HOME": "tvm.support.emcc: WebAssembly export, after codegen",
+    "TVM_USE_CUDA": "tvm.support.libinfo: build-info report only",
+    "TVM_USE_LLVM": "tvm.support.libinfo: build-info report only",
+    "TVM_USE_NCCL": "tvm.support.libinfo: build-info report only",
+    "TVM_USE_NVTX": "tvm.support.libinfo: build-info report only",
+    "TVM_USE_NVSHMEM": "tvm.support.libinfo: build-info report only",
+}

@@ -24,18 +24,28 @@ from .. import _compat
 from .._artifacts._cuda import CudaPayload, load_cuda_payload, module_payload, remember_source
 from .._errors import CudaRuntimeUnavailableError
 from .._registry import DeviceCodegen
+from ._callbacks import callback_salts
 from ._common import env_salts
 
-__all__ = ["CODEGENS", "build_cuda", "compile_cuda_payload", "cuda_source_module", "find_nvcc", "nvcc_version"]
+__all__ = ["CODEGENS", "build_cuda", "compile_cuda_payload", "cuda_source_module", "find_nvcc", "nvcc_path", "nvcc_version"]
 
-# Environment variables TVM's CUDA compile path (tvm.support.nvcc) reads.
+# Environment variables read on the compiled CUDA path: by tvm.support.nvcc.compile_cuda (nvcc
+# flags, ptxas options, debug and dump modes, NVSHMEM headers) and by nvcc itself. Those it
+# does not read, and why, are in _common.EXCLUDED_ENV.
 COMPILE_ENV = (
     "TVM_CUDA_PTXAS_REG_LEVEL",
     "TVM_CUDA_PTXAS_EXTRA_OPTS",
     "TVM_CUDA_NVCC_NO_FAST_MATH",
     "TVM_KERNEL_DEBUG",
     "TVM_KERNEL_DUMP",
+    "NVSHMEM_HOME",
+    "NVCC_PREPEND_FLAGS",
+    "NVCC_APPEND_FLAGS",
+    "NVCC_CCBIN",
 )
+# Callbacks target.build.cuda calls on the way the built-in codegens use it (both modes: the
+# compiled one generates its source the same way). tvm_callback_cuda_compile is never reached.
+CALLBACKS = ("tvm_callback_cuda_postproc",)
 # TVM_COMPILE_FORCE_FALLBACK is process-wide: one thread at a time may set it.
 _fallback_lock = threading.Lock()
 
@@ -74,14 +84,25 @@ def find_nvcc() -> str | None:
     return next((c for c in candidates if os.access(c, os.X_OK)), None)
 
 
-@functools.lru_cache(maxsize=1)
-def nvcc_version() -> str:
-    """`nvcc --version`'s last line (the build id), or 'none' where nvcc is not found.
+def nvcc_path() -> str:
+    """The nvcc compiled CUDA runs now (find_nvcc, memoized per CUDA_PATH and PATH), or 'none'."""
+    return _nvcc_path(os.environ.get("CUDA_PATH"), os.environ.get("PATH"))
 
-    The path is left out, so hosts with the same nvcc share keys wherever it is installed.
-    """
-    nvcc = find_nvcc()
-    if nvcc is None:
+
+@functools.lru_cache(maxsize=16)
+def _nvcc_path(cuda_path: str | None, path: str | None) -> str:
+    # The arguments are the memo key: find_nvcc reads the same two variables.
+    return find_nvcc() or "none"
+
+
+def nvcc_version() -> str:
+    """`nvcc --version`'s last line (the build id) for nvcc_path(), or 'none' where nvcc is not found."""
+    return _version_of(nvcc_path())
+
+
+@functools.lru_cache(maxsize=16)
+def _version_of(nvcc: str) -> str:
+    if nvcc == "none":
         return "none"
     try:
         out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60, check=True)
@@ -124,12 +145,13 @@ def build_cuda(mod: IRModule, target: Target) -> Module:
 
 
 def _cuda_toolchain(target: Target, compile_device: bool) -> dict[str, str]:
-    # Looked up on every key (a few microseconds): a hook registered a moment ago changes the
-    # source, so a cached answer here could serve a stale entry.
-    hook = _compat.global_func("tvm_callback_cuda_postproc", missing_ok=True)
-    salts = {"postproc_hook": str(hook is not None)}
+    # Computed on every key (a few microseconds, memoized per registered function): a hook
+    # registered a moment ago changes the source, so a cached answer could serve a stale entry.
+    salts = callback_salts(*CALLBACKS)
     if compile_device:
+        # The path as well as the build id: the headers and nvcc.profile beside it are inputs.
         salts["nvcc"] = nvcc_version()
+        salts["nvcc_path"] = nvcc_path()
         salts.update(env_salts(COMPILE_ENV))
     return salts
 

@@ -1,0 +1,21 @@
+"""Real TVM global-function hooks for tests: registered with override, restored afterwards."""
+
+from __future__ import annotations
+
+import contextlib
+
+import tvm_ffi
+
+
+@contextlib.contextmanager
+def registered(name, func):
+    """Register `func` under `name` (override=True) for the block; then put back what was there."""
+    previous = tvm_ffi.get_global_func(name, allow_missing=True)
+    tvm_ffi.register_global_func(name, func, override=True)
+    try:
+        yield
+    finally:
+        if previous is None:
+            tvm_ffi.remove_global_func(name)
+        else:
+            tvm_ffi.register_global_func(name, previous, override=True)

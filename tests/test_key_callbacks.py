@@ -1,0 +1,300 @@
+"""Callbacks TVM's codegens call are keyed by what they are: real hooks, real processes."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import tvm
+import tvm_ffi
+
+import codegen_cache as cc
+import hooks
+import kernels
+from codegen_cache.codegens import _callbacks, cuda, gpu_source
+from conftest import CUDA_TARGET
+
+POSTPROC = "tvm_callback_cuda_postproc"
+TESTS = str(Path(__file__).parent)
+
+
+@pytest.fixture
+def cuda_add():
+    return cc.lower_for_codegen(kernels.vadd_gpu, CUDA_TARGET)
+
+
+def _libraries_callbacks() -> set[str]:
+    names = set()
+    for lib in sorted((Path(tvm.__file__).parent / "lib").glob("libtvm*.so")):
+        names |= {m.decode() for m in re.findall(rb"tvm_callback_[A-Za-z0-9_]+", lib.read_bytes())}
+    return names
+
+
+def test_the_callback_table_is_the_list_in_tvms_libraries():
+    found = _libraries_callbacks()
+    assert found, "no tvm_callback_* name in the installed TVM's libraries"
+    assert found == set(_callbacks.CALLBACKS), (
+        f"TVM's libraries call {sorted(found)}; codegens/_callbacks.CALLBACKS has {sorted(_callbacks.CALLBACKS)}")
+
+
+def test_tvms_python_registrations_are_in_the_table():
+    root = Path(tvm.__file__).parent
+    registered = set()
+    for path in root.rglob("*.py"):
+        registered |= set(re.findall(r"register_global_func\(\s*\"(tvm_callback_\w+)\"", path.read_text("utf-8", "replace")))
+        registered |= set(re.findall(r"register_global_func\s*\ndef (tvm_callback_\w+)", path.read_text("utf-8", "replace")))
+    assert registered and registered <= set(_callbacks.CALLBACKS)
+
+
+# (kind, target, kernel, compile_device): every built-in codegen that runs on this machine.
+RUNNABLE = [
+    ("cuda", CUDA_TARGET, "vadd_gpu", False),
+    ("opencl", {"kind": "opencl"}, "vadd_gpu", False),
+    ("metal", {"kind": "metal"}, "vadd_gpu", False),
+    ("webgpu", {"kind": "webgpu"}, "vadd_gpu", False),
+    ("nvptx", {"kind": "nvptx"}, "vadd_gpu", True),
+    ("rocm", {"kind": "rocm"}, "vadd_gpu", True),
+    ("llvm", "llvm", "vadd", True),
+    ("llvm", "llvm", "vadd", False),
+    ("c", "c", "vadd", False),
+]
+
+
+@pytest.mark.timeout(120)
+def test_every_callback_a_codegen_calls_is_a_part_of_its_key(cache):
+    import tvm.support.nvcc  # noqa: F401  registers TVM's own callbacks
+    import tvm.support.rocm  # noqa: F401
+
+    called: list[str] = []
+
+    def recorder(name, previous):
+        def hook(*args):
+            called.append(name)
+            return previous(*args) if previous is not None else args[0]
+
+        return hook
+
+    stack = []
+    for name in _callbacks.CALLBACKS:
+        ctx = hooks.registered(name, recorder(name, tvm_ffi.get_global_func(name, allow_missing=True)))
+        ctx.__enter__()
+        stack.append(ctx)
+        cc.declare_callback_salt(name, "recorder")  # it closes over a list: not keyable by itself
+    seen = {}
+    try:
+        for kind, target, kernel, compile_device in RUNNABLE:
+            mod, tgt = cc.lower_for_codegen(getattr(kernels, kernel), target)
+            parts = cache.key_for(mod, tgt, compile_device=compile_device).as_dict()["toolchain"]
+            keyed = {n.split(":", 1)[1] for n in json.loads(parts) if n.startswith("callback:")}
+            called.clear()
+            try:
+                cc.resolve_device_codegen(tgt).invoke(mod, tgt, compile_device=compile_device)
+            except (RuntimeError, ValueError):
+                pass  # a toolkit missing here (libdevice, ROCm): the callbacks it reached still count
+            seen[(kind, compile_device)] = set(called)
+            assert set(called) <= keyed, f"{kind} ({compile_device=}) called {sorted(called)}; keyed {sorted(keyed)}"
+    finally:
+        for ctx in reversed(stack):
+            ctx.__exit__(None, None, None)
+    # The recorder did see the callbacks where they are reached (so the check above can fail).
+    assert seen[("cuda", False)] == {POSTPROC}
+    assert seen[("opencl", False)] == {"tvm_callback_opencl_postproc"}
+    assert seen[("metal", False)] == {"tvm_callback_metal_compile"}
+    assert "tvm_callback_libdevice_path" in seen[("nvptx", True)]
+
+
+def _tagging_hook(tag):
+    def hook(code, target):
+        return code + f"\n// {tag}\n"
+
+    return hook
+
+
+def test_a_reregistered_hook_is_never_served_from_memory(cache, cuda_add):
+    mod, target = cuda_add
+    with hooks.registered(POSTPROC, _tagging_hook("X")):
+        first, o1 = cache.lower_with_outcome(mod, target, compile_device=False)
+        assert "// X" in first.inspect_source("") and o1.tier == "built"
+    with hooks.registered(POSTPROC, _tagging_hook("Y")):
+        second, o2 = cache.lower_with_outcome(mod, target, compile_device=False)
+        assert "// Y" in second.inspect_source("") and "// X" not in second.inspect_source("")
+        assert o2.tier == "built"
+    # X again, as a new function object: the same code, so the same key, and X's own source.
+    with hooks.registered(POSTPROC, _tagging_hook("X")):
+        third, o3 = cache.lower_with_outcome(mod, target, compile_device=False)
+        assert o3.tier == "memory" and "// X" in third.inspect_source("")
+    none, o4 = cache.lower_with_outcome(mod, target, compile_device=False)
+    assert o4.tier == "built" and "// " not in none.inspect_source("").rsplit("}", 1)[-1]
+
+
+SUFFIX = "// global one"
+
+
+def test_a_rebound_global_or_closure_value_changes_the_key(cache, cuda_add):
+    global SUFFIX
+    mod, target = cuda_add
+
+    def reads_global(code, target):
+        return code + SUFFIX
+
+    with hooks.registered(POSTPROC, reads_global):
+        k1 = cache.key_for(mod, target, compile_device=False)
+        SUFFIX = "// global two"
+        try:
+            k2 = cache.key_for(mod, target, compile_device=False)
+            assert "global two" in cache.lower(mod, target, compile_device=False).inspect_source("")
+        finally:
+            SUFFIX = "// global one"
+        assert k1 != k2 and cache.key_for(mod, target, compile_device=False) == k1
+
+    tag = "// cell one"
+
+    def reads_cell(code, target):
+        return code + tag
+
+    with hooks.registered(POSTPROC, reads_cell):
+        k3 = cache.key_for(mod, target, compile_device=False)
+        tag = "// cell two"
+        assert cache.key_for(mod, target, compile_device=False) != k3
+        assert "cell two" in cache.lower(mod, target, compile_device=False).inspect_source("")
+
+
+def test_code_digests_follow_nested_code_and_defaults():
+    def make(n, default):
+        def outer(code, target, extra=default):
+            def inner(s):
+                return s + str(n)
+
+            return inner(code) + extra
+
+        return outer
+
+    def identity(fn):
+        with hooks.registered(POSTPROC, fn):
+            return _callbacks.callback_identity(POSTPROC)
+
+    base = identity(make(1, "a"))
+    assert base.startswith("code:")
+    assert identity(make(1, "a")) == base  # another function object, same code and values
+    assert identity(make(2, "a")) != base  # a closed-over value
+    assert identity(make(1, "b")) != base  # a default
+
+    def nested_constant(code, target):
+        return (lambda s: s + "x")(code)
+
+    def nested_constant_2(code, target):
+        return (lambda s: s + "y")(code)
+
+    assert identity(nested_constant) != identity(nested_constant_2)
+
+
+def test_tvms_own_callbacks_are_keyed_by_module_and_version():
+    import tvm.support.nvcc  # noqa: F401
+
+    identity = _callbacks.callback_identity("tvm_callback_libdevice_path")
+    assert identity == f"tvm {cc._compat.tvm_version()}: tvm.support.nvcc.find_libdevice_path"
+
+
+class _Config:
+    suffix = "// object"
+
+    def tag(self, code, target):
+        return code + self.suffix
+
+
+@pytest.mark.parametrize("kind", ["closure over an object", "C++ function", "bound method", "callable object"])
+def test_a_callback_without_identity_is_uncacheable_with_one_warning(tmp_path, cuda_add, caplog, kind):
+    mod, target = cuda_add
+    config = _Config()
+
+    class Callable:
+        def __call__(self, code, target):
+            return code
+
+    hook = {
+        "closure over an object": lambda code, target: code + config.suffix,
+        "C++ function": tvm_ffi.get_global_func("testing.echo"),
+        "bound method": config.tag,
+        "callable object": Callable(),
+    }[kind]
+    cache = cc.CodegenCache(tmp_path, write_behind=False)
+    with hooks.registered(POSTPROC, hook), caplog.at_level(logging.WARNING, logger="codegen_cache"):
+        with pytest.raises(cc.UncacheableError, match=r"tvm_callback_cuda_postproc.*declare_callback_salt"):
+            cache.key_for(mod, target, compile_device=False)
+        if kind in ("closure over an object", "C++ function"):
+            for _ in range(3):
+                module, outcome = cache.lower_with_outcome(mod, target, compile_device=False)
+                assert outcome.tier == "uncached" and "__global__" in module.inspect_source("")
+            stats = cache.stats(shared=False)
+            assert (stats.uncacheable, stats.hits, stats.stores) == (3, 0, 0)
+            assert list(cache.store("source").keys()) == []
+            warnings = [r for r in caplog.records if "tvm_callback_cuda_postproc" in r.getMessage()]
+            assert len(warnings) == 1 and "declare_callback_salt" in warnings[0].getMessage()
+
+
+def test_a_declared_salt_makes_a_callback_cacheable_for_that_registration_only(cache, cuda_add):
+    mod, target = cuda_add
+    config = _Config()
+    with hooks.registered(POSTPROC, lambda code, target: code + config.suffix):
+        cc.declare_callback_salt(POSTPROC, "object-suffix-v1")
+        key = cache.key_for(mod, target, compile_device=False)
+        assert key.as_dict()["toolchain"].count("declared:object-suffix-v1") == 1
+        cache.lower(mod, target, compile_device=False)
+        assert cache.lower_with_outcome(mod, target, compile_device=False)[1].tier == "memory"
+    # Another registration under the name: the declaration does not carry over.
+    with hooks.registered(POSTPROC, lambda code, target: code + config.suffix):
+        with pytest.raises(cc.UncacheableError):
+            cache.key_for(mod, target, compile_device=False)
+
+
+@pytest.mark.parametrize("args, match", [
+    (("tvm_callback_nonexistent", "v1"), "Unknown callback 'tvm_callback_nonexistent'"),
+    ((POSTPROC, ""), "salt must be a non-empty str"),
+    (("tvm_callback_Trainium_compile", "v1"), "No function is registered under 'tvm_callback_Trainium_compile'"),
+])
+def test_declare_callback_salt_rejects_bad_input(args, match):
+    with pytest.raises(ValueError, match=match):
+        cc.declare_callback_salt(*args)
+
+
+HOOK_PROCESS = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {tests!r})
+    import tvm_ffi
+    import codegen_cache as cc, kernels
+
+    def postproc(code, target):
+        return code + "\\n// hook {tag}\\n"
+
+    tvm_ffi.register_global_func("tvm_callback_cuda_postproc", postproc, override=True)
+    mod, target = cc.lower_for_codegen(kernels.vadd_gpu, {{"kind": "cuda", "arch": "sm_90"}})
+    module, outcome = cc.CodegenCache({cache!r}, write_behind=False).lower_with_outcome(mod, target, compile_device=False)
+    print(outcome.tier, module.inspect_source("").strip().splitlines()[-1])
+    """
+)
+
+
+@pytest.mark.timeout(240)
+def test_two_processes_with_different_hooks_get_their_own_source(tmp_path):
+    def run(tag):
+        script = HOOK_PROCESS.format(tests=TESTS, cache=str(tmp_path / "cache"), tag=tag)
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=200)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.split()
+
+    assert run("X") == ["built", "//", "hook", "X"]
+    assert run("Y") == ["built", "//", "hook", "Y"]  # before: X's source, from disk
+    assert run("X") == ["disk", "//", "hook", "X"]
+    assert run("Y") == ["disk", "//", "hook", "Y"]
+
+
+def test_builtin_codegens_declare_callbacks_from_the_table():
+    declared = set(cuda.CALLBACKS) | {n for names in gpu_source.CALLBACKS.values() for n in names}
+    assert declared <= set(_callbacks.CALLBACKS)
