@@ -526,3 +526,217 @@ def test_doctor_prints_and_tries_the_compiler_the_cache_uses(tmp_path, monkeypat
         assert "links a shared library" in out
     else:
         assert code == 1 and "cannot link a shared library" in out and "no-such-compiler" in out
+
+
+# ---- 6. a full disk never ends the process ------------------------------------------------------
+
+LOWER_ON_A_FULL_DISK = """
+    import sys
+    import codegen_cache as cc
+    from workers import check_module, variant
+    cache = cc.CodegenCache(sys.argv[1])
+    inputs = [variant(i) for i in range(3)]
+    for i, (mod, target) in enumerate(inputs):
+        for compiled in (True, False):
+            check_module(cache.lower(mod, target, compile_device=compiled), i, compiled)
+    cache.flush(upgrades=True, timeout=5)  # the upgrader may fail for want of space: not our process
+    print("survived", flush=True)
+"""
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("leave", [0, 40 << 10, 160 << 10], ids=["full", "40KiB-left", "160KiB-left"])
+def test_a_full_disk_never_ends_the_process(tmp_path, leave):
+    from test_reliability import fill, mounted
+
+    with mounted(tmp_path / "small", "-t", "tmpfs", "-o", "size=4m", "tmpfs") as mnt:
+        directory = mnt / "cache"
+        cc.CodegenCache(directory, write_behind=False).lower(*variant(9), compile_device=False)  # the stores exist
+        filler = fill(mnt, leave=leave)
+        done = _python(LOWER_ON_A_FULL_DISK, str(directory), timeout=300)
+        assert done.returncode == 0 and "survived" in done.stdout, done.stderr[-3000:]
+        assert "LLVM ERROR" not in done.stderr and "terminate called" not in done.stderr, done.stderr[-3000:]
+        filler.unlink()
+        # Space is back: entries that were skipped are built and stored again, and upgraded.
+        cache = cc.CodegenCache(directory)
+        for i in range(3):
+            cache.lower(*variant(i), compile_device=True)
+        assert cache.flush(upgrades=True, timeout=180)
+        assert [_codec(directory, i) for i in range(3)] == ["llvm-so"] * 3
+
+
+# ---- 7. the background writer: never dies, never makes anyone wait long ------------------------
+
+
+class _BrokenRemote:
+    """A remote client that fails with whatever a buggy client may raise."""
+
+    def __init__(self) -> None:
+        self.puts = 0
+
+    def get(self, digest):
+        return None
+
+    def put(self, digest, blob):
+        self.puts += 1
+        raise AttributeError("'NoneType' object has no attribute 'sendall'")
+
+
+def test_a_failing_background_job_never_stops_the_writer(tmp_path, caplog):
+    remote = _BrokenRemote()
+    cache = cc.CodegenCache(tmp_path / "cache", remote=remote)
+    for i in range(3):
+        cache.lower(*variant(i), compile_device=False)
+    assert cache.flush(timeout=60) is True
+    assert remote.puts == 3 and caplog.text.count("background store job failed") == 3
+    # Each job moved its entry into its store before the remote failed it.
+    assert list(cache.staged("source").digests()) == []
+    assert len(cache.store("source")) == 3 and cache.stats().stores == 3
+    cache.close()
+
+
+@pytest.mark.timeout(120)
+def test_flush_stats_and_close_return_within_their_bounds_while_the_writer_hangs(tmp_path):
+    import threading
+
+    from codegen_cache._cache._writer import writer
+
+    cache = cc.CodegenCache(tmp_path / "cache")
+    release = threading.Event()
+    writer.submit(lambda: release.wait(60))  # a job stuck (say, in a hung client call)
+    try:
+        cache.lower(*variant(0), compile_device=False)
+        timings = {}
+        for name, call in (("flush", lambda: cache.flush(timeout=0.5)), ("stats", cache.stats),
+                           ("close", lambda: cache.close(timeout=0.5))):
+            start = time.monotonic()
+            result = call()
+            timings[name] = time.monotonic() - start
+            if name == "flush":
+                assert result is False  # says it did not finish
+        assert timings["flush"] < 2 and timings["stats"] < 2 and timings["close"] < 2, timings
+        # The entry was staged before lower() returned: another cache object serves it now.
+        assert lower_fresh(tmp_path / "cache", 0, False)[0] == "disk"
+    finally:
+        release.set()
+    assert writer.wait(30)
+
+
+# ---- 9. files the cache did not create ---------------------------------------------------------
+
+
+def _age(path: Path, seconds: float = 7200) -> None:
+    old = time.time() - seconds
+    os.utime(path, (old, old), follow_symlinks=False)
+
+
+def test_the_scratch_sweep_removes_only_its_own_leftovers_and_never_follows_a_link(tmp_path):
+    from codegen_cache._storage._fsprobe import scratch_dir
+
+    tmp = tmp_path / "cache" / "tmp"
+    (tmp / "cgc-old-dir").mkdir(parents=True)
+    (tmp / "cgc-old-dir" / "lib.so").write_bytes(b"x")
+    (tmp / "cgc-old.so").write_bytes(b"x")
+    (tmp / "notes.txt").write_text("mine")  # not the cache's
+    (tmp / "tmpabc").mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "cgc-keep").write_text("outside")
+    (tmp / "cgc-link").symlink_to(outside)
+    for path in (tmp / "cgc-old-dir" / "lib.so", tmp / "cgc-old-dir", tmp / "cgc-old.so", tmp / "notes.txt",
+                 tmp / "tmpabc", outside / "cgc-keep", tmp / "cgc-link"):
+        _age(path)
+    assert scratch_dir(tmp) == str(tmp)
+    assert sorted(os.listdir(tmp)) == ["cgc-link", "notes.txt", "tmpabc"]
+    assert (outside / "cgc-keep").read_text() == "outside"
+
+
+def test_a_tmp_symlink_is_never_followed(tmp_path):
+    from codegen_cache._storage._fsprobe import scratch_dir
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "cgc-old").write_text("outside")
+    _age(outside / "cgc-old")
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "tmp").symlink_to(outside)
+    cache = cc.CodegenCache(tmp_path / "cache")
+    cache.lower(*variant(0), compile_device=True)
+    assert cache.flush(upgrades=True, timeout=180)
+    assert lower_fresh(tmp_path / "cache", 0, True)[0] == "disk"
+    assert scratch_dir(tmp_path / "cache" / "tmp") != str(tmp_path / "cache" / "tmp")
+    assert os.listdir(outside) == ["cgc-old"] and (outside / "cgc-old").read_text() == "outside"
+
+
+def _plant(path: Path, what: str) -> None:
+    path.unlink()
+    if what == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("where", ["store", "staged"])
+@pytest.mark.parametrize("what", ["fifo", "dev-zero-link"])
+def test_a_value_that_is_not_a_regular_file_is_a_miss_without_blocking(tmp_path, what, where):
+    directory = tmp_path / "cache"
+    cache = cc.CodegenCache(directory, write_behind=where == "store")
+    digest = cache.key_for(*variant(0), compile_device=False).digest
+    if where == "store":
+        cache.lower(*variant(0), compile_device=False)
+        cache.close()
+        row = cache.store("source").read(digest)
+        assert row is not None and row.path is not None  # 35 KB: a value file of its own
+        value = Path(row.path)
+    else:
+        cache.staged("source").write(digest, b"x" * 100)
+        value = Path(cache.staged("source").path(digest))
+    _plant(value, what)
+    start = time.monotonic()
+    tier, stats = lower_fresh(directory, 0, False)
+    assert tier == "built" and time.monotonic() - start < 30
+    assert sum(stats.errors.values()) >= (where == "store"), stats.errors  # counted as a read error
+    assert lower_fresh(directory, 0, False)[0] == "disk"  # stored again, served from then on
+    if where == "store":
+        # Set aside: no row names it any more, and it is left where it was (not ours to delete).
+        row = cc.CodegenCache(directory).store("source").read(digest)
+        assert row is not None and row.path != str(value)
+        assert stat.S_ISFIFO(os.lstat(value).st_mode) if what == "fifo" else os.path.islink(value)
+
+
+def test_a_stats_database_symlink_is_never_written_or_chmodded(tmp_path):
+    outside = tmp_path / "outside.db"
+    outside.write_bytes(b"someone else's file")
+    outside.chmod(0o600)
+    directory = tmp_path / "cache"
+    directory.mkdir()
+    (directory / "stats.sqlite").symlink_to(outside)
+    cache = cc.CodegenCache(directory)
+    cache.lower(*variant(0), compile_device=False)
+    cache.reset_stats()
+    assert cache.stats(shared=False).misses == 1
+    cache.close()
+    cc.CodegenCache(directory).stats()
+    assert outside.read_bytes() == b"someone else's file" and stat.S_IMODE(outside.stat().st_mode) == 0o600
+
+
+# ---- 10. the directory removed under a running process ------------------------------------------
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("write_behind", [True, False])
+def test_a_directory_removed_under_a_running_process_is_made_again_and_stored_in(tmp_path, write_behind):
+    directory = tmp_path / "cache"
+    cache = cc.CodegenCache(directory, write_behind=write_behind)
+    for compiled in (True, False):
+        cache.lower(*variant(0), compile_device=compiled)
+    assert cache.flush(timeout=60)
+    shutil.rmtree(directory)
+    for compiled in (True, False):
+        cache.lower(*variant(1), compile_device=compiled)
+    assert cache.flush(timeout=60)
+    for compiled in (True, False):
+        assert lower_fresh(directory, 1, compiled)[0] == "disk", compiled
+    assert lower_fresh(directory, 0, True)[0] == "built"  # gone with the directory: rebuilt
+    cache.close()

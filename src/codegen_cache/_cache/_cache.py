@@ -485,13 +485,18 @@ class CodegenCache:
                     moved += 1
         return moved
 
-    def close(self) -> None:
-        """Finish this process's background stores (bounded) and close the stores."""
-        self.flush()
+    def close(self, timeout: float | None = FLUSH_SECONDS) -> bool:
+        """Finish this process's background stores (at most `timeout` s) and close the stores.
+
+        Returns flush()'s answer: False when background jobs were still running (their
+        entries are staged on disk: nothing is lost).
+        """
+        done = self.flush(timeout)
         for store in self._stores.values():
             store.close()
         if self._remote is not None and hasattr(self._remote, "close"):
             self._remote.close()
+        return done
 
     # ---- by digest, for codegen_cache.build's index ----------------------------------------
 
