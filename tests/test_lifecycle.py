@@ -150,6 +150,31 @@ def test_a_returned_miss_survives_the_end_of_its_process(tmp_path, end):
     assert (stats.builds, stats.misses, stats.stores) == (6, 6, 6), stats
 
 
+BUILD_AND_END = """
+    import os, signal, sys
+    import codegen_cache as cc
+    import kernels
+    with cc.use_cache(cc.CodegenCache(sys.argv[1])):
+        cc.build(kernels.vadd, "llvm")
+    print("built", flush=True)
+    {end}
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("end", ["os._exit", "SIGKILL"])
+def test_a_returned_build_survives_the_end_of_its_process(tmp_path, end):
+    import kernels
+    from codegen_cache._build import _build
+
+    directory = tmp_path / "cache"
+    done = _python(BUILD_AND_END.replace("{end}", ENDINGS[end]), str(directory))
+    assert "built" in done.stdout, done.stderr[-3000:]
+    with cc.use_cache(cc.CodegenCache(directory)):
+        _module, record = _build.build_with_record(kernels.vadd, "llvm")
+    assert record.tier == "disk", record
+
+
 POOL = """
     import multiprocessing, sys
     import codegen_cache as cc
@@ -367,6 +392,34 @@ def test_a_waiting_lower_resumes_right_after_the_builders_lower_returns(tmp_path
     gap = waited["ended"] - built["ended"]
     print(f"waiter resumed {1e3 * gap:.1f} ms after the builder's lower() returned")
     assert -0.05 < gap < 0.5, gap  # the lock is released as the entry is staged (10 ms polls)
+
+
+@pytest.mark.timeout(300)
+def test_a_waiter_builds_at_once_when_the_builder_is_killed(tmp_path):
+    from test_concurrency import _calls, _finish, _spawn, _wait_ready
+
+    directory, log = tmp_path / "cache", tmp_path / "calls.log"
+    holder = _spawn(directory, 5, 1, log, seconds="120")
+    waiter = _spawn(directory, 5, 1, log, seconds="0.1")
+    try:
+        _wait_ready([holder])
+        deadline = time.monotonic() + 60
+        while "add_5" not in _calls(log):  # the holder is inside the codegen, holding the key's lock
+            assert time.monotonic() < deadline and holder.poll() is None
+            time.sleep(0.01)
+        _wait_ready([waiter])
+        time.sleep(1.0)  # the waiter is blocked on the lock now
+        killed = time.time()
+        os.kill(holder.pid, signal.SIGKILL)
+        (result,) = _finish([waiter])
+    finally:
+        for p in (holder, waiter):
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+    assert result["tiers"] == ["built"] and not result["wrong"]
+    assert result["stats"]["lease_waits"] == 1  # it waited for the live build, then built itself
+    assert result["ended"] - killed < 10, result["ended"] - killed
 
 
 # ---- 4. signals -------------------------------------------------------------------------------
