@@ -42,6 +42,9 @@ def filled(tmp_path_factory):
         _module, outcome = cache.lower_with_outcome(mod, tgt, compile_device=compiled)
         keys[label] = outcome.key
     cache.lower(*cc.lower_for_codegen(kernels.vadd_gpu, CUDA_TARGET), compile_device=False)  # a memory hit
+    # The llvm entry's upgrade runs in a helper process that writes scratch files: let it
+    # finish, so that copies of this directory do not race it.
+    assert cache.flush(upgrades=True)
     cache.close()
     return root, keys
 
@@ -51,7 +54,7 @@ def copy(filled, tmp_path):
     """A private copy of the filled cache (for commands that change it), and its keys."""
     root, keys = filled
     dest = tmp_path / "cache"
-    shutil.copytree(root, dest)
+    shutil.copytree(root, dest, ignore=shutil.ignore_patterns("cgc-*"))
     return dest, keys
 
 
