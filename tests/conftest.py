@@ -12,7 +12,17 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 import codegen_cache as cc  # noqa: E402
-import kernels  # noqa: E402
+from codegen_cache import _compat  # noqa: E402
+
+# The suite's kernels are written for apache-tvm 0.27 (T.sblock, s_tir=True). On the TVM that
+# tilelang bundles, only the tests written for both TVMs run (and tests/tilelang/).
+ON_TILELANG_TVM = _compat.DISTRIBUTION == "tilelang"
+_ON_BOTH_TVMS = {"test_compat.py", "test_layers.py"}
+if ON_TILELANG_TVM:
+    collect_ignore = [p.name for p in Path(__file__).parent.glob("test_*.py") if p.name not in _ON_BOTH_TVMS]
+    kernels = None
+else:
+    import kernels  # noqa: E402
 
 CUDA_TARGET = {"kind": "cuda", "arch": "sm_90"}
 HAS_NVCC = shutil.which("nvcc") is not None

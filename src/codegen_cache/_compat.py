@@ -1,18 +1,29 @@
-"""Every TVM call the package makes that differs between TVM distributions, in one place.
+"""Every TVM access the package makes, in one place, for both TVM distributions it runs on.
 
-The package runs on apache-tvm 0.27 and on the TVM that tilelang bundles; names that moved
-between them (tvm.tir / tvm.tirx, tvm.ir.structural_hash / tvm_ffi.structural_hash) are
-resolved here once, so the rest of the package asks this module and never probes TVM itself.
+- apache-tvm 0.27 from PyPI (`pip install 'tvm-codegen-cache[tvm]'`);
+- the TVM that tilelang bundles under `tilelang/3rdparty/tvm` (`[tilelang]`: TVM 0.25.dev,
+  apache-tvm-ffi < 0.1.13). It is importable only once `import tilelang` has put it on
+  sys.path and loaded its libraries, so where tilelang is installed it is imported first.
+  That TVM has no `tvm._version`, and its `get_tir_pipeline` returns one pass (the finalize
+  passes live in `tvm.tirx.pipeline`) where apache-tvm 0.27 returns three.
+
+Names that moved between TVMs are resolved here once; the rest of the package imports TVM
+names from this module (tests/test_compat.py checks that no other module imports tvm).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 from typing import Any
 
-import tvm
-
 __all__ = [
+    "DISTRIBUTION",
+    "DLDeviceType",
+    "IRModule",
+    "Module",
+    "PrimFunc",
+    "Target",
     "builtin_func",
     "cuda_runtime_available",
     "ffi_version",
@@ -20,17 +31,60 @@ __all__ = [
     "llvm_version_major",
     "runtime_enabled",
     "save_json",
+    "script_tirx",
+    "split_host_device_mods",
     "structural_equal",
     "structural_hash",
+    "tir_pipeline",
+    "tvm",
+    "tvm_ffi",
     "tvm_version",
 ]
 
-try:
-    import tvm_ffi as _ffi
+_INSTALL_HINT = (
+    "tvm-codegen-cache needs a TVM and none is importable here. Install one of its extras: "
+    "pip install 'tvm-codegen-cache[tvm]' (apache-tvm 0.27) or "
+    "pip install 'tvm-codegen-cache[tilelang]' (the TVM that tilelang bundles)."
+)
 
-    _hash = _ffi.structural_hash
-    _equal = _ffi.structural_equal
-except (ImportError, AttributeError):  # older TVMs keep them under tvm.ir
+
+def _import_tvm() -> str:
+    """Make `import tvm` work; the distribution: 'tilelang' where tilelang is installed, else 'apache-tvm'."""
+    try:
+        has_tilelang = importlib.util.find_spec("tilelang") is not None
+    except (ImportError, ValueError):  # a broken or half-removed install counts as none
+        has_tilelang = False
+    if has_tilelang:
+        try:
+            import tilelang  # noqa: F401  puts its bundled TVM on sys.path and loads its libraries
+        except ImportError as err:
+            raise ImportError(f"tilelang is installed but does not import ({err}). {_INSTALL_HINT}") from err
+        return "tilelang"
+    try:
+        import tvm  # noqa: F401
+    except ImportError as err:
+        raise ImportError(_INSTALL_HINT) from err
+    return "apache-tvm"
+
+
+DISTRIBUTION = _import_tvm()
+
+import tvm  # noqa: E402
+import tvm.s_tir  # noqa: E402  registers the schedule passes the default TIR pipeline uses
+import tvm.tirx  # noqa: E402
+import tvm_ffi  # noqa: E402
+from tvm.ir import IRModule  # noqa: E402
+from tvm.runtime import Module  # noqa: E402
+from tvm.script import tirx as script_tirx  # noqa: E402
+from tvm.target import Target  # noqa: E402
+from tvm.tirx import PrimFunc  # noqa: E402
+from tvm.tirx.build import split_host_device_mods  # noqa: E402
+from tvm_ffi import DLDeviceType  # noqa: E402
+
+try:
+    _hash = tvm_ffi.structural_hash
+    _equal = tvm_ffi.structural_equal
+except AttributeError:  # older TVMs keep them under tvm.ir
     _hash = tvm.ir.structural_hash
     _equal = tvm.ir.structural_equal
 
@@ -45,6 +99,19 @@ def structural_hash(obj: Any) -> int:
 def structural_equal(a: Any, b: Any) -> bool:
     """Structural equality with free variables mapped, as the hash."""
     return bool(_equal(a, b, map_free_vars=True))
+
+
+def tir_pipeline(name: str | None, target: Target | None = None):
+    """(passes, finalize_host, finalize_device) of a TIR pipeline, as apache-tvm 0.27 returns them.
+
+    `name` None picks the default pipeline for `target`. tilelang's TVM returns the pipeline as
+    one pass and keeps the finalize passes in tvm.tirx.pipeline; both shapes come back as one.
+    """
+    found = tvm.tirx.get_tir_pipeline(name) if name is not None else tvm.tirx.get_default_tir_pipeline(target)
+    if isinstance(found, tuple):
+        return found
+    pipeline = importlib.import_module("tvm.tirx.pipeline")
+    return found, pipeline.finalize_host_passes, pipeline.finalize_device_passes
 
 
 def global_func(name: str, *, missing_ok: bool = False):
@@ -74,25 +141,26 @@ def runtime_enabled(kind: str) -> bool:
 
 @functools.lru_cache(maxsize=1)
 def tvm_version() -> str:
-    """TVM's version and commit id ('unknown' where the build does not record it)."""
+    """TVM's version, its commit id where recorded, and the distribution it came with."""
     try:
         from tvm import _version
 
         commit = getattr(_version, "commit_id", None)
     except ImportError:  # tilelang's bundled TVM has no _version module
         commit = None
-    return f"{tvm.__version__}+{commit or 'unknown'}"
+    text = f"{tvm.__version__}+{commit or 'unknown'}"
+    if DISTRIBUTION == "tilelang":
+        # Two tilelang releases bundle different builds of the same TVM 0.25.dev0.
+        import tilelang
+
+        text += f"+tilelang-{tilelang.__version__}"
+    return text
 
 
 @functools.lru_cache(maxsize=1)
 def ffi_version() -> str:
     """The tvm-ffi version ('none' for a TVM without the separate FFI package)."""
-    try:
-        import tvm_ffi
-
-        return str(tvm_ffi.__version__)
-    except (ImportError, AttributeError):
-        return "none"
+    return str(getattr(tvm_ffi, "__version__", "none"))
 
 
 @functools.lru_cache(maxsize=1)

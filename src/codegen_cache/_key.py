@@ -21,10 +21,9 @@ from collections.abc import Mapping
 from functools import lru_cache
 
 import xxhash
-from tvm.ir import IRModule
-from tvm.target import Target
 
 from . import _compat
+from ._compat import IRModule, Target
 from ._targets import canonical_target
 
 __all__ = ["PART_NAMES", "CacheKey", "compute_key", "ir_hash", "static_salts"]

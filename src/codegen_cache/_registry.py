@@ -26,16 +26,13 @@ from dataclasses import dataclass
 from importlib import import_module  # module-level name: tilelang's own tests patch it
 from typing import TYPE_CHECKING, Any
 
-import tvm_ffi
-from tvm.ir import IRModule
-from tvm.target import Target
-
+from ._compat import IRModule, Target, tvm_ffi
 from ._context import active_cache
 from ._outcome import emit_uncached
 from ._targets import TargetLike, as_target
 
 if TYPE_CHECKING:
-    from tvm.runtime import Module
+    from ._compat import Module
 
 __all__ = [
     "DeviceCodegen",

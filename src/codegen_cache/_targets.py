@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any, Union
 
-from tvm.target import Target
+from ._compat import Target
 
 __all__ = ["TargetLike", "as_target", "canonical_target"]
 

@@ -19,9 +19,8 @@ import struct
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from tvm.runtime import Module
-
 from .. import _compat
+from .._compat import Module
 from .._errors import ArtifactError, CudaRuntimeUnavailableError
 from . import _cuda, _llvm
 from ._frame import Artifact, frame, unframe

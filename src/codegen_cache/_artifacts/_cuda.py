@@ -13,9 +13,8 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from tvm.runtime import Module
-
 from .. import _compat
+from .._compat import Module
 from .._errors import ArtifactError, CudaRuntimeUnavailableError
 
 __all__ = ["CudaPayload", "load_cuda_payload", "module_payload", "recall_source", "remember_source"]

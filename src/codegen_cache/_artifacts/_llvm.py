@@ -17,10 +17,8 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Sequence
 
-import tvm
-from tvm.runtime import Module
-
 from .. import _compat
+from .._compat import Module, tvm
 
 __all__ = [
     "SCRATCH_PREFIX",

@@ -18,11 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import tvm
-from tvm.ir import IRModule
-from tvm.runtime import Module
-from tvm.target import Target
-from tvm.tirx import PrimFunc
+from .._compat import tvm, IRModule, Module, PrimFunc, Target
 
 from .._cache import CodegenCache
 from .._context import active_cache

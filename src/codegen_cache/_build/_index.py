@@ -16,11 +16,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-import tvm
-import tvm_ffi
+from .._compat import tvm, tvm_ffi
 import xxhash
-from tvm.target import Target
-
+from .._compat import Target
 from .. import _compat
 from .._artifacts import frame, unframe
 from .._cache import CodegenCache

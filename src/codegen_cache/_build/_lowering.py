@@ -8,13 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import tvm
-import tvm.s_tir  # noqa: F401  registers the schedule passes the default pipeline uses
-from tvm.ir import IRModule
-from tvm.target import Target
-from tvm.tirx import PrimFunc
-from tvm.tirx.build import split_host_device_mods
-
+from .._compat import tvm, IRModule, PrimFunc, split_host_device_mods, Target
+from .. import _compat
 from .._errors import LoweringError
 from .._targets import TargetLike, as_target
 
@@ -56,7 +51,7 @@ def lower_kernel(kernel: PrimFunc | IRModule, target: TargetLike, *, pipeline: s
         raise TypeError(f"Expected a tvm.tirx.PrimFunc or tvm.IRModule, got {type(kernel).__name__}")
     target = _with_host(as_target(target))
     mod = tvm.tirx.transform.BindTarget(target)(kernel)
-    passes, finalize_host, finalize_device = tvm.tirx.get_tir_pipeline(pipeline)
+    passes, finalize_host, finalize_device = _compat.tir_pipeline(pipeline)
     mod = passes(mod)
     host_mod, device_mods = split_host_device_mods(mod)
     host_mod = finalize_host()(host_mod)

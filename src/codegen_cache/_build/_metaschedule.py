@@ -20,9 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tvm.ir import IRModule
-from tvm.runtime import Module
-from tvm.target import Target
+from .._compat import IRModule, Module, Target
 
 from .._artifacts import CachedLibraryModule
 from .._cache import CodegenCache

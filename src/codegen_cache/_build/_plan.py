@@ -6,15 +6,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-import tvm
-import tvm.s_tir  # noqa: F401  registers the schedule passes the default pipeline uses
-from tvm import ir
-from tvm.ir import IRModule
-from tvm.target import Target
-from tvm.tirx import PrimFunc
-from tvm.tirx.build import split_host_device_mods
-from tvm_ffi import DLDeviceType
-
+from .._compat import tvm, DLDeviceType, IRModule, PrimFunc, split_host_device_mods, Target
 from .. import _compat
 
 __all__ = ["Plan", "lower_plan", "plan"]
@@ -113,14 +105,11 @@ def _with_host(target: Target, host: Target) -> Target:
 def lower_plan(plan: Plan) -> tuple[IRModule, list[tuple[Target, IRModule]]]:
     """Steps 3-6 of tvm.tirx.build: the host module and the non-empty device modules to build."""
     mod = tvm.tirx.transform.BindTarget(plan.bind)(plan.mod)
-    if plan.pipeline is not None:
-        passes, finalize_host, finalize_device = tvm.tirx.get_tir_pipeline(plan.pipeline)
-    else:
-        passes, finalize_host, finalize_device = tvm.tirx.get_default_tir_pipeline(plan.target)
+    passes, finalize_host, finalize_device = _compat.tir_pipeline(plan.pipeline, plan.target)
     mod = passes(mod)
     host_mod, device_mod_dict = split_host_device_mods(mod)
     host_mod = finalize_host()(host_mod)
     device_mods = [(t, finalize_device()(m)) for t, m in device_mod_dict.items()]
-    host_all = ir.IRModule({}, attrs=host_mod.attrs)
+    host_all = IRModule({}, attrs=host_mod.attrs)
     host_all.update(host_mod)
     return host_all, [(t, m) for t, m in device_mods if len(m.functions) != 0]

@@ -23,12 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tvm.ir import IRModule
-from tvm.runtime import Module
-from tvm.target import Target
-
 from .. import _context
 from .._artifacts import FORMAT_VERSION, frame, function_names, prepare
+from .._compat import IRModule, Module, Target
 from .._config import Settings, settings_from_env
 from .._errors import ConfigError, UncacheableError
 from .._key import CacheKey, compute_key, ir_hash

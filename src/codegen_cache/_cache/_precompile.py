@@ -10,9 +10,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from tvm.ir import IRModule
-
 from .._artifacts import encode_cuda_binary, function_names
+from .._compat import IRModule
 from .._targets import TargetLike, as_target
 from ._tiers import Probe
 

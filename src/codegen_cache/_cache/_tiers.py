@@ -15,11 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import xxhash
-from tvm.ir import IRModule
-from tvm.runtime import Module
 
 from .. import _compat
 from .._artifacts import decode
+from .._compat import IRModule, Module
 from .._errors import ArtifactError, CudaRuntimeUnavailableError
 from .._storage._disk import STORAGE_ERRORS, ArtifactStore
 from .._storage._memory import MemoryEntry, MemoryTier

@@ -7,9 +7,8 @@ matmul schedules for llvm/c.
 
 import itertools
 
-import tvm
-import tvm.s_tir  # noqa: F401
-from tvm.script import tirx as T
+from .._compat import script_tirx as T
+from .._compat import tvm
 
 N = 512
 # The sweep an autotuner would try: threads per block (x, y) and the k-loop unroll factor.

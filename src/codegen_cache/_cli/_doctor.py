@@ -40,11 +40,11 @@ def _sample_kernel(name: str, target):
 
 def _child(spec: dict[str, Any]) -> dict[str, Any]:
     """In a fresh process: the key parts of each sample, lowered twice."""
+    from .._build._lowering import lower_for_codegen
     from .._cache._cache import CodegenCache
     from .._config import Settings
-    from ._inventory import target_summary
-    from .._build._lowering import lower_for_codegen
     from .._targets import as_target, canonical_target
+    from ._inventory import target_summary
     from ._kernel_files import load_kernels, parse_target
 
     cache = CodegenCache(settings=Settings(directory=Path(spec["directory"])))
@@ -132,10 +132,8 @@ def check_filesystem(directory: Path, settings) -> dict[str, Any]:
 
 def check_toolchain() -> dict[str, Any]:
     """TVM, LLVM, nvcc, a CUDA driver and a C compiler: what this host can make and load."""
-    import tvm
-
+    from .._compat import cuda_runtime_available, tvm
     from .._key import static_salts
-    from .._compat import cuda_runtime_available
     from ..codegens.cuda import find_nvcc, nvcc_version
 
     salts = dict(static_salts())

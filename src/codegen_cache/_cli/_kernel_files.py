@@ -29,8 +29,7 @@ _KERNEL_ATTRS = ("kernels", "variants")
 
 def parse_target(text: str):
     """A Target from JSON ('{"kind": "cuda", "arch": "sm_90"}'), a tag/kind, or 'kind -k=v ...'."""
-    from tvm.target import Target
-
+    from .._compat import Target
     from .._targets import as_target
 
     text = text.strip()
@@ -93,8 +92,7 @@ def last_line(err: BaseException) -> str:
 
 
 def _is_kernel(value: object) -> bool:
-    from tvm.ir import IRModule
-    from tvm.tirx import PrimFunc
+    from .._compat import IRModule, PrimFunc
 
     return isinstance(value, (PrimFunc, IRModule))
 
@@ -154,7 +152,7 @@ def load_kernels(spec: str, target=None, *, names: list[str] | None = None) -> d
 
 def is_lowered(kernel) -> bool:
     """True for a module whose functions are all bound to a target (a codegen's input already)."""
-    from tvm.ir import IRModule
+    from .._compat import IRModule
 
     if not isinstance(kernel, IRModule) or not len(kernel.functions):
         return False
@@ -163,9 +161,8 @@ def is_lowered(kernel) -> bool:
 
 def codegen_target(target):
     """The target a codegen is keyed with for an already-lowered module (as lower_kernel gives it)."""
-    from tvm.target import Target
-
     from .._build._lowering import CPU_KINDS
+    from .._compat import Target
 
     if target.kind.name in CPU_KINDS:
         return target if target.host is not None else target.with_host(target)
@@ -201,7 +198,7 @@ def load_module(path: str, target_text: str | None, *, kernel: str | None = None
         raise KernelSourceError(f"{path} has {len(kernels)} kernels; pick one with --kernel: {sorted(kernels)}")
     (mod,) = kernels.values()
     if lowered or (lowered is None and is_lowered(mod)):
-        from tvm.ir import IRModule
+        from .._compat import IRModule
 
         if not isinstance(mod, IRModule):
             mod = IRModule.from_expr(mod)

@@ -8,9 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tvm.ir import IRModule
-from tvm.runtime import Module
-
+from .._compat import IRModule, Module
 from .._forksafe import on_fork_child
 
 __all__ = ["MemoryEntry", "MemoryTier"]

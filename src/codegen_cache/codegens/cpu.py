@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import functools
 
-import tvm
-from tvm.ir import IRModule
-from tvm.runtime import Module
-from tvm.target import Target
-
+from .._compat import IRModule, Module, Target, tvm
 from .._registry import DeviceCodegen, global_func_device_codegen
 
 __all__ = ["CODEGENS", "llvm_ir_source"]

@@ -16,12 +16,14 @@ import shutil
 import subprocess
 import threading
 
-from tvm.ir import IRModule
-from tvm.runtime import Module
-from tvm.target import Target
-
 from .. import _compat
-from .._artifacts._cuda import CudaPayload, load_cuda_payload, module_payload, remember_source
+from .._artifacts._cuda import (
+    CudaPayload,
+    load_cuda_payload,
+    module_payload,
+    remember_source,
+)
+from .._compat import IRModule, Module, Target
 from .._errors import CudaRuntimeUnavailableError
 from .._registry import DeviceCodegen
 from ._callbacks import callback_salts

@@ -11,8 +11,7 @@ import functools
 import os
 import shutil
 
-from tvm.target import Target
-
+from .._compat import Target
 from .._registry import DeviceCodegen, global_func_device_codegen
 from ._callbacks import callback_salts
 
