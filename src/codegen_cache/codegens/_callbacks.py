@@ -28,10 +28,10 @@ import sys
 import types
 from typing import Any
 
-import tvm
 import xxhash
 
 from .. import _compat
+from .._compat import tvm
 from .._errors import UncacheableError
 
 __all__ = ["CALLBACKS", "callback_identity", "callback_salts", "declare_callback_salt"]
@@ -279,7 +279,7 @@ def _layout() -> tuple[int, bool, tuple[tuple[int, int], ...]] | None:
     callable, the (offset, value) words every such Function shares), or None when the layout
     is not recognized (then every registered callback is uncacheable, never misidentified).
     """
-    import tvm_ffi
+    from .._compat import tvm_ffi
 
     def probe_a():
         return "a"
