@@ -704,6 +704,18 @@ def test_the_scratch_sweep_removes_only_its_own_leftovers_and_never_follows_a_li
     assert (outside / "cgc-keep").read_text() == "outside"
 
 
+def test_a_killed_writers_half_staged_file_is_swept_and_nothing_else(tmp_path):
+    directory = tmp_path / "cache"
+    cc.CodegenCache(directory, write_behind=False).lower(*variant(0), compile_device=False)
+    staged = directory / "pending" / "source"
+    leftover, foreign = staged / "cgc-4242-1.tmp", staged / "notes.txt"
+    for path in (leftover, foreign):
+        path.write_bytes(b"x")
+        _age(path)
+    assert lower_fresh(directory, 0, False)[0] == "disk"  # a process that needs its scratch space sweeps
+    assert not leftover.exists() and foreign.read_bytes() == b"x"
+
+
 def test_a_tmp_symlink_is_never_followed(tmp_path):
     from codegen_cache._storage._fsprobe import scratch_dir
 

@@ -409,6 +409,8 @@ class CodegenCache:
             # <dir>/tmp unless it is unwritable or mounted noexec (dlopen of a cached llvm
             # library fails there); sweeps killed processes' leftovers.
             self._scratch_dir = (os.getpid(), scratch_dir(self.directory / "tmp"))
+            for staged in self._staged.values():  # and what writers killed mid-write left there
+                staged.sweep()
         return self._scratch_dir[1]
 
     def _may_map_in_place(self, mode: str) -> bool:

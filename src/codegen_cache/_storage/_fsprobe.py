@@ -23,7 +23,7 @@ from .._artifacts import SCRATCH_PREFIX
 from .._log import warn_once
 from ._faults import ensure_dir, share_file_mode
 
-__all__ = ["NETWORK_FS_TYPES", "FsReport", "probe", "scratch_dir", "warn_if_unsafe"]
+__all__ = ["NETWORK_FS_TYPES", "FsReport", "probe", "scratch_dir", "sweep_leftovers", "warn_if_unsafe"]
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ def warn_if_unsafe(directory: str | os.PathLike[str]) -> FsReport | None:
     return report
 
 
-def _sweep(directory: str, max_age: float) -> int:
+def sweep_leftovers(directory: str, max_age: float = SCRATCH_MAX_AGE) -> int:
     """Remove the cache's own leftovers (names starting 'cgc-') older than `max_age` s; how many went.
 
     Only names with the cache's prefix, never through a symlink: a file or link someone else put
@@ -196,5 +196,5 @@ def scratch_dir(preferred: str | os.PathLike[str], *, max_age: float = SCRATCH_M
         fallback = tempfile.gettempdir()
         logger.debug("scratch directory %s is unwritable, noexec or world-writable; using %s", path, fallback)
         return fallback
-    _sweep(path, max_age)
+    sweep_leftovers(path, max_age)
     return path

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ._faults import FILE_MODE, ensure_dir, share_file_mode
+from ._fsprobe import sweep_leftovers
 
 __all__ = ["MAX_ENTRY_BYTES", "PendingFiles"]
 
@@ -115,6 +116,10 @@ class PendingFiles:
         except OSError:
             return iter(())
         return iter(names)
+
+    def sweep(self) -> int:
+        """Remove temporary files of killed writers (ours: `cgc-*`, older than an hour); how many went."""
+        return sweep_leftovers(self.directory)
 
     def clear(self) -> int:
         """Remove every staged entry; how many went."""
