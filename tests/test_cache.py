@@ -159,6 +159,55 @@ def test_without_verify_a_collision_on_disk_is_trusted(tmp_path, monkeypatch):
     assert cc.CodegenCache(tmp_path).lower(mul, target, compile_device=False).inspect_source("") == src_add
 
 
+def _fails_on_multiply():
+    """A CUDA source codegen that rejects any kernel with a multiply (a stand-in for a bad config)."""
+    calls = []
+
+    def build(mod, target):
+        calls.append(mod)
+        module = cc.resolve_device_codegen(target).build_without_compile(mod, target)
+        if "] * B_ptr[" in module.inspect_source(""):
+            raise RuntimeError("this codegen rejects multiplies")
+        return module
+
+    return cc.DeviceCodegen("cuda-picky", build_without_compile=build), calls
+
+
+@pytest.mark.parametrize("fresh_reader", [False, True], ids=["same-cache", "fresh-cache"])
+def test_forced_collision_with_verify_serves_a_failure_only_to_the_same_module(tmp_path, monkeypatch, fresh_reader):
+    monkeypatch.setattr(_cache, "ir_hash", lambda mod: 42)  # every module has the same hash
+    add, target = cc.lower_for_codegen(kernels.vadd_gpu, CUDA_TARGET)
+    mul, _ = cc.lower_for_codegen(kernels.vmul_gpu, CUDA_TARGET)
+    codegen, calls = _fails_on_multiply()
+    writer = cc.CodegenCache(tmp_path, write_behind=False, verify=True)
+    assert writer.key_for(add, target, compile_device=False, codegen=codegen, structural_hash=42) == writer.key_for(
+        mul, target, compile_device=False, codegen=codegen, structural_hash=42)
+    with pytest.raises(RuntimeError, match="rejects multiplies"):
+        writer.lower(mul, target, compile_device=False, codegen=codegen)
+    reader = cc.CodegenCache(tmp_path, verify=True) if fresh_reader else writer
+    # The same key, another module: it builds, and is not given the other kernel's error.
+    module, outcome = reader.lower_with_outcome(add, target, compile_device=False, codegen=codegen)
+    assert outcome.tier == "built" and "__global__" in module.inspect_source("")
+    # The failing module itself still gets its remembered failure, without running the codegen.
+    before = len(calls)
+    with pytest.raises(cc.CachedCodegenError, match="rejects multiplies"):
+        reader.lower(mul, target, compile_device=False, codegen=codegen)
+    assert len(calls) == before
+
+
+def test_without_verify_a_remembered_failure_trusts_the_key(tmp_path, monkeypatch):
+    # The documented 64-bit risk, as for hits: without verify=True the failure is served by key.
+    monkeypatch.setattr(_cache, "ir_hash", lambda mod: 42)
+    add, target = cc.lower_for_codegen(kernels.vadd_gpu, CUDA_TARGET)
+    mul, _ = cc.lower_for_codegen(kernels.vmul_gpu, CUDA_TARGET)
+    codegen, _calls = _fails_on_multiply()
+    cache = cc.CodegenCache(tmp_path, write_behind=False)
+    with pytest.raises(RuntimeError):
+        cache.lower(mul, target, compile_device=False, codegen=codegen)
+    with pytest.raises(cc.CachedCodegenError):
+        cache.lower(add, target, compile_device=False, codegen=codegen)
+
+
 def test_use_cache_routes_device_codegen_lower(tmp_path, llvm_vadd):
     mod, target = llvm_vadd
     codegen, calls = counting_codegen()
