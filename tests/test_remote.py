@@ -7,10 +7,10 @@ import os
 import pickle
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import time
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -248,6 +248,30 @@ def test_entries_over_the_size_cap_stay_local(hosts, redis_url, redis_server, ll
         assert client.dbsize() == 0
     assert hosts("b", redis_url).lower_with_outcome(mod, target, codegen=codegen)[1].tier == "built"
     assert len(calls) == 2
+
+
+def test_a_planted_value_over_the_cap_is_not_read(hosts, redis_url, redis_server, llvm_vadd, monkeypatch):
+    """The cap applies to reads, checked from the length Redis announces: 40 MiB is never read."""
+    monkeypatch.setenv("CODEGEN_CACHE_REMOTE_MAX_ENTRY", "1M")
+    mod, target = llvm_vadd
+    b = hosts("b", redis_url)
+    name = b._remote.redis_key(b.key_for(mod, target).digest)  # noqa: SLF001
+    with redis_server.client() as client:
+        client.set(name, bytes(40 << 20))
+    tracemalloc.start()
+    try:
+        t0 = time.perf_counter()
+        assert b._remote.get(b.key_for(mod, target).digest) is None  # noqa: SLF001
+        elapsed = time.perf_counter() - t0
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20 and elapsed < NO_HANG_SECONDS, (peak, elapsed)
+    module, outcome = b.lower_with_outcome(mod, target)
+    assert outcome.tier == "built" and b.stats().remote_rejected == 1 and not b.stats().errors.get("remote")
+    np.testing.assert_array_equal(run_binary(module), 2 * np.arange(1024, dtype="float32"))
+    # Not an outage: the rebuild replaced the planted value, and the next host hits it.
+    assert hosts("c", redis_url).lower_with_outcome(mod, target)[1].tier == "remote"
 
 
 def test_ttl_from_environment_is_set_on_each_entry(hosts, redis_url, redis_server, llvm_vadd, monkeypatch):

@@ -96,7 +96,10 @@ def _parse_count(name: str, value: str | int) -> int:
 
 
 def _parse_deadline(name: str, value: str | float) -> float:
-    seconds = parse_age(name, value)
+    try:
+        seconds = parse_age(name, value)
+    except ConfigError:
+        seconds = 0.0
     if not seconds > 0:
         raise ConfigError(name, value, "a duration above 0, e.g. 0.5 (seconds) or 2s")
     return seconds

@@ -1,0 +1,363 @@
+"""The remote tier against a misbehaving server: a fake Redis on 127.0.0.1 that answers wrongly.
+
+Whatever the server does (wrong reply types, garbage, a reply trickled a byte at a time, a huge
+announced value, a reset or a close in the middle of a reply), lower() returns a correct
+module, within the call's deadline, and the fault is counted. None of these tests needs
+redis-server.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import codegen_cache as cc
+from codegen_cache._artifacts import frame
+from codegen_cache._storage._remote import DEFAULT_MAX_ENTRY_BYTES, RedisTier
+from conftest import run_binary
+from fake_redis import FakeRedis
+
+pytestmark = pytest.mark.timeout(60)
+
+SECRET = "team-secret-for-tests"
+DEADLINE = 0.5  # the default remote timeout
+# A busy 2-core machine can add a second to anything; a hang (the old per-read timeout with a
+# trickling server) would take minutes.
+MARGIN = 1.5
+EXPECTED = 2 * np.arange(1024, dtype="float32")
+
+
+@pytest.fixture
+def fake():
+    made = []
+
+    def make(answer=None):
+        server = FakeRedis(answer)
+        made.append(server)
+        return server
+
+    yield make
+    for server in made:
+        server.close()
+
+
+def _lower(tmp_path, url, llvm_vadd):
+    """One cold lower() through a cache whose remote is `url`: (outcome, seconds, stats)."""
+    mod, target = llvm_vadd
+    cache = cc.CodegenCache(tmp_path / "c", remote=url, remote_secret=SECRET, write_behind=False)
+    try:
+        t0 = time.monotonic()
+        module, outcome = cache.lower_with_outcome(mod, target)
+        elapsed = time.monotonic() - t0
+        np.testing.assert_array_equal(run_binary(module), EXPECTED)  # a fresh build, and right
+        return outcome, elapsed, cache.stats()
+    finally:
+        cache.close()
+
+
+def _tier_get(url):
+    """One get through a fresh tier: (value, events, seconds)."""
+    events = []
+    tier = RedisTier(url, secret=SECRET, on_event=lambda name, n=1: events.append(name))
+    try:
+        t0 = time.monotonic()
+        value = tier.get("k" * 32)
+        return value, events, time.monotonic() - t0
+    finally:
+        tier.close()
+
+
+def _on(command: bytes, reply: bytes, fake_server_ref: list, *, then_close: bool = False):
+    """An answer: `reply` to `command`, Redis's own answer to the rest."""
+
+    def answer(conn, args):
+        if args[0].upper() != command:
+            fake_server_ref[0].behave(conn, args)
+            return
+        conn.send(reply)
+        if then_close:
+            conn.close()
+
+    return answer
+
+
+def _serve(fake, command: bytes, reply: bytes, *, then_close: bool = False) -> FakeRedis:
+    ref: list = []
+    server = fake(_on(command, reply, ref, then_close=then_close))
+    ref.append(server)
+    return server
+
+
+# ---- malformed replies ------------------------------------------------------------------------
+
+NOT_OK = {
+    "bulk": b"$2\r\nOK\r\n",
+    "integer": b":1\r\n",
+    "array": b"*1\r\n+OK\r\n",
+    "resp3-map": b"%1\r\n+proto\r\n:3\r\n",  # what HELLO 3 answers
+    "resp3-null": b"_\r\n",
+    "other-status": b"+PONG\r\n",
+    "error": b"-NOAUTH Authentication required.\r\n",
+    "no-type-byte": b"OK\r\n",
+    "binary": b"\x00\xff\xfe\x80garbage\r\n",
+    "endless-line": b"+" + b"O" * 10_000 + b"\r\n",
+    "trailing-bytes": b"+OK\r\n+OK\r\n",
+}
+
+
+@pytest.mark.parametrize("command", [b"AUTH", b"SELECT"])
+@pytest.mark.parametrize("reply", NOT_OK.values(), ids=NOT_OK.keys())
+def test_malformed_handshake_reply_is_a_counted_miss(fake, command, reply):
+    server = _serve(fake, command, reply)
+    value, events, elapsed = _tier_get(server.url("codegen:pw", db=2))
+    assert value is None and events == ["error:remote"] and elapsed < DEADLINE + MARGIN
+    assert [c[0] for c in server.commands][:1] == [b"AUTH"]  # the handshake really ran
+
+
+BAD_GET = {
+    "status": b"+OK\r\n",
+    "integer": b":42\r\n",
+    "array": b"*1\r\n$1\r\nx\r\n",
+    "nil-array": b"*-1\r\n",
+    "length-below-nil": b"$-2\r\n",
+    "length-not-a-number": b"$abc\r\n",
+    "length-with-space": b"$ 5\r\nhello\r\n",
+    "length-leading-zero": b"$05\r\nhello\r\n",
+    "length-with-plus": b"$+5\r\nhello\r\n",
+    "value-without-crlf": b"$5\r\nhelloXX\r\n",
+    "resp3-double": b",1.5\r\n",
+    "resp3-bool": b"#t\r\n",
+    "resp3-null": b"_\r\n",
+    "error": b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n",
+    "trailing-bytes": b"$-1\r\nEXTRA",
+}
+
+
+@pytest.mark.parametrize("reply", BAD_GET.values(), ids=BAD_GET.keys())
+def test_wrong_typed_get_reply_is_a_counted_miss(fake, reply):
+    server = _serve(fake, b"GET", reply)
+    value, events, elapsed = _tier_get(server.url())
+    assert value is None and events == ["error:remote"] and elapsed < DEADLINE + MARGIN
+
+
+@pytest.mark.parametrize("reply", [b"$2\r\nOK\r\n", b":1\r\n", b"$-1\r\n", b"-OOM command not allowed\r\n", b"+QUEUED\r\n"],
+                         ids=["bulk", "integer", "nil", "error", "other-status"])
+def test_wrong_typed_set_reply_is_a_counted_failed_store(fake, reply):
+    server = _serve(fake, b"SET", reply)
+    events = []
+    tier = RedisTier(server.url(), secret=SECRET, on_event=lambda name, n=1: events.append(name))
+    try:
+        assert tier.put("k" * 32, frame("source", {"key": "k"}, [b"x"])) is False
+    finally:
+        tier.close()
+    assert events == ["error:remote"]
+
+
+def test_random_garbage_never_raises_and_every_call_is_counted(fake):
+    """Replies of random bytes after each type byte: every get is None and counted once."""
+    rng = random.Random(12)
+    replies = [rng.choice(b"+-:$*_,#%~>!=(|").to_bytes(1, "big") + rng.randbytes(rng.randrange(0, 64))
+               + rng.choice([b"", b"\r\n"]) for _ in range(60)]
+    queue = list(replies)
+
+    def answer(conn, args):
+        conn.send(queue.pop(0))
+        conn.close()  # so a reply cut short ends at EOF, not at the deadline
+
+    server = fake(answer)
+    events = []
+    tier = RedisTier(server.url(), secret=SECRET, backoff=0, on_event=lambda name, n=1: events.append(name))
+    try:
+        for i in range(len(replies)):
+            before = len(events)
+            assert tier.get(f"{i:032d}") is None
+            assert len(events) == before + 1, (replies[i], events[before:])
+    finally:
+        tier.close()
+    assert set(events) <= {"error:remote", "remote_rejected", "remote_misses"}
+    assert events.count("error:remote") > len(replies) // 2
+
+
+# ---- a reply that never ends --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["handshake", "value"])
+def test_trickled_reply_ends_at_the_deadline_not_per_read(tmp_path, fake, llvm_vadd, where):
+    """1 byte every 0.3 s: each read is within the 0.5 s timeout, the whole call is not."""
+    command, reply = (b"AUTH", b"+OK\r\n") if where == "handshake" else (b"GET", b"$1000\r\n" + b"x" * 1000)
+    ref: list = []
+
+    def answer(conn, args):
+        if args[0].upper() == command:
+            conn.trickle(reply, 0.3)
+        else:
+            ref[0].behave(conn, args)
+
+    server = fake(answer)
+    ref.append(server)
+    outcome, elapsed, stats = _lower(tmp_path, server.url("codegen:pw"), llvm_vadd)
+    assert outcome.tier == "built" and stats.errors.get("remote") == 1
+    assert elapsed < DEADLINE + MARGIN, elapsed
+
+
+def test_timeout_setting_sets_the_deadline(tmp_path, fake, monkeypatch):
+    monkeypatch.setenv("CODEGEN_CACHE_REMOTE_TIMEOUT", "0.2")
+    server = fake(lambda conn, args: conn.trickle(b"$10\r\n0123456789\r\n", 0.1))
+    cache = cc.CodegenCache(tmp_path / "c", remote=server.url(), remote_secret=SECRET, write_behind=False)
+    try:
+        assert cache._remote.timeout == 0.2  # noqa: SLF001
+        t0 = time.monotonic()
+        assert cache._remote.get("k" * 32) is None  # noqa: SLF001
+        assert time.monotonic() - t0 < 0.2 + MARGIN
+        assert cache.stats().errors.get("remote") == 1
+    finally:
+        cache.close()
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon"])
+def test_bad_timeout_setting_names_the_variable(tmp_path, monkeypatch, value):
+    monkeypatch.setenv("CODEGEN_CACHE_REMOTE_TIMEOUT", value)
+    with pytest.raises(cc.ConfigError, match=f"'{value}' for CODEGEN_CACHE_REMOTE_TIMEOUT: expected a duration above 0"):
+        cc.CodegenCache(tmp_path / "c", remote="redis://127.0.0.1:1/0")
+
+
+# ---- a value over the cap ---------------------------------------------------------------------
+
+
+def _endless_value(announced: int, sent_before_break: list):
+    """Announce `announced` bytes, then stream zeros until the client drops the connection."""
+
+    def answer(conn, args):
+        if args[0].upper() != b"GET":
+            conn.send(b"+OK\r\n")
+            return
+        conn.send(b"$%d\r\n" % announced)
+        chunk = bytes(1 << 20)
+        try:
+            while conn.sent < 256 << 20:
+                conn.send(chunk)
+        finally:
+            sent_before_break.append(conn.sent)
+
+    return answer
+
+
+def test_value_over_the_cap_is_not_read(fake):
+    """400 MB announced: the get returns at once, allocates nothing near it, drops the connection."""
+    sent: list[int] = []
+    server = fake(_endless_value(400_000_000, sent))
+    events = []
+    tier = RedisTier(server.url(), secret=SECRET, on_event=lambda name, n=1: events.append(name))
+    try:
+        tracemalloc.start()
+        t0 = time.monotonic()
+        assert tier.get("k" * 32) is None
+        elapsed = time.monotonic() - t0
+        _size, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+    finally:
+        tier.close()
+    assert events == ["remote_rejected"]  # a bad entry, not an outage: no backoff
+    assert elapsed < DEADLINE, elapsed  # it did not wait for the value
+    assert peak < 4 << 20, peak
+    assert server.finished.wait(10), "the client kept the connection open"
+    assert sent and sent[0] < 64 << 20, sent  # the server's writes failed: nobody was reading
+
+
+def test_value_over_the_cap_is_a_rejected_miss_and_rebuilt(tmp_path, fake, llvm_vadd):
+    server = fake(_endless_value(DEFAULT_MAX_ENTRY_BYTES + 1000, []))
+    outcome, elapsed, stats = _lower(tmp_path, server.url(), llvm_vadd)
+    assert outcome.tier == "built" and stats.remote_rejected == 1 and not stats.errors.get("remote")
+    assert stats.remote_stores == 1  # the rebuild replaced it (the tier did not go offline)
+    assert elapsed < DEADLINE + MARGIN
+
+
+# ---- connections that break --------------------------------------------------------------------
+
+BREAKS = {
+    "reset-before-reply": (b"", "reset"),
+    "reset-mid-reply": (b"$100\r\n" + b"x" * 50, "reset"),
+    "eof-before-reply": (b"", "close"),
+    "eof-mid-line": (b"$10", "close"),
+    "eof-mid-value": (b"$100\r\n" + b"x" * 50, "close"),
+    "eof-before-crlf": (b"$3\r\nabc", "close"),
+}
+
+
+def _break(sent: bytes, how: str):
+    def answer(conn, args):
+        if sent:
+            conn.send(sent)
+            time.sleep(0.05)  # the bytes reach the client before the break
+        conn.reset() if how == "reset" else conn.close()
+
+    return answer
+
+
+@pytest.mark.parametrize(("sent", "how"), BREAKS.values(), ids=BREAKS.keys())
+def test_connection_broken_mid_reply_is_a_counted_miss(fake, sent, how):
+    value, events, elapsed = _tier_get(fake(_break(sent, how)).url())
+    # A close is seen at once: the call does not wait for its deadline.
+    assert value is None and events == ["error:remote"] and elapsed < DEADLINE
+
+
+# ---- inside lower() ----------------------------------------------------------------------------
+
+IN_LOWER = {
+    "handshake-resp3-map": (b"AUTH", NOT_OK["resp3-map"]),
+    "handshake-error": (b"SELECT", NOT_OK["error"]),
+    "get-array": (b"GET", BAD_GET["array"]),
+    "get-integer": (b"GET", BAD_GET["integer"]),
+    "get-error": (b"GET", BAD_GET["error"]),
+    "get-garbage-length": (b"GET", BAD_GET["length-not-a-number"]),
+}
+
+
+@pytest.mark.parametrize(("command", "reply"), IN_LOWER.values(), ids=IN_LOWER.keys())
+def test_a_malformed_reply_inside_lower_is_a_fresh_build_and_counted(tmp_path, fake, llvm_vadd, command, reply):
+    server = _serve(fake, command, reply)
+    outcome, elapsed, stats = _lower(tmp_path, server.url("codegen:pw", db=2), llvm_vadd)
+    assert outcome.tier == "built" and stats.errors.get("remote") == 1 and stats.hits_remote == 0
+    assert stats.remote_offline >= 1  # the lease re-check and the store skipped the faulty server
+    assert elapsed < DEADLINE + MARGIN
+
+
+@pytest.mark.parametrize(("sent", "how"), [BREAKS["reset-mid-reply"], BREAKS["eof-mid-value"]],
+                         ids=["reset-mid-reply", "eof-mid-value"])
+def test_a_connection_broken_inside_lower_is_a_fresh_build_and_counted(tmp_path, fake, llvm_vadd, sent, how):
+    outcome, elapsed, stats = _lower(tmp_path, fake(_break(sent, how)).url(), llvm_vadd)
+    assert outcome.tier == "built" and stats.errors.get("remote") == 1
+    assert elapsed < DEADLINE + MARGIN
+
+
+def test_the_tier_reconnects_after_a_fault_and_after_an_idle_close(fake):
+    """A broken connection is never reused; an idle one the server closed is replaced, uncounted."""
+    ref: list = []
+    garbage_first = [True]
+
+    def answer(conn, args):
+        if garbage_first.pop() if garbage_first else False:
+            conn.send(b"?garbage\r\n")
+            return
+        ref[0].behave(conn, args)
+        conn.close()  # as Redis does to an idle client past its `timeout`
+
+    server = fake(answer)
+    ref.append(server)
+    events = []
+    tier = RedisTier(server.url(), secret=SECRET, backoff=0.2, on_event=lambda name, n=1: events.append(name))
+    blob = frame("source", {"key": "k"}, [b"__global__ void k() {}"])
+    try:
+        assert tier.get("k" * 32) is None and events == ["error:remote"]
+        time.sleep(0.3)  # past the backoff
+        assert tier.put("k" * 32, blob) is True
+        time.sleep(0.05)  # the server's close reaches the idle connection
+        assert tier.get("k" * 32) == blob
+    finally:
+        tier.close()
+    assert events == ["error:remote", "remote_stores"]
+    assert server.connections == 3  # the broken one, then one per call after each close
