@@ -525,7 +525,7 @@ def test_config_shows_values_and_origins(capsys, monkeypatch, tmp_path):
         ("CODEGEN_CACHE_SOURCE_SIZE_LIMIT", "lots", "a size of 0 or more bytes"),
         ("CODEGEN_CACHE_MEMORY_ENTRIES", "-5", "a whole number of 0 or more"),
         ("CODEGEN_CACHE_LEASE_WAIT", "soon", "a duration of 0 or more"),
-        ("CODEGEN_CACHE_REMOTE", "localhost:6379", "redis://host"),
+        ("CODEGEN_CACHE_REMOTE", "localhost:6379", "redis://[[user]:password@]host"),
         ("CODEGEN_CACHE_LOG_LEVEL", "loud", "one of DEBUG, INFO"),
     ],
 )
@@ -704,3 +704,16 @@ def test_precompile_counts_misses_and_hits(tmp_path):
         stats = cache.stats()
         cache.close()
         assert (stats.misses, stats.builds, stats.stores, stats.hits_disk) == expected
+
+
+@pytest.mark.parametrize("url", ["redis://", "redis://:6379/0", "redis://h:0", "redis://h/x", "unix://"])
+def test_config_doctor_and_the_library_reject_the_same_remote_urls(capsys, monkeypatch, tmp_path, url):
+    monkeypatch.setenv("CODEGEN_CACHE_REMOTE", url)
+    with pytest.raises(cc.ConfigError) as library:
+        cc.RedisTier(url)
+    why = str(library.value).rpartition("(")[2]  # e.g. "no host)"
+    for argv in (["config"], ["doctor", "--processes", "0"]):
+        code, _out, err = run(capsys, "--dir", str(tmp_path), *argv)
+        assert code == _cli.EXIT_CONFIG and "for CODEGEN_CACHE_REMOTE: expected" in err and why in err
+    with pytest.raises(cc.ConfigError, match="for CODEGEN_CACHE_REMOTE"):
+        cc.CodegenCache(tmp_path)

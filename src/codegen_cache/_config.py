@@ -14,6 +14,7 @@ import re
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import platformdirs
 
@@ -21,9 +22,11 @@ from ._errors import ConfigError
 
 __all__ = [
     "ENV_VARS",
+    "REMOTE_ACCEPTED",
     "Settings",
     "SettingRow",
     "check_directory",
+    "check_remote_url",
     "configure_logging",
     "describe_settings",
     "format_age",
@@ -123,26 +126,63 @@ def _parse_text(name: str, value: str) -> str | None:
     return str(value) or None
 
 
-_REMOTE_ACCEPTED = "redis://host[:port][/db], rediss://... (TLS) or unix:///path/to/redis.sock (empty: unset)"
+REMOTE_ACCEPTED = (
+    "redis://[[user]:password@]host[:port][/db], rediss://... (TLS) or unix:///path/to/redis.sock[?db=N]"
+)
+_REMOTE_SCHEMES = ("redis", "rediss", "unix")
 
 
 def redact_url(url: str) -> str:
     """The URL with any password replaced by ***, for messages and listings."""
-    scheme, sep, rest = url.partition("://")
-    userinfo, at, host = rest.rpartition("@")
-    if not sep or not at or ":" not in userinfo:
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
         return url
-    return f"{scheme}://{userinfo.partition(':')[0]}:***@{host}"
+    if password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+
+
+def check_remote_url(url: object, name: str = "remote (CODEGEN_CACHE_REMOTE)") -> str:
+    """Check a redis://, rediss:// or unix:// URL; ConfigError naming `name` and the (redacted) value if not.
+
+    The one checker: the environment variable, the CLI (config, doctor) and the remote tier
+    accept and reject exactly the same URLs.
+    """
+    if not isinstance(url, str) or not url.strip():
+        raise ConfigError(name, url, REMOTE_ACCEPTED)
+
+    def bad(why: str) -> ConfigError:
+        return ConfigError(name, redact_url(url), f"{REMOTE_ACCEPTED} ({why})")
+
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # ValueError when not a number in 0..65535
+    except ValueError as err:
+        raise bad(str(err)) from None
+    if "://" not in url:
+        raise bad("no scheme: write it as redis://host:port/db")
+    if parts.scheme not in _REMOTE_SCHEMES:
+        raise bad(f"scheme {parts.scheme!r} is not one of {', '.join(_REMOTE_SCHEMES)}")
+    if parts.scheme == "unix":
+        if not parts.path:
+            raise bad("a unix:// URL needs the socket path")
+        return url
+    if not parts.hostname:
+        raise bad("no host")
+    if port == 0:
+        raise bad("port 0")
+    db = parts.path.strip("/")
+    if db and not db.isdigit():
+        raise bad(f"database {db!r} is not a number")
+    return url
 
 
 def _parse_remote(name: str, value: str) -> str | None:
     text = str(value).strip()
-    if not text:
-        return None
-    # Only the scheme here; the remote tier checks the rest of the URL when it connects.
-    if text.partition("://")[0].lower() not in ("redis", "rediss", "unix") or "://" not in text:
-        raise ConfigError(name, redact_url(text), _REMOTE_ACCEPTED)
-    return text
+    return check_remote_url(text, name) if text else None
 
 
 def default_directory() -> Path:
@@ -205,7 +245,7 @@ ACCEPTED: dict[object, str] = {
     _parse_deadline: "a duration above 0, e.g. 0.5 (seconds) or 2s",
     _parse_level: "one of " + ", ".join(_LOG_LEVELS),
     _parse_text: "text (empty: unset)",
-    _parse_remote: _REMOTE_ACCEPTED,
+    _parse_remote: REMOTE_ACCEPTED + " (empty: unset)",
 }
 _FIELD_PARSERS = {field: (var, parse) for var, (field, parse, _doc) in ENV_VARS.items()}
 

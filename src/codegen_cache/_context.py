@@ -64,8 +64,10 @@ def get_cache() -> ActiveCache | None:
 @contextlib.contextmanager
 def use_cache(cache: ActiveCache | None) -> Iterator[ActiveCache | None]:
     """Make `cache` active for DeviceCodegen.lower inside the block; None turns caching off."""
-    if cache is not None and not isinstance(cache, ActiveCache):
-        raise TypeError(f"use_cache expects a CodegenCache or None, got {type(cache).__name__}")
+    # A str has a .lower method too: a directory path is the likely mistake, so name the fix.
+    if cache is not None and (not isinstance(cache, ActiveCache) or isinstance(cache, (str, bytes))):
+        hint = f" (for a directory: use_cache(CodegenCache({cache!r})))" if isinstance(cache, (str, bytes)) else ""
+        raise TypeError(f"use_cache expects a CodegenCache or None, got {type(cache).__name__}{hint}")
     token = _active.set(cache)
     try:
         yield cache

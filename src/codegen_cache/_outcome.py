@@ -16,14 +16,15 @@ TIERS = ("memory", "disk", "remote", "built", "failure", "uncached")
 class Outcome:
     """What one lowering cost and where its module came from.
 
-    tier: memory | disk | remote (a hit), built (the codegen ran), failure (a remembered codegen
-      error was raised), uncached (no cache was active, caching is disabled, or the cache
-      stepped aside: an input it cannot key).
-    key: the key digest ('' for uncached).
+    tier: memory | disk | remote (a hit), built (the codegen ran), failure (the call raised: a
+      remembered codegen error was served, or the codegen raised now; no module), uncached (no
+      cache was active, caching is disabled, or the cache stepped aside: an input it cannot key).
+    key: the key digest ('' for uncached, and for a failure with no cache).
     key_seconds: computing the key (mostly the structural hash).
     load_seconds: reading and decoding the entry (0 for built).
-    build_seconds: the codegen's own time (built, uncached), or what the entry saved: the
-      codegen time recorded when it was built (hits).
+    build_seconds: the codegen's own time (built, uncached, a failure now), or what the entry
+      saved: the codegen time recorded when it was built (hits; for a codegen_cache.build hit, the
+      codegen time of the whole build). 0 for a remembered failure.
     stored: for built modules, whether the entry was stored (False: skipped).
     """
 
@@ -66,9 +67,9 @@ def emit(*fields: object) -> None:
         _last.set(fields)
 
 
-def emit_uncached(codegen: str, mode: str, seconds: float) -> None:
-    """Record a lowering that went straight to the codegen."""
-    emit("uncached", "", codegen, mode, 0.0, 0.0, seconds, seconds, False)
+def emit_uncached(codegen: str, mode: str, seconds: float, *, failed: bool = False) -> None:
+    """Record a lowering that went straight to the codegen (failed: and the codegen raised)."""
+    emit("failure" if failed else "uncached", "", codegen, mode, 0.0, 0.0, seconds, seconds, False)
 
 
 @contextlib.contextmanager

@@ -18,6 +18,7 @@ instead of raising. compile_device must be a bool (the one deliberate difference
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 import threading
 import time
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._compat import IRModule, Target, tvm_ffi
 from ._context import active_cache
+from ._log import warn_once
 from ._outcome import emit_uncached
 from ._targets import TargetLike, as_target
 
@@ -46,6 +48,8 @@ __all__ = [
     "register_lazy_device_codegen",
     "resolve_device_codegen",
 ]
+
+logger = logging.getLogger(__name__)
 
 DeviceCodegenFunc = Callable[[IRModule, Target], "Module"]
 TargetPredicate = Callable[[Target], bool]
@@ -87,6 +91,18 @@ class DeviceCodegen:
     toolchain: ToolchainFunc | None = None
     salt: str = ""
 
+    def __post_init__(self) -> None:
+        # Fail at construction, naming the field, not at the first lowering with a bare AttributeError.
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError(f"DeviceCodegen name must be a non-empty str, got {self.name!r}")
+        for field in ("build", "build_without_compile", "supports_target", "toolchain"):
+            value = getattr(self, field)
+            if value is not None and not callable(value):
+                raise TypeError(f"DeviceCodegen {self.name!r}: {field} must be callable or None, got {value!r} "
+                                f"of type {type(value).__name__}")
+        if not isinstance(self.salt, str):
+            raise TypeError(f"DeviceCodegen {self.name!r}: salt must be a str, got {type(self.salt).__name__}")
+
     def matches(self, target: Target) -> bool:
         """The predicate's own value for `target` (True without a predicate), as the original."""
         return True if self.supports_target is None else self.supports_target(target)
@@ -122,8 +138,13 @@ class DeviceCodegen:
         cache = active_cache()
         if cache is None:
             start = time.perf_counter()
-            module = self.invoke(mod, target, compile_device=compile_device)
-            emit_uncached(self.name, "compiled" if compile_device else "source", time.perf_counter() - start)
+            mode = "compiled" if compile_device else "source"
+            try:
+                module = self.invoke(mod, target, compile_device=compile_device)
+            except BaseException:
+                emit_uncached(self.name, mode, time.perf_counter() - start, failed=True)
+                raise
+            emit_uncached(self.name, mode, time.perf_counter() - start)
             return module
         # The cache runs the codegen itself for inputs it cannot key (not an IRModule).
         return cache.lower(mod, target, compile_device=compile_device, codegen=self)
@@ -147,6 +168,10 @@ class DeviceCodegenRegistry:
 
     def register(self, target_kind: str, codegen: DeviceCodegen, *, override: bool = False) -> DeviceCodegen:
         """Register `codegen` for `target_kind`; the same name twice raises unless override."""
+        _check_kind(target_kind)
+        if not isinstance(getattr(codegen, "name", None), str) or not callable(getattr(codegen, "matches", None)):
+            raise TypeError(f"codegen must be a DeviceCodegen (or an object with its name, matches and lower), "
+                            f"got {codegen!r} of type {type(codegen).__name__}")
         with self._lock:
             entries = self._codegens.setdefault(target_kind, [])
             if override:
@@ -163,6 +188,9 @@ class DeviceCodegenRegistry:
 
     def register_lazy(self, target_kind: str, import_path: str) -> None:
         """Import `import_path` when `target_kind` is next used (replaces the kind's earlier path)."""
+        _check_kind(target_kind)
+        if not isinstance(import_path, str) or not import_path.strip():
+            raise TypeError(f"import_path must be a module name such as 'my_backend.codegens', got {import_path!r}")
         with self._lock:
             self._lazy[target_kind] = import_path
             self._loaded.discard(target_kind)
@@ -184,7 +212,16 @@ class DeviceCodegenRegistry:
                 if import_path is not None:
                     # Raw errors (ModuleNotFoundError with .name), as the original; the kind
                     # stays unloaded, so the next call retries (e.g. after installing it).
-                    import_module(import_path)
+                    try:
+                        import_module(import_path)
+                    except ImportError as err:
+                        # Raised unchanged (as the original); the log says what the bare error does not.
+                        warn_once(logger, ("lazy-import", target_kind, import_path), "the lazy device codegen "
+                                  "module %r of target kind %r does not import (%s: %s); every use of the kind "
+                                  "fails until it does (the built-in %r codegens too). Fix it, or register "
+                                  "another path for the kind: a later register_lazy_device_codegen call replaces "
+                                  "this one.", import_path, target_kind, type(err).__name__, err, target_kind)
+                        raise
                 self._loaded.add(target_kind)
             if target_kind in self._builtins and target_kind not in self._builtin_codegens:
                 family = importlib.import_module(self._builtins[target_kind])
@@ -249,6 +286,11 @@ class DeviceCodegenRegistry:
         else:
             message += f" Target kinds with a device codegen: {', '.join(self.kinds()) or '<none>'}."
         raise ValueError(message)
+
+
+def _check_kind(target_kind: object) -> None:
+    if not isinstance(target_kind, str) or not target_kind:
+        raise TypeError(f"target_kind must be a target kind name such as 'cuda', got {target_kind!r}")
 
 
 default_registry = DeviceCodegenRegistry()

@@ -8,6 +8,7 @@ from typing import Any
 
 from .._compat import tvm, DLDeviceType, IRModule, PrimFunc, split_host_device_mods, Target
 from .. import _compat
+from .._targets import as_target
 
 __all__ = ["Plan", "lower_plan", "plan"]
 
@@ -93,8 +94,11 @@ def _target(value: Any) -> Target:
     if isinstance(value, Target):
         return value
     if isinstance(value, str):
-        return _target_from_str(value)
-    return Target(value)
+        try:
+            return _target_from_str(value)
+        except (ValueError, TypeError):
+            pass  # as_target raises it again, naming the value and the accepted forms
+    return as_target(value)
 
 
 @lru_cache(maxsize=256)

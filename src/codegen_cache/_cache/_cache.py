@@ -16,6 +16,7 @@ entries into shared libraries. The directory holds:
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import time
@@ -26,8 +27,9 @@ from typing import Any
 from .. import _context
 from .._artifacts import FORMAT_VERSION, frame, function_names, prepare
 from .._compat import IRModule, Module, Target
-from .._config import Settings, settings_from_env
+from .._config import ENV_VARS, Settings, settings_from_env, unknown_env_vars
 from .._errors import ConfigError, UncacheableError
+from .._log import warn_once
 from .._key import CacheKey, compute_key, ir_hash
 from .._outcome import emit, emit_uncached
 from .._registry import DeviceCodegen, DeviceCodegenRegistry, default_registry
@@ -106,6 +108,8 @@ class CodegenCache:
             "remote": remote if isinstance(remote, str) else None, "remote_secret": remote_secret,
             "lease_wait": lease_wait, "failure_ttl": failure_ttl, "recache": recache,
         }
+        if settings is None:
+            warn_unknown_env()
         self.settings = settings_from_env(base=settings, **overrides)
         self.directory = Path(self.settings.directory)
         if self.directory.exists() and not self.directory.is_dir():
@@ -254,10 +258,14 @@ class CodegenCache:
     def _run_uncached(self, entry: Any, mod: Any, target: Target, compile_device: bool, mode: str,
                       start: float) -> Module:
         self._stats.add_for(entry.name, mode, "uncacheable")
-        if isinstance(entry, DeviceCodegen):
-            module = _mode_function(entry, compile_device)(mod, target)
-        else:
-            module = entry.lower(mod, target, compile_device=compile_device)
+        try:
+            if isinstance(entry, DeviceCodegen):
+                module = _mode_function(entry, compile_device)(mod, target)
+            else:
+                module = entry.lower(mod, target, compile_device=compile_device)
+        except BaseException:
+            emit_uncached(entry.name, mode, time.perf_counter() - start, failed=True)
+            raise
         emit_uncached(entry.name, mode, time.perf_counter() - start)
         return module
 
@@ -285,9 +293,16 @@ class CodegenCache:
                 self._stats.add_for(entry.name, mode, "misses", -1)
                 self._memory_view.put(found.entry)
                 return self._served(found, entry.name, mode, key.digest, key_seconds, start)
+        building = time.perf_counter()
         try:
             module, build_seconds = self._build(entry, key.digest, mod, target, compile_device, probe)
             stored = False if collision else self._store(entry.name, key, mode, module, mod, target, build_seconds)
+        except BaseException:
+            # The codegen raised (its error is remembered when cacheable): the outcome says so,
+            # rather than leaving the previous call's in place.
+            now = time.perf_counter()
+            emit("failure", key.digest, entry.name, mode, key_seconds, 0.0, now - building, now - start, None)
+            raise
         finally:
             self._flight.release(held)
         emit("built", key.digest, entry.name, mode, key_seconds, 0.0, build_seconds, time.perf_counter() - start,
@@ -562,7 +577,17 @@ def _check_mode(compile_device: object) -> None:
                         f"({type(compile_device).__name__})")
 
 
+def warn_unknown_env() -> None:
+    """Warn once per variable about a CODEGEN_CACHE_* variable that is no setting (a typo: it does nothing)."""
+    for var in unknown_env_vars():
+        close = difflib.get_close_matches(var, list(ENV_VARS), n=1)
+        warn_once(logger, ("unknown-env", var), "%s is set but is not a codegen-cache setting, so it has no "
+                  "effect%s; `codegen-cache config` lists the settings", var,
+                  f" (did you mean {close[0]}?)" if close else "")
+
+
 def _default_cache() -> CodegenCache | None:
+    warn_unknown_env()
     settings = settings_from_env()
     return None if settings.disable else CodegenCache(settings=settings)
 

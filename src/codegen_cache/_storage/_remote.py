@@ -25,9 +25,10 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from .._artifacts import FORMAT_VERSION, unframe
+from .._config import REMOTE_ACCEPTED, check_remote_url, redact_url
 from .._errors import ArtifactError, ConfigError, RemoteValueTooLargeError
 from .._forksafe import on_fork_child
 from ._resp import Endpoint, RespClient
@@ -43,55 +44,16 @@ _MAGIC = b"CGCR"
 _ENVELOPE_VERSION = 1
 _HEAD = struct.Struct("<4sBB")
 _SIG_LEN = hashlib.sha256().digest_size
-_SCHEMES = ("redis", "rediss", "unix")
-_ACCEPTED_URLS = (
-    "redis://[[user]:password@]host[:port][/db], rediss://... (TLS) or unix:///path/to/redis.sock[?db=N]"
-)
+_ACCEPTED_URLS = REMOTE_ACCEPTED
 _LOOPBACK = ("localhost", "127.0.0.1", "::1")
 _ABSENT_SECONDS = 1.0
 
 EventSink = Callable[..., None]
 
 
-def _redact(url: str) -> str:
-    """The URL with its password replaced, for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
-
-
-def check_url(url: object) -> str:
-    """Check a redis://, rediss:// or unix:// URL; ConfigError naming the (redacted) value if not."""
-    if not isinstance(url, str) or not url.strip():
-        raise ConfigError("remote (CODEGEN_CACHE_REMOTE)", url, _ACCEPTED_URLS)
-
-    def bad(why: str) -> ConfigError:
-        return ConfigError("remote (CODEGEN_CACHE_REMOTE)", _redact(url), f"{_ACCEPTED_URLS} ({why})")
-
-    try:
-        parts = urlsplit(url)
-        port = parts.port  # ValueError when not a number in 0..65535
-    except ValueError as err:
-        raise bad(str(err)) from None
-    if "://" not in url:
-        raise bad("no scheme: write it as redis://host:port/db")
-    if parts.scheme not in _SCHEMES:
-        raise bad(f"scheme {parts.scheme!r} is not one of {', '.join(_SCHEMES)}")
-    if parts.scheme == "unix":
-        if not parts.path:
-            raise bad("a unix:// URL needs the socket path")
-        return url
-    if not parts.hostname:
-        raise bad("no host")
-    if port == 0:
-        raise bad("port 0")
-    db = parts.path.strip("/")
-    if db and not db.isdigit():
-        raise bad(f"database {db!r} is not a number")
-    return url
+# One URL checker for the variable, the CLI and this tier (_config.check_remote_url).
+_redact = redact_url
+check_url = check_remote_url
 
 
 class RedisTier:

@@ -1,0 +1,87 @@
+"""Every lowering leaves an outcome that says what happened: hit, built, failure or uncached."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import codegen_cache as cc
+import kernels
+
+
+def _broken(mod, target):
+    raise RuntimeError("no registers left")
+
+
+BROKEN = cc.DeviceCodegen("broken", build=_broken)
+
+
+def test_no_active_cache_is_uncached_not_the_previous_outcome(cache, llvm_vadd):
+    mod, target = llvm_vadd
+    codegen = cc.resolve_device_codegen(target)
+    with cc.use_cache(cache):
+        codegen.lower(mod, target, compile_device=True)
+    assert cc.last_outcome().tier == "built"
+    with cc.use_cache(None):
+        codegen.lower(mod, target, compile_device=True)
+        outcome = cc.last_outcome()
+        assert outcome.tier == "uncached" and outcome.key == "" and not outcome.hit
+        assert 0 < outcome.build_seconds == outcome.total_seconds
+        cc.build(kernels.vadd, "llvm")
+        assert cc.last_outcome().tier == "uncached" and cc.last_outcome().codegen == "build"
+
+
+def test_a_failure_now_and_a_remembered_failure_are_failure_outcomes(cache, llvm_vadd):
+    mod, target = llvm_vadd
+    cache.lower(mod, target, compile_device=True)
+    assert cc.last_outcome().tier == "built"
+    with pytest.raises(RuntimeError, match="no registers left"):
+        cache.lower(mod, target, compile_device=True, codegen=BROKEN)
+    now = cc.last_outcome()
+    assert (now.tier, now.codegen, now.hit) == ("failure", "broken", False) and now.build_seconds > 0
+    with pytest.raises(cc.CachedCodegenError):
+        cache.lower(mod, target, compile_device=True, codegen=BROKEN)
+    served = cc.last_outcome()
+    assert (served.tier, served.key, served.build_seconds) == ("failure", now.key, 0.0)
+    assert cache.stats().failures_served == 1
+
+
+def test_a_failing_codegen_without_a_cache_is_a_failure_outcome(llvm_vadd):
+    mod, target = llvm_vadd
+    with cc.use_cache(None), pytest.raises(RuntimeError):
+        BROKEN.lower(mod, target, compile_device=True)
+    assert cc.last_outcome().tier == "failure" and cc.last_outcome().key == ""
+
+
+def test_a_build_hit_reports_what_it_saved(cache):
+    with cc.use_cache(cache):
+        cc.build(kernels.vmul, "llvm")
+        cold = cc.last_outcome()
+        cc.build(kernels.vmul, "llvm")
+        warm = cc.last_outcome()
+    assert cold.tier == "built" and warm.tier == "memory"
+    assert warm.build_seconds == pytest.approx(cold.build_seconds) and warm.build_seconds > 0
+    assert warm.total_seconds < cold.total_seconds
+
+
+@pytest.mark.timeout(240)
+def test_caching_disabled_is_uncached(tmp_path):
+    script = textwrap.dedent("""
+        import sys
+        sys.path.insert(0, %r)
+        import codegen_cache as cc, kernels
+        mod, target = cc.lower_for_codegen(kernels.vadd, "llvm")
+        cc.resolve_device_codegen(target).lower(mod, target, compile_device=True)
+        print(cc.last_outcome().tier)
+        cc.build(kernels.vadd, "llvm")
+        print(cc.last_outcome().tier)
+    """) % os.path.dirname(kernels.__file__)
+    env = {**os.environ, "CODEGEN_CACHE_DIR": str(tmp_path / "cache"), "CODEGEN_CACHE_DISABLE": "1"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=200)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["uncached", "uncached"]
+    assert not (tmp_path / "cache").exists()
