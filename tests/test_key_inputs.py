@@ -208,3 +208,22 @@ def test_pass_configs_change_no_codegen_output():
                 if _text(entry.invoke(mod, tgt, compile_device=compile_device), kind) != base:
                     changed.append((kind, "opt_level", level))
     assert not changed, f"these change a codegen's output, so the key must hold them: {changed}"
+
+
+def test_the_key_doc_lists_every_codegens_toolchain_parts():
+    text = (Path(__file__).resolve().parent.parent / "docs" / "key.md").read_text()
+    section = text[text.index("## Key parts per codegen and mode"):text.index("## Callbacks")]
+    documented = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[1] in ("source", "compiled"):
+            documented[(cells[0], cells[1])] = set(re.findall(r"`([^`]+)`", cells[2]))
+    actual = {}
+    for kind in BUILTIN_FAMILIES:
+        target = tvm.target.Target(CUDA_TARGET if kind == "cuda" else {"kind": kind})
+        entry = cc.resolve_device_codegen(target)
+        for compile_device in (True, False):
+            if entry.supports_mode(compile_device):
+                parts = entry.toolchain(target, compile_device) if entry.toolchain else {}
+                actual[(kind, "compiled" if compile_device else "source")] = set(parts)
+    assert documented == actual

@@ -45,7 +45,7 @@ from ._storage._fsprobe import probe as probe_filesystem
 from ._storage._remote import RedisTier
 from ._version import __version__ as __version__
 from .codegens import install_builtins as _install_builtin_codegens
-from .codegens._callbacks import declare_callback_salt
+from .codegens._callbacks import callback_salts, declare_callback_salt
 
 _install_builtin_codegens(default_registry)
 
@@ -78,6 +78,7 @@ __all__ = [
     "build_key",
     "build_with_record",
     "cached_export",
+    "callback_salts",
     "declare_callback_salt",
     "default_registry",
     "get_cache",

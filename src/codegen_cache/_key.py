@@ -9,8 +9,11 @@ Deliberately excluded (they do not change what a codegen emits):
 - the order a Target's attributes were written in (the target is canonicalized);
 - PYTHONHASHSEED, process id, host name, time, the cache directory, the Python version;
 - the PassContext: the codegen's input is already lowered, so lowering options are in the IR
-  (codegen_cache.build keys the *input* module and includes the PassContext there);
-- environment variables a codegen does not read (each codegen lists the ones it does).
+  (codegen_cache.build keys the *input* module and includes the PassContext there); every
+  registered pass config and opt level was checked to change no built-in codegen's output;
+- environment variables and callbacks a codegen does not read (each built-in codegen's
+  toolchain lists the ones it does; codegens/_common.EXCLUDED_ENV lists the variables TVM
+  reads that are left out, each with its reason).
 """
 
 from __future__ import annotations
