@@ -18,6 +18,7 @@ GOALS = {
     "warm_cold_llvm_64": 30.0,
     "scaling": 1.2,
     "miss_overhead": 0.10,
+    "miss_overhead_abs": 0.3e-3,  # issue 12's budget: max(10% of the bare codegen, 0.3 ms)
 }
 
 
@@ -64,6 +65,9 @@ def derived(row: dict) -> dict[str, float | None]:
         "cold_disk": miss / disk if miss and disk else None,
         "cold_mem": miss / mem if miss and mem else None,
         "overhead": (miss - bare) / bare if miss and bare else None,
+        "overhead_abs": miss - bare if miss and bare else None,
+        "budget": max(GOALS["miss_overhead"] * bare, GOALS["miss_overhead_abs"]) if bare else None,
+        "disk_floor_ours": disk / _m(row, "floor_ours") if disk and _m(row, "floor_ours") else None,
         "store_bg": bg,
         "encode": enc,
         "files_store": enc + (_m(row, "put_files") or 0.0),
@@ -106,8 +110,9 @@ def evaluate_goals(results: dict) -> list[dict[str, Any]]:
             add(1, f"warm/cold >= {target:.0f}x: {case} (cold miss / disk hit)", d["cold_disk"], target,
                 d["cold_disk"] >= target, f"{fmt_ratio(d['cold_disk'])} (p10s: {fmt_ratio(d['cold_disk_p10'])})")
         if d["overhead"] is not None and row.get("loaded", True):
-            add(5, f"miss overhead <= 10% of the build: {case}", d["overhead"], GOALS["miss_overhead"],
-                d["overhead"] <= GOALS["miss_overhead"], f"{d['overhead'] * 100:+.0f}%")
+            add(5, f"miss overhead <= max(10%, 0.3ms): {case}", d["overhead_abs"], d["budget"],
+                d["overhead_abs"] <= d["budget"],
+                f"{_signed(d['overhead_abs'])} ({d['overhead'] * 100:+.0f}%; budget {fmt_time(d['budget'])})")
     scaling = results.get("scaling", {}).get("store", {})
     for case in scaling.get("cases", []):
         lo, hi = scaling["sizes"][0], scaling["sizes"][-1]
@@ -153,11 +158,14 @@ def tables(results: dict) -> str:
         floor = _m(r, "floor") if r.get("loaded", True) else _m(r, "floor_noload")
         disk = _m(r, "disk")
         body.append([r["kernel"], r["codegen"] + ("" if r.get("loaded", True) else "*"), fmt_time(_m(r, "hash")),
-                     fmt_time(floor), fmt_time(disk), fmt_ratio(d["disk_floor"]), fmt_time(_m(r, "memory")),
+                     fmt_time(_m(r, "key_hash")), r.get("stored_form", "-"),
+                     fmt_time(floor), fmt_time(disk), fmt_ratio(d["disk_floor"]), fmt_time(_m(r, "floor_ours")),
+                     fmt_ratio(d["disk_floor_ours"]), fmt_time(_m(r, "memory")),
                      _signed(d["mem_over_hash"]),
                      fmt_time(_m(r, "memory_eq")), fmt_time(_m(r, "remote")), fmt_time(_m(r, "miss")),
                      fmt_ratio(d["cold_disk"]), fmt_ratio(d["cold_mem"])])
-    parts.append(_table(["kernel", "codegen", "hash", "floor", "disk hit", "disk/floor", "mem hit", "mem-hash",
+    parts.append(_table(["kernel", "codegen", "hash", "key hash", "stored", "floor", "disk hit", "disk/floor",
+                         "old floor", "disk/old", "mem hit", "mem-hash",
                          "mem(eq)", "remote", "cold", "cold/disk", "cold/mem"], body))
     jit = [(r["kernel"], r["jit_first_call"], _m(r, "miss")) for r in rows if r.get("jit_first_call")]
     if jit:
@@ -165,7 +173,12 @@ def tables(results: dict) -> str:
                      "loaded shared library) does not. Not in 'cold' above (conservative): "
                      + ", ".join(f"{k} +{fmt_time(j)} (cold+JIT {fmt_time(j + (m or 0))})" for k, j, m in jit) + ".")
     no_load = any(not r.get("loaded", True) for r in rows)
-    parts.append("floor = structural hash + raw read of the stored bytes + module load; disk/floor and "
+    parts.append("hash = TVM's structural hash of the module; key hash = the key's (_key.ir_hash: function by "
+                 "function where a module has several); stored = the entry's form (llvm-so: a shared library); "
+                 "floor = TVM's hash + sqlite3 SELECT and os.pread of the stored bytes + TVM's load from a file "
+                 "that exists (load_module of a .so; load_from_bytes.cuda; CSourceModuleCreate/SourceModuleCreate "
+                 "of the text), none of it the cache's code (benchmarks/floor.py); old floor = our hash + our read "
+                 "+ our decode (the floor of earlier runs); disk/floor and "
                  "mem-hash are medians of per-round ratios/differences (goals also show the ratio of the two "
                  "variants' 10th percentiles, 'p10s': what a call costs when the scheduler leaves it alone); mem(eq) = memory hit with an equal but "
                  "distinct IRModule (structural_equal); cold = a miss through the cache, as the caller sees it."
@@ -177,12 +190,14 @@ def tables(results: dict) -> str:
         d = derived(r)
         body.append([r["kernel"], r["codegen"], fmt_time(_m(r, "bare")), fmt_time(_m(r, "miss")),
                      f"{d['overhead'] * 100:+.0f}%" if d["overhead"] is not None else "-",
-                     _signed(_m(r, "miss") - _m(r, "bare")) if _m(r, "miss") and _m(r, "bare") else "-",
+                     _signed(d["overhead_abs"]), fmt_time(d["budget"]),
+                     "-" if d["overhead_abs"] is None else "PASS" if d["overhead_abs"] <= d["budget"] else "FAIL",
                      fmt_time(d["store_bg"]), fmt_time(d["encode"]), fmt_time(_m(r, "put_ours")),
                      f"{r.get('cold_reps', 0)}"])
-    parts.append(_table(["kernel", "codegen", "bare codegen", "miss (caller)", "overhead", "abs", "bg store",
-                         "encode", "put", "reps"], body))
-    parts.append("bg store = encode + put, done by the write-behind thread after lower() returns (off the "
+    parts.append(_table(["kernel", "codegen", "bare codegen", "miss (caller)", "overhead", "abs", "budget", "",
+                         "bg store", "encode", "put", "reps"], body))
+    parts.append("budget = max(10% of the bare codegen, 0.3 ms) (issue 12): abs = miss (caller) - bare codegen, "
+                 "medians of the same interleaved rounds. bg store = encode + put, done by the write-behind thread after lower() returns (off the "
                  "caller's path). Where encoding is slow it is not repeated: bg store is then how long flush() "
                  "waited after the miss, and encode = bg store - put.")
 

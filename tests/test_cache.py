@@ -285,3 +285,18 @@ def test_bad_input_errors_name_the_value(cache, llvm_vadd):
 
 def test_context_default_is_reset_between_tests():
     assert _context.active_cache is not None
+
+
+@pytest.mark.timeout(300)
+def test_an_llvm_disk_hit_maps_the_stored_library_where_it_lies(tmp_path, llvm_vadd):
+    mod, target = llvm_vadd
+    writer = cc.CodegenCache(tmp_path / "c", write_behind=False)
+    writer.lower(mod, target)
+    assert writer.flush(upgrades=True, timeout=240)  # the entry is a shared library now
+    reader = cc.CodegenCache(tmp_path / "c", memory_entries=0)
+    row = reader.store("compiled").read(reader.key_for(mod, target).digest)
+    assert row.path is not None and row.blob[:4] == b"\x7fELF"
+    module, outcome = reader.lower_with_outcome(mod, target)
+    assert outcome.tier == "disk" and module.implements_function("vadd")
+    with open("/proc/self/maps") as f:
+        assert row.path in f.read()  # no scratch copy: the value file itself is mapped

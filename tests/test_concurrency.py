@@ -204,13 +204,23 @@ def test_failure_key_includes_toolchain(tmp_path, cuda_vadd, monkeypatch):
     assert len(calls) == 2
 
 
-def test_mutating_codegen_result_is_returned_but_not_stored(tmp_path, caplog):
+def _replace_function(mod):
+    gv = next(iter(mod.functions))
+    mod.update_func(gv, mod[gv].with_attr("mutated", 1))  # changes the caller's module in place
+
+
+def _add_function(mod):
+    gv = next(iter(mod.functions))
+    mod["extra"] = mod[gv].with_attr("global_symbol", "extra")
+
+
+@pytest.mark.parametrize("change", [_replace_function, _add_function])
+def test_mutating_codegen_result_is_returned_but_not_stored(tmp_path, caplog, change):
     import tvm
 
     def mutating(mod, target):
         result = tvm.get_global_func("target.build.llvm")(mod, target)
-        gv = next(iter(mod.functions))
-        mod.update_func(gv, mod[gv].with_attr("mutated", 1))  # changes the caller's module in place
+        change(mod)
         return result
 
     codegen = cc.DeviceCodegen("mutating", build=mutating)

@@ -62,3 +62,17 @@ def test_stores_are_separate(tmp_path):
     a.put("k", b"compiled")
     assert b.get("k") is None
     assert pickle is not None and sqlite3 is not None
+
+
+def test_a_small_shared_library_gets_a_value_file_of_its_own(tmp_path):
+    # A framed shared library starts with the ELF magic; a hit maps it from its value file in
+    # place, so it is never kept inside the database, however small.
+    store = ArtifactStore(tmp_path / "s", size_limit=1 << 20)
+    small_lib = b"\x7fELF" + b"\0" * 1000
+    store.put("lib", small_lib)
+    store.put("text", b"not a library" * 10)
+    row = store.read("lib")
+    assert row.blob == small_lib and row.path is not None
+    with open(row.path, "rb") as f:
+        assert f.read() == small_lib
+    assert store.read("text").path is None  # other small values stay in the database

@@ -293,10 +293,13 @@ class CodegenCache:
                 self._stats.add_for(entry.name, mode, "misses", -1)
                 self._memory_view.put(found.entry)
                 return self._served(found, entry.name, mode, key.digest, key_seconds, start)
+        before = _parts_of(mod)
+        promote = None
         building = time.perf_counter()
         try:
             module, build_seconds = self._build(entry, key.digest, mod, target, compile_device, probe)
-            stored = False if collision else self._store(entry.name, key, mode, module, mod, target, build_seconds)
+            if not collision:
+                promote = self._store(entry.name, key, mode, module, mod, target, build_seconds, before)
         except BaseException:
             # The codegen raised (its error is remembered when cacheable): the outcome says so,
             # rather than leaving the previous call's in place.
@@ -306,7 +309,11 @@ class CodegenCache:
         finally:
             self._flight.release(held)
         emit("built", key.digest, entry.name, mode, key_seconds, 0.0, build_seconds, time.perf_counter() - start,
-             stored)
+             promote is not None)
+        if promote is not None:
+            # Last: once woken, the writer thread takes the GIL whenever this thread waits on a
+            # file operation, so anything after this would wait for its SQLite work.
+            promote()
         return module
 
     def _served(self, hit: Hit, codegen: str, mode: str, digest: str, key_seconds: float, start: float) -> Module:
@@ -335,14 +342,14 @@ class CodegenCache:
         return module, seconds
 
     def _store(self, codegen: str, key: CacheKey, mode: str, module: Module, mod: IRModule, target: Target,
-               build_seconds: float) -> bool:
-        """Stage the entry of a fresh module before lower() returns; False when it was not stored."""
-        after = ir_hash(mod)
-        if after != key.ir_hash:
+               build_seconds: float, before: tuple) -> Callable[[], None] | None:
+        """Stage the entry of a fresh module before lower() returns; its promotion, or None when not stored."""
+        changed = _changed(before, _parts_of(mod))
+        if changed:
             self._stats.add("mutations")
-            logger.warning("codegen %r changed its input IRModule (structural hash %016x -> %016x); "
-                           "the result was returned but is not cached", codegen, key.ir_hash, after)
-            return False
+            logger.warning("codegen %r changed its input IRModule (%s); the result was returned but is not cached",
+                           codegen, changed)
+            return None
         meta = {"key": key.digest, "parts": key.as_dict(), "codegen": codegen, "mode": mode,
                 "target_kind": target.kind.name, "build_seconds": build_seconds, "created": time.time()}
         if self.settings.verify:
@@ -353,19 +360,21 @@ class CodegenCache:
         except _ENCODE_ERRORS as err:
             self._stats.add("stores_skipped")
             self._guard.error("encode", err)
-            return False
+            return None
         self._memory_view.put(Entry(key.digest, mode, module, mod, meta, blob))
         return self._stage(codegen, mode, key.digest, blob)
 
-    def _stage(self, codegen: str, mode: str, digest: str, blob: bytes) -> bool:
-        """Write an entry's file now (it survives the process), then have it moved into its store."""
+    def _stage(self, codegen: str, mode: str, digest: str, blob: bytes) -> Callable[[], None] | None:
+        """Write an entry's file now (it survives the process); returns what moves it into its store.
+
+        The caller runs that after releasing the key's build lock; None: not staged.
+        """
         if not self._guard("stage", self._staged[mode].write, digest, blob):
             self._stats.add("stores_skipped")
-            return False
+            return None
         self._stats.add_for(codegen, mode, "stores")
         self._guard.stored()
-        self._promote(mode, digest, blob, remote=True)
-        return True
+        return lambda: self._promote(mode, digest, blob, remote=True)
 
     def _has_entry(self, mode: str, digest: str) -> bool:
         """Whether an entry is stored or staged under `digest` (without decoding it)."""
@@ -569,6 +578,36 @@ class CodegenCache:
         self._stats.add("collisions")
         self._guard.warn("collision", "codegen cache: two different IRModules share key %s "
                          "(64-bit structural hash collision); building without caching", digest[:16])
+
+
+def _parts_of(mod: IRModule) -> tuple:
+    """What `mod` is made of, by object: its attributes, global infos and (name, function) pairs.
+
+    While this tuple holds them, TVM's copy-on-write keeps each object as it is: a codegen that
+    changes the module must put a new object in it (update_func, mod[name] = ...), which
+    `_changed` sees without hashing the module a second time (as long as the key's hash).
+    """
+    functions = sorted(((gv.name_hint, func) for gv, func in mod.functions.items()), key=lambda p: p[0])
+    return (mod.attrs, mod.global_infos, tuple(functions))
+
+
+def _changed(before: tuple, after: tuple) -> str:
+    """What differs between two `_parts_of` of one module ('' when nothing did)."""
+    if not _same(before[0], after[0]):
+        return "its attributes were replaced"
+    if not _same(before[1], after[1]):
+        return "its global infos were replaced"
+    names = [name for name, _ in before[2]]
+    if names != [name for name, _ in after[2]]:
+        return f"functions {names} became {[name for name, _ in after[2]]}"
+    for (name, old), (_, new) in zip(before[2], after[2]):
+        if not old.same_as(new):
+            return f"function {name!r} was replaced"
+    return ""
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a is b or (a is not None and b is not None and a.same_as(b))
 
 
 def _check_mode(compile_device: object) -> None:

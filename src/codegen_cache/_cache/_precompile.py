@@ -39,7 +39,7 @@ def precompile_cuda(cache: CodegenCache, mod: IRModule, target: TargetLike, code
         count(entry.name, "compiled", "hits_disk")  # found, so nvcc did not run: a hit, as in ccache
         return digest
     count(entry.name, "compiled", "misses")
-    held = None
+    held = promote = None
     if not cache.settings.recache:
         held, found = cache._flight.begin(digest, stored)  # noqa: SLF001
         if found:
@@ -58,7 +58,9 @@ def precompile_cuda(cache: CodegenCache, mod: IRModule, target: TargetLike, code
         if cache.settings.verify:
             meta["ir_digest"] = Probe(digest, "compiled", mod).ir_digest
         blob = encode_cuda_binary(payload, source, meta, func_names=function_names(mod))
-        cache._stage(entry.name, "compiled", digest, blob)  # noqa: SLF001
+        promote = cache._stage(entry.name, "compiled", digest, blob)  # noqa: SLF001
     finally:
         cache._flight.release(held)  # noqa: SLF001
+    if promote is not None:
+        promote()
     return digest

@@ -41,6 +41,7 @@ STORAGE_ERRORS = (sqlite3.Error, OSError, diskcache.Timeout)
 # planted, and following it would read or delete files outside the store.
 _VALUE_FILE = re.compile(r"^[0-9a-f]{2}[/\\][0-9a-f]{2}[/\\][0-9a-f]{28}\.val$")
 _DB_FILES = ("cache.db", "cache.db-wal", "cache.db-shm")
+_ELF = b"\x7fELF"  # a framed shared library starts with it (the frame puts the payload first)
 _SQLITE_CORRUPT, _SQLITE_NOTADB = 11, 26  # result codes (sqlite3 names them only from Python 3.11)
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _SELECT = ("SELECT mode, filename, value, size FROM Cache WHERE key = ? AND raw = 1 "
@@ -72,6 +73,12 @@ class SafeDisk(diskcache.Disk):
     def store(self, value, read, key=diskcache.core.UNKNOWN):
         if type(value) is not bytes:
             raise TypeError(f"store values must be bytes, got {type(value).__name__}")
+        if value[:4] == _ELF and len(value) < self.min_file_size:
+            # A shared library is mapped where its value file lies; kept in the database
+            # (diskcache does that below 32 KiB) every hit would first copy it to a scratch file.
+            filename, full_path = self.filename(key, value)
+            self._write(full_path, io.BytesIO(value), "xb")
+            return len(value), diskcache.core.MODE_BINARY, filename, None
         return super().store(value, read, key=key)
 
     def fetch(self, mode, filename, value, read):
