@@ -194,6 +194,19 @@ def test_code_digests_follow_nested_code_and_defaults():
     assert identity(nested_constant) != identity(nested_constant_2)
 
 
+def test_hooks_using_the_standard_library_modules_and_tvm_are_keyed_by_name():
+    from textwrap import dedent
+
+    from tvm.target import Target
+
+    def uses_names(code, target):
+        assert isinstance(target, Target)
+        return re.sub("x", "y", dedent(code)) + str(len(code))
+
+    with hooks.registered(POSTPROC, uses_names):
+        assert _callbacks.callback_identity(POSTPROC).startswith("code:")
+
+
 def test_tvms_own_callbacks_are_keyed_by_module_and_version():
     import tvm.support.nvcc  # noqa: F401
 

@@ -25,6 +25,7 @@ import ctypes
 import functools
 import os
 import sys
+import sysconfig
 import types
 from typing import Any
 
@@ -55,6 +56,7 @@ _PLAIN = (type(None), bool, int, float, complex, str, bytes)
 _MISSING = object()
 _CELL = object()
 _TVM_DIR = os.path.dirname(os.path.abspath(tvm.__file__)) + os.sep
+_STDLIB_DIR = os.path.join(sysconfig.get_paths()["stdlib"], "")
 _MAX_NODES = 400
 
 
@@ -224,10 +226,10 @@ class _Digest:
             self.put("module", obj.__name__, getattr(obj, "__version__", ""))
         elif _tvm_name(obj) is not None:
             self.put("tvm", _tvm_name(obj))
-        elif isinstance(obj, types.FunctionType):
-            self.function(obj)
         elif _stdlib_name(obj) is not None:
             self.put("stdlib", _stdlib_name(obj))
+        elif isinstance(obj, types.FunctionType):
+            self.function(obj)
         else:
             raise self.uncacheable(f"{where} is a {type(obj).__name__}, which has no trustworthy identity")
 
@@ -252,14 +254,20 @@ def _tvm_name(obj: Any) -> str | None:
 
 
 def _stdlib_name(obj: Any) -> str | None:
-    """module.qualname of a C function or class of builtins or the standard library, else None."""
-    if not isinstance(obj, (types.BuiltinFunctionType, type)):
-        return None
+    """module.qualname of a function or class of builtins or the standard library, else None.
+
+    Python functions count only when their file is in the standard library's directory (a
+    user's `code.py` has a standard module's name, not its file).
+    """
     module = getattr(obj, "__module__", None) or ""
-    top = module.split(".")[0]
-    if top in sys.stdlib_module_names:
-        return f"{module}.{getattr(obj, '__qualname__', obj.__name__)}"
-    return None
+    if module.split(".")[0] not in sys.stdlib_module_names:
+        return None
+    if isinstance(obj, types.FunctionType):
+        if not obj.__code__.co_filename.startswith(_STDLIB_DIR):
+            return None
+    elif not isinstance(obj, (types.BuiltinFunctionType, type)):
+        return None
+    return f"{module}.{getattr(obj, '__qualname__', obj.__name__)}"
 
 
 # ---- the Python callable behind a tvm-ffi Function ----------------------------------------
@@ -313,10 +321,13 @@ def python_callable(func: Any) -> Any | None:
         return None
     offset, direct, shared = layout
     handle = func.__chandle__()
-    # Compare the words every Python-backed Function shares (type index, call trampolines,
-    # deleters) before following any pointer: a C/C++ function differs in at least one.
-    words = _words(handle)
-    if any(words[i] != value for i, value in shared):
-        return None
-    pointer = words[offset] if direct else _read(words[offset])
+    # Compare the words every Python-backed Function shares (type index, deleters, call
+    # trampolines) in address order, one at a time, before following any pointer: a C++
+    # function differs in its deleter and call words, which lie inside every Function, so
+    # nothing past a smaller object is read.
+    for i, value in shared:
+        if _read(handle + 8 * i) != value:
+            return None
+    word = _read(handle + 8 * offset)
+    pointer = word if direct else _read(word)
     return ctypes.cast(ctypes.c_void_p(pointer), ctypes.py_object).value
