@@ -441,6 +441,46 @@ def test_rediss_shares_entries_and_an_untrusted_server_is_local_only(hosts, tls_
     assert any("CERTIFICATE_VERIFY_FAILED" in r.getMessage() for r in _remote_records(caplog))
 
 
+# ---- unix socket, password, database ---------------------------------------------------------
+
+
+def test_unix_socket_with_password_and_database(tmp_path):
+    """unix://:password@/path?db=N: AUTH and SELECT on connect, entries shared, other databases untouched."""
+    _need_redis_server()
+    sock = tmp_path / "redis.sock"
+    (tmp_path / "redis.conf").write_text(f"port 0\nunixsocket {sock}\nunixsocketperm 700\nsave \"\"\n"
+                                         f"appendonly no\ndir {tmp_path}\nrequirepass pw%/word\n")
+    proc = subprocess.Popen(["redis-server", str(tmp_path / "redis.conf")], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        client = redis.Redis(unix_socket_path=str(sock), password="pw%/word", socket_timeout=5)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline and proc.poll() is None, "redis-server did not start"
+                time.sleep(0.05)
+        blob = frame("source", {"key": "k"}, [b"__global__ void k() {}"])
+        url = f"unix://:pw%25%2Fword@{sock}?db=3"
+        writer, reader = RedisTier(url, secret=SECRET), RedisTier(url, secret=SECRET)
+        try:
+            assert writer.put("k" * 32, blob) and reader.get("k" * 32) == blob
+        finally:
+            writer.close()
+            reader.close()
+        assert client.dbsize() == 0 and client.execute_command("SELECT", 3) and client.dbsize() == 1
+        events = []
+        wrong = RedisTier(f"unix://:nope@{sock}?db=3", secret=SECRET, on_event=lambda name, n=1: events.append(name))
+        assert wrong.get("k" * 32) is None and events == ["error:remote"]
+        wrong.close()
+        client.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
 # ---- configuration ---------------------------------------------------------------------------
 
 
@@ -453,6 +493,12 @@ def test_rediss_shares_entries_and_an_untrusted_server_is_local_only(hosts, tls_
         ("redis://127.0.0.1:99999/0", "out of range"),
         ("redis://127.0.0.1:6379/zero", "database 'zero'"),
         ("unix://", "socket path"),
+        ("redis://127.0.0.1:6379/0?socket_keepalive=1", "unknown URL option 'socket_keepalive'; accepted: db,"),
+        ("redis://127.0.0.1:6379/0?ssl_ca_certs=/ca.pem", "needs a rediss:// URL"),
+        ("rediss://127.0.0.1:6379/0?ssl_cert_reqs=maybe", "not one of none, optional, required"),
+        ("rediss://127.0.0.1:6379/0?ssl_ca_certs=/no/such/ca.pem", "cannot load the TLS certificates"),
+        ("redis://127.0.0.1:6379/0?timeout=0", "timeout='0' is not a number of seconds above 0"),
+        ("unix:///run/redis.sock?db=one", "database 'one'"),
         ("", ""),
     ],
 )
@@ -491,8 +537,16 @@ def test_bad_options_fail_at_construction(kwargs, match):
 
 def test_good_urls_are_accepted_without_connecting():
     for url in ("redis://127.0.0.1:1/0", "rediss://user:pw@cache.internal:6380/2",
-                "unix:///run/redis/redis.sock?db=1", "redis://[::1]:6379"):
+                "unix:///run/redis/redis.sock?db=1", "redis://[::1]:6379",
+                "rediss://cache.internal:6380/0?ssl_cert_reqs=none&ssl_check_hostname=false"):
         RedisTier(url, secret=SECRET).close()
+
+
+def test_url_options_set_the_deadline_database_and_credentials():
+    endpoint = RedisTier("redis://us%40er:p%3Ass@h:7000/1?timeout=2", secret=SECRET)._client.endpoint  # noqa: SLF001
+    assert (endpoint.address, endpoint.db, endpoint.timeout) == (("h", 7000), 1, 2.0)
+    assert (endpoint.username, endpoint.password, endpoint.tls) == ("us@er", "p:ss", None)
+    assert RedisTier("rediss://h/0?db=4", secret=SECRET)._client.endpoint.db == 4  # noqa: SLF001
 
 
 # ---- measurement (not in the default run) ------------------------------------------------------
@@ -515,6 +569,29 @@ def test_measure_remote_costs(tmp_path, redis_url, capsys):
             gets.append(time.perf_counter() - t0)
         lines.append(f"entry {size >> 10:>6} KiB: put {statistics.median(puts) * 1e3:8.2f} ms, "
                      f"get+verify {statistics.median(gets) * 1e3:8.2f} ms (median)")
+    # The tier's own client against redis-py, side by side on the same server and values.
+    from codegen_cache._storage._resp import Endpoint, RespClient
+
+    own = RespClient(Endpoint.from_url(redis_url, 5.0))
+    with redis.Redis.from_url(redis_url) as other:
+        for size in (1 << 10, 16 << 10, 1 << 20, 16 << 20):
+            value = os.urandom(size)
+            other.set(b"raw", value)
+            # Each client SETs its own key: overwriting a key the other just wrote costs a free.
+            calls = {("GET", "own"): lambda: own.get(b"raw", 64 << 20), ("GET", "redis-py"): lambda: other.get(b"raw"),
+                     ("SET", "own"): lambda: own.set(b"own", value, 60_000),
+                     ("SET", "redis-py"): lambda: other.set(b"redis-py", value, px=60_000)}
+            times = {call: [] for call in calls}
+            for _ in range(30 if size < (16 << 20) else 7):
+                for call, run in calls.items():
+                    t0 = time.perf_counter()
+                    run()
+                    times[call].append(time.perf_counter() - t0)
+            for command in ("GET", "SET"):
+                ours, theirs = (statistics.median(times[command, who]) for who in ("own", "redis-py"))
+                lines.append(f"raw {command} {size >> 10:>6} KiB: own client {ours * 1e3:8.3f} ms, "
+                             f"redis-py {theirs * 1e3:8.3f} ms (median; ratio {ours / theirs:.2f})")
+    own.close()
     misses = []
     for i in range(50):
         t0 = time.perf_counter()

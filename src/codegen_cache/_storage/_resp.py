@@ -118,23 +118,38 @@ def _left(deadline: float) -> float:
     return left
 
 
+def _connect(address: tuple[str, int] | str, deadline: float) -> socket.socket:
+    """A connected socket; every address of the host is tried within the one deadline."""
+    if isinstance(address, str):
+        targets = [(socket.AF_UNIX, socket.SOCK_STREAM, 0, "", address)]
+    else:
+        # Name resolution is the system resolver's, with its own timeouts; a numeric host has none.
+        targets = socket.getaddrinfo(*address, type=socket.SOCK_STREAM)
+    error: OSError = OSError(f"no address for {address!r}")
+    for family, kind, proto, _name, target in targets:
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(_left(deadline))
+            sock.connect(target)
+        except OSError as err:
+            sock.close()
+            error = err
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        if family != socket.AF_UNIX:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+    raise error
+
+
 class _Connection:
     """One socket to the server; every method takes the call's deadline."""
 
     def __init__(self, endpoint: Endpoint, deadline: float) -> None:
         self._buf = bytearray()
-        if isinstance(endpoint.address, str):
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                sock.settimeout(_left(deadline))
-                sock.connect(endpoint.address)
-            except BaseException:
-                sock.close()
-                raise
-        else:
-            sock = socket.create_connection(endpoint.address, timeout=_left(deadline))
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._sock = sock
+        self._sock = sock = _connect(endpoint.address, deadline)
         try:
             if endpoint.tls is not None:
                 sock.settimeout(_left(deadline))  # CPython bounds the whole handshake by it
