@@ -510,6 +510,13 @@ def test_bad_url_error_names_the_value_and_what_is_accepted(url, why):
     assert "redis://" in message and "rediss://" in message and "unix://" in message
 
 
+def test_the_variable_rejects_the_url_options_the_tier_rejects():
+    from codegen_cache._config import settings_from_env
+
+    with pytest.raises(cc.ConfigError, match="CODEGEN_CACHE_REMOTE.*unknown URL option 'retry_on_timeout'"):
+        settings_from_env({"CODEGEN_CACHE_REMOTE": "redis://127.0.0.1:6379/0?retry_on_timeout=yes"})
+
+
 def test_bad_url_error_hides_the_password():
     with pytest.raises(cc.ConfigError, match=r"redis://:\*\*\*@h:6379/x") as info:
         RedisTier("redis://:hunter2@h:6379/x")

@@ -14,7 +14,7 @@ import re
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import platformdirs
 
@@ -23,6 +23,7 @@ from ._errors import ConfigError
 __all__ = [
     "ENV_VARS",
     "REMOTE_ACCEPTED",
+    "REMOTE_URL_OPTIONS",
     "Settings",
     "SettingRow",
     "check_directory",
@@ -130,6 +131,9 @@ REMOTE_ACCEPTED = (
     "redis://[[user]:password@]host[:port][/db], rediss://... (TLS) or unix:///path/to/redis.sock[?db=N]"
 )
 _REMOTE_SCHEMES = ("redis", "rediss", "unix")
+# The query options of a remote URL; docs/remote.md says what each one does.
+REMOTE_URL_OPTIONS = ("db", "timeout", "socket_timeout", "ssl_ca_certs", "ssl_ca_path", "ssl_certfile",
+                      "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname")
 
 
 def redact_url(url: str) -> str:
@@ -166,6 +170,9 @@ def check_remote_url(url: object, name: str = "remote (CODEGEN_CACHE_REMOTE)") -
         raise bad("no scheme: write it as redis://host:port/db")
     if parts.scheme not in _REMOTE_SCHEMES:
         raise bad(f"scheme {parts.scheme!r} is not one of {', '.join(_REMOTE_SCHEMES)}")
+    problem = _remote_query_problem(parts.scheme, parts.query)
+    if problem:
+        raise bad(problem)
     if parts.scheme == "unix":
         if not parts.path:
             raise bad("a unix:// URL needs the socket path")
@@ -178,6 +185,29 @@ def check_remote_url(url: object, name: str = "remote (CODEGEN_CACHE_REMOTE)") -
     if db and not db.isdigit():
         raise bad(f"database {db!r} is not a number")
     return url
+
+
+def _remote_query_problem(scheme: str, query: str) -> str | None:
+    options = dict(parse_qsl(query, keep_blank_values=True))
+    for key in options:
+        if key not in REMOTE_URL_OPTIONS:
+            return f"unknown URL option {key!r}; accepted: {', '.join(REMOTE_URL_OPTIONS)}"
+        if key.startswith("ssl_") and scheme != "rediss":
+            return f"{key} needs a rediss:// URL"
+    if not options.get("db", "0").isdigit():
+        return f"database {options['db']!r} is not a number"
+    for key in ("timeout", "socket_timeout"):
+        try:
+            seconds = float(options.get(key, "1"))
+        except ValueError:
+            seconds = 0.0
+        if not 0 < seconds < float("inf"):
+            return f"{key}={options[key]!r} is not a number of seconds above 0"
+    if options.get("ssl_cert_reqs", "required").lower() not in ("none", "optional", "required"):
+        return f"ssl_cert_reqs={options['ssl_cert_reqs']!r} is not one of none, optional, required"
+    if options.get("ssl_check_hostname", "true").lower() not in _TRUE | _FALSE - {""}:
+        return f"ssl_check_hostname={options['ssl_check_hostname']!r} is not one of true, false"
+    return None
 
 
 def _parse_remote(name: str, value: str) -> str | None:

@@ -39,9 +39,7 @@ _LENGTH = re.compile(rb"-1|0|[1-9][0-9]{0,17}")
 _CHUNK = 1 << 18
 _KEEP_IDLE = 4
 _CERT_REQS = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-QUERY_OPTIONS = ("db", "timeout", "socket_timeout", "ssl_ca_certs", "ssl_ca_path", "ssl_certfile",
-                 "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname")
+_TRUE = ("1", "true", "yes", "on")
 
 
 @dataclass(frozen=True)
@@ -57,57 +55,32 @@ class Endpoint:
 
     @classmethod
     def from_url(cls, url: str, timeout: float) -> Endpoint:
-        """The endpoint of a checked redis://, rediss:// or unix:// URL; ValueError saying what is wrong."""
+        """The endpoint of a URL that `_config.check_remote_url` accepted; ValueError if its TLS files do not load."""
         parts = urlsplit(url)
         query = dict(parse_qsl(parts.query, keep_blank_values=True))
-        unknown = sorted(set(query) - set(QUERY_OPTIONS))
-        if unknown:
-            raise ValueError(f"unknown URL option {unknown[0]!r}; accepted: {', '.join(QUERY_OPTIONS)}")
-        db_text = query.get("db", parts.path.strip("/") if parts.scheme != "unix" else "") or "0"
-        if not db_text.isdigit():
-            raise ValueError(f"database {db_text!r} is not a number")
-        for name in ("timeout", "socket_timeout"):
-            if name in query:
-                timeout = _positive(name, query[name])
+        db = int(query.get("db", parts.path.strip("/") if parts.scheme != "unix" else "") or 0)
+        timeout = float(query.get("timeout", query.get("socket_timeout", timeout)))
         if parts.scheme == "unix":
             address: tuple[str, int] | str = unquote(parts.path)
         else:
             address = (parts.hostname or "", parts.port or 6379)
-        tls_options = {k: v for k, v in query.items() if k.startswith("ssl_")}
-        if tls_options and parts.scheme != "rediss":
-            raise ValueError(f"{sorted(tls_options)[0]} needs a rediss:// URL")
-        tls = _tls_context(tls_options) if parts.scheme == "rediss" else None
+        tls = _tls_context(query) if parts.scheme == "rediss" else None
         # As redis-py reads them: an empty user or password is none.
         username = unquote(parts.username) if parts.username else None
         password = unquote(parts.password) if parts.password else None
-        return cls(address, username, password, int(db_text), tls, timeout)
-
-
-def _positive(name: str, text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise ValueError(f"{name}={text!r} is not a number of seconds above 0")
-    return value
+        return cls(address, username, password, db, tls, timeout)
 
 
 def _tls_context(options: dict[str, str]) -> ssl.SSLContext:
-    reqs = options.get("ssl_cert_reqs", "required").lower()
-    if reqs not in _CERT_REQS:
-        raise ValueError(f"ssl_cert_reqs={reqs!r} is not one of {', '.join(_CERT_REQS)}")
-    check = options.get("ssl_check_hostname", "true").lower()
-    if check not in _TRUE + _FALSE:
-        raise ValueError(f"ssl_check_hostname={check!r} is not one of true, false")
     try:
         context = ssl.create_default_context(cafile=options.get("ssl_ca_certs"), capath=options.get("ssl_ca_path"))
         if "ssl_certfile" in options:
             context.load_cert_chain(options["ssl_certfile"], options.get("ssl_keyfile"))
     except (OSError, ssl.SSLError) as err:
         raise ValueError(f"cannot load the TLS certificates: {err}") from None
-    context.check_hostname = check in _TRUE and reqs != "none"
-    context.verify_mode = _CERT_REQS[reqs]
+    verify = _CERT_REQS[options.get("ssl_cert_reqs", "required").lower()]
+    context.check_hostname = options.get("ssl_check_hostname", "true").lower() in _TRUE and verify != ssl.CERT_NONE
+    context.verify_mode = verify
     return context
 
 
