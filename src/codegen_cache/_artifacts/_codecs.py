@@ -77,16 +77,20 @@ def encode_cuda_binary(payload: _cuda.CudaPayload, source: str, meta: Mapping[st
 # ---- decoders: (fields, meta, where the value file is, scratch dir) -> module ------------------
 
 
+# Fields arrive as views of the stored bytes (unframe(views=True)): str(view, "utf-8") decodes
+# one without a copy; bytes(view) copies what must outlive or be parsed apart from the blob.
+
+
 def _llvm_ir(fields, meta, path, scratch) -> Module:
-    return _llvm.load_ir(fields[0].decode(), scratch, meta.get("func_names", ()))
+    return _llvm.load_ir(str(fields[0], "utf-8"), scratch, meta.get("func_names", ()))
 
 
 def _llvm_so(fields, meta, path, scratch) -> Module:
-    return _llvm.load_library(fields[0], fields[1].decode(), path=path, scratch=scratch)
+    return _llvm.load_library(fields[0], fields[1], path=path, scratch=scratch)
 
 
 def _cuda_bin(fields, meta, path, scratch) -> Module:
-    fmt, fmap, code, source = fields
+    fmt, fmap, code, source = (bytes(f) for f in fields)
     if fmt not in (b"fatbin", b"cubin", b"ptx") or not code:
         raise ArtifactError(f"CUDA binary format {fmt[:16]!r} or empty code", kind="cuda-bin")
     # Parse the whole payload before handing it to TVM's loader.
@@ -98,11 +102,12 @@ def _cuda_bin(fields, meta, path, scratch) -> Module:
 
 def _c_source(fields, meta, path, scratch) -> Module:
     names = [str(n) for n in meta.get("c_func_names", [])]
-    return _compat.builtin_func("runtime.CSourceModuleCreate")(fields[0].decode(), "c", names, [])
+    return _compat.builtin_func("runtime.CSourceModuleCreate")(str(fields[0], "utf-8"), "c", names, [])
 
 
 def _source(fields, meta, path, scratch) -> Module:
-    return _compat.builtin_func("runtime.SourceModuleCreate")(fields[0].decode(), str(meta.get("source_format", "")))
+    return _compat.builtin_func("runtime.SourceModuleCreate")(str(fields[0], "utf-8"),
+                                                              str(meta.get("source_format", "")))
 
 
 Decoder = Callable[[tuple[bytes, ...], dict, "str | None", str], Module]
@@ -137,7 +142,7 @@ def decode(blob: bytes | memoryview, *, scratch: str, path: str | None = None) -
     `path`: the file that holds exactly `blob`, when the loader may map it in place (a shared
     library). The returned metadata holds what a hit needs (key, build_seconds, ...).
     """
-    art = unframe(blob, info=False)
+    art = unframe(blob, info=False, views=True)
     check(art)
     try:
         return CODECS[art.codec][1](art.fields, art.meta, path, scratch), art.meta

@@ -42,11 +42,11 @@ HOT_META = frozenset({"key", "build_seconds", "source_format", "c_func_names", "
 
 @dataclass(frozen=True, slots=True)
 class Artifact:
-    """An unframed artifact: codec name, metadata and payload fields."""
+    """An unframed artifact: codec name, metadata and payload fields (bytes, or views of the blob)."""
 
     codec: str
     meta: dict[str, Any]
-    fields: tuple[bytes, ...]
+    fields: tuple[bytes | memoryview, ...]
 
 
 def frame(codec: str, meta: Mapping[str, Any], fields: Sequence[bytes]) -> bytes:
@@ -125,16 +125,21 @@ def read_meta(blob: bytes | memoryview) -> tuple[str, dict[str, Any]]:
     return layout.codec, _meta(blob, layout, True)
 
 
-def unframe(blob: bytes | memoryview, *, info: bool = True) -> Artifact:
+def unframe(blob: bytes | memoryview, *, info: bool = True, views: bool = False) -> Artifact:
     """Check the framing and checksum of `blob` and split it; ArtifactError when malformed.
 
-    info=False leaves the descriptive metadata unparsed (the hit path needs only the rest).
+    info=False leaves the descriptive metadata unparsed (the hit path needs only the rest);
+    views=True gives the fields as read-only views of `blob`, not copies (a hit copies a
+    shared library only if it is exported, and decodes its LLVM IR only if it is asked for).
     """
     layout = _layout(blob)
-    if xxhash.xxh3_64_intdigest(memoryview(blob)[: layout.end]) != layout.checksum:
+    whole = memoryview(blob)
+    if xxhash.xxh3_64_intdigest(whole[: layout.end]) != layout.checksum:
         raise ArtifactError("checksum mismatch (the entry is corrupt)", kind=layout.codec)
+    if views:
+        whole = whole.toreadonly()
     fields, pos = [], 0
     for length in layout.field_lengths:
-        fields.append(bytes(blob[pos : pos + length]))
+        fields.append(whole[pos : pos + length] if views else bytes(blob[pos : pos + length]))
         pos += length
     return Artifact(layout.codec, _meta(blob, layout, info), tuple(fields))

@@ -139,20 +139,29 @@ class CachedLibraryModule(tvm.runtime.Module):
     def inspect_source(self, fmt=""):
         """The source in `fmt`, as the built llvm module gives it (LLVM IR: the stored text)."""
         if fmt == "ll":
-            return self._cgc_ir
+            return self._ir_text()
         return self._rebuilt().inspect_source(fmt)
 
     def write_to_file(self, file_name, fmt=""):
         """Write the module as the built llvm module would (object file, assembly, IR)."""
         return self._rebuilt().write_to_file(file_name, fmt)
 
+    def _ir_text(self) -> str:
+        # Kept as the stored bytes, decoded when first asked for: most hits never need it.
+        if not isinstance(self._cgc_ir, str):
+            self._cgc_ir = str(self._cgc_ir, "utf-8")
+        return self._cgc_ir
+
     def _rebuilt(self) -> Module:
-        return load_ir(self._cgc_ir, tempfile.gettempdir())
+        return load_ir(self._ir_text(), tempfile.gettempdir())
 
 
-def load_library(library: bytes, llvm_ir: str, *, path: str | None, scratch: str,
+def load_library(library: bytes | memoryview, llvm_ir: str | bytes | memoryview, *, path: str | None, scratch: str,
                  loader: Callable[[str], Module] | None = None) -> CachedLibraryModule:
-    """Map a stored shared library: in place from `path` when given, else from a scratch copy."""
+    """Map a stored shared library: in place from `path` when given, else from a scratch copy.
+
+    `llvm_ir` may be its UTF-8 bytes (or a view of them): decoded when first asked for.
+    """
     load = loader or _compat.builtin_func("ffi.Module.load_from_file.so")
     if path is not None:
         module = load(path, "so")

@@ -318,9 +318,7 @@ class CodegenCache:
 
     def _served(self, hit: Hit, codegen: str, mode: str, digest: str, key_seconds: float, start: float) -> Module:
         saved = float(hit.entry.meta.get("build_seconds", 0.0))
-        self._stats.add_for(codegen, mode, f"hits_{hit.tier}")
-        if saved:
-            self._stats.add_for(codegen, mode, "saved_seconds", saved)
+        self._stats.add_hit(codegen, mode, hit.tier, saved)
         emit(hit.tier, digest, codegen, mode, key_seconds, hit.load_seconds, saved, time.perf_counter() - start)
         return hit.entry.module
 

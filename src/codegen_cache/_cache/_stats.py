@@ -133,13 +133,26 @@ class StatsRecorder:
 
     def add_for(self, codegen: str, mode: str, name: str, amount: float = 1) -> None:
         """Count `name` in the totals and in the (codegen, mode) breakdown."""
-        self.add(name, amount)
+        if self.table is not None:
+            self.table.add_many(((name, amount), (self._by(codegen, mode, name), amount)))
+
+    def add_hit(self, codegen: str, mode: str, tier: str, saved: float) -> None:
+        """Count a hit served by `tier` and the build seconds it saved (one lock for the four counts)."""
+        if self.table is None:
+            return
+        name = f"hits_{tier}"
+        counts = [(name, 1), (self._by(codegen, mode, name), 1)]
+        if saved:
+            counts += [("saved_seconds", saved), (self._by(codegen, mode, "saved_seconds"), saved)]
+        self.table.add_many(counts)
+
+    def _by(self, codegen: str, mode: str, name: str) -> str:
         memo = (codegen, mode, name)
         by = self._names.get(memo)
         if by is None:
             short = "hits" if name.startswith("hits_") else name
             by = self._names[memo] = f"by:{codegen[:24]}:{mode}:{short}"
-        self.add(by, amount)
+        return by
 
     def local(self) -> CacheStats:
         """Counts of this process only."""
