@@ -251,6 +251,23 @@ def test_a_callback_without_identity_is_uncacheable_with_one_warning(tmp_path, c
             assert len(warnings) == 1 and "declare_callback_salt" in warnings[0].getMessage()
 
 
+def test_codegen_cache_build_follows_the_hook_and_steps_aside_for_an_uncacheable_one(cache):
+    target = tvm.target.Target(CUDA_TARGET)
+    with cc.use_cache(cache):
+        with hooks.registered(POSTPROC, _tagging_hook("X")):
+            assert "// X" in cc.build(kernels.vadd_gpu, target).imports[0].inspect_source("")
+        with hooks.registered(POSTPROC, _tagging_hook("Y")):
+            assert "// Y" in cc.build(kernels.vadd_gpu, target).imports[0].inspect_source("")
+            assert cc.build_key(kernels.vadd_gpu, target) is not None
+        config = _Config()
+        with hooks.registered(POSTPROC, config.tag):
+            assert cc.build_key(kernels.vadd_gpu, target) is None
+            for _ in range(2):
+                module, record = cc.build_with_record(kernels.vadd_gpu, target)
+                assert record.tier == "built" and module.imports[0].inspect_source("").endswith("// object")
+    assert cache.stats(shared=False).uncacheable == 2
+
+
 def test_a_declared_salt_makes_a_callback_cacheable_for_that_registration_only(cache, cuda_add):
     mod, target = cuda_add
     config = _Config()

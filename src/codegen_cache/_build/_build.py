@@ -93,7 +93,8 @@ def build_key(mod: PrimFunc | IRModule, target: str | Target | None = None, pipe
     (the target bound, with its host, canonical), pipeline_target, pipeline, pass_context
     (opt_level, config, required and disabled passes), the static salts, codegens (name, mode,
     toolchain and salt of each codegen the build may call), index_format. Not keyable: a
-    PassContext with instruments (they must see the passes run) and an unhashable module.
+    PassContext with instruments (they must see the passes run), an unhashable module, and a
+    codegen that reads a callback without a trustworthy identity (docs/key.md).
     """
     return key_of(plan(mod, target, pipeline), default_registry if registry is None else registry)
 

@@ -22,7 +22,7 @@ from .._compat import Target
 from .. import _compat
 from .._artifacts import frame, unframe
 from .._cache import CodegenCache
-from .._errors import ArtifactError
+from .._errors import ArtifactError, UncacheableError
 from .._key import CacheKey, _encode_part, ir_hash, static_salts
 from .._log import warn_once
 from .._registry import DeviceCodegenRegistry
@@ -168,7 +168,13 @@ def key_of(plan: Plan, registry: DeviceCodegenRegistry) -> CacheKey | None:
     # The pipeline's target only picks the pipeline when none is named (beyond that, the host
     # it implies is in the bound target).
     pipeline_target = plan.target if plan.pipeline is None else None
-    found = _tail(plan.bind, pipeline_target, plan.pipeline, context, _codegens_part(plan, registry), static_salts())
+    try:
+        codegens = _codegens_part(plan, registry)
+    except UncacheableError:
+        # A codegen reads an input no key can hold (a callback without an identity): no build
+        # key; each lowering then steps aside by itself, counted and warned about once.
+        return None
+    found = _tail(plan.bind, pipeline_target, plan.pipeline, context, codegens, static_salts())
     tail_parts, tail_bytes = found
     input_part = ("input", f"{plan.hashed[0] & 0xFFFFFFFFFFFFFFFF:016x}")
     digest = xxhash.xxh3_128_hexdigest(_INPUT_PREFIX + input_part[1].encode() + tail_bytes)
