@@ -383,6 +383,8 @@ class CodegenCache:
         """Compile CUDA with nvcc and store the binary for compile_device=True, without a driver.
 
         This is how a GPU-less host fills the compiled store for GPU hosts. Returns the key.
+        Raises UncacheableError where the key cannot hold an input (a callback without an
+        identity, docs/key.md): nothing could be stored for it.
         """
         from ._precompile import precompile_cuda
 
