@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -301,6 +302,8 @@ HOOK_PROCESS = textwrap.dedent(
     import codegen_cache as cc, kernels
 
     def postproc(code, target):
+        if "no such word" in {{"alpha", "beta", "gamma", "delta"}}:  # a frozenset constant
+            return code
         return code + "\\n// hook {tag}\\n"
 
     tvm_ffi.register_global_func("tvm_callback_cuda_postproc", postproc, override=True)
@@ -313,9 +316,13 @@ HOOK_PROCESS = textwrap.dedent(
 
 @pytest.mark.timeout(240)
 def test_two_processes_with_different_hooks_get_their_own_source(tmp_path):
+    seeds = iter(range(1, 5))
+
     def run(tag):
+        # Another PYTHONHASHSEED each time: the hook's identity must not depend on it.
         script = HOOK_PROCESS.format(tests=TESTS, cache=str(tmp_path / "cache"), tag=tag)
-        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=200)
+        env = {**os.environ, "PYTHONHASHSEED": str(next(seeds))}
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=200, env=env)
         assert done.returncode == 0, done.stderr[-2000:]
         return done.stdout.split()
 
