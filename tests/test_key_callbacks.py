@@ -208,6 +208,22 @@ def test_hooks_using_the_standard_library_modules_and_tvm_are_keyed_by_name():
         assert _callbacks.callback_identity(POSTPROC).startswith("code:")
 
 
+def test_an_unrecognized_tvm_ffi_layout_makes_every_registered_callback_uncacheable(monkeypatch):
+    # Found by reading the Function object's words, checked against two probe functions first;
+    # where that check fails (another tvm-ffi), nothing is guessed.
+    monkeypatch.setattr(_callbacks, "_layout", lambda: None)
+    with hooks.registered(POSTPROC, _tagging_hook("Z")):
+        with pytest.raises(cc.UncacheableError, match="not a Python function"):
+            _callbacks.callback_identity(POSTPROC)
+
+
+def test_the_python_callable_behind_a_function_is_found_and_a_cpp_one_is_not():
+    hook = _tagging_hook("W")
+    assert _callbacks.python_callable(tvm_ffi.convert(hook)) is hook
+    assert _callbacks.python_callable(tvm_ffi.get_global_func("testing.echo")) is None
+    assert _callbacks.python_callable(tvm_ffi.get_global_func("target.build.cuda")) is None
+
+
 def test_tvms_own_callbacks_are_keyed_by_module_and_version():
     import tvm.support.nvcc  # noqa: F401
 
