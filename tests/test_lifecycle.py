@@ -63,10 +63,7 @@ def test_many_processes_asking_for_upgrades_at_once_start_one_upgrader(tmp_path)
     script.write_text(textwrap.dedent("""
         import os, sys, time
         from pathlib import Path
-        import codegen_cache as cc
-from codegen_cache._cache import _upgrade
-from test_reliability import lower_fresh
-from workers import variant
+        from codegen_cache._cache import _upgrade
         while not os.path.exists(sys.argv[2]):
             time.sleep(0.002)
         print(_upgrade.request(Path(sys.argv[1]), "compiled", "%032x" % int(sys.argv[3])))
@@ -399,24 +396,27 @@ def test_a_waiter_builds_at_once_when_the_builder_is_killed(tmp_path):
     from test_concurrency import _calls, _finish, _spawn, _wait_ready
 
     directory, log = tmp_path / "cache", tmp_path / "calls.log"
-    holder = _spawn(directory, 5, 1, log, seconds="120")
-    waiter = _spawn(directory, 5, 1, log, seconds="0.1")
+    holder, waiter = _spawn(directory, 5, 1, log, seconds="120"), None
     try:
         _wait_ready([holder])
         deadline = time.monotonic() + 60
         while "add_5" not in _calls(log):  # the holder is inside the codegen, holding the key's lock
             assert time.monotonic() < deadline and holder.poll() is None
             time.sleep(0.01)
+        waiter = _spawn(directory, 5, 1, log, seconds="0.1")
         _wait_ready([waiter])
-        time.sleep(1.0)  # the waiter is blocked on the lock now
+        while cc.CodegenCache(directory).stats().lease_waits < 1:  # the waiter is blocked on the lock
+            assert time.monotonic() < deadline and waiter.poll() is None
+            time.sleep(0.05)
         killed = time.time()
         os.kill(holder.pid, signal.SIGKILL)
         (result,) = _finish([waiter])
     finally:
         for p in (holder, waiter):
-            if p.poll() is None:
+            if p is not None and p.poll() is None:
                 p.kill()
-            p.communicate()
+            if p is not None:
+                p.communicate()
     assert result["tiers"] == ["built"] and not result["wrong"]
     assert result["stats"]["lease_waits"] == 1  # it waited for the live build, then built itself
     assert result["ended"] - killed < 10, result["ended"] - killed

@@ -181,9 +181,10 @@ def _upgrade_one(directory: Path, store_name: str, digest: str, stores: dict, co
         better = upgrade(blob, scratch_dir(directory / "tmp"))
         if better is None:
             return
-        # Only over the entry we read: a rebuild (recache) may have replaced it meanwhile.
+        # Only over the entry we read: a rebuild (recache) may have replaced it meanwhile, and
+        # one that is gone (cleared, evicted, its directory removed) is not brought back.
         current = store.read(digest)
-        if current is None or current.blob == blob:
+        if current.blob == blob if current is not None else staged.read(digest) == blob:
             store.put(digest, better)
             staged.remove(digest, blob)
             counters.add("upgrades")
