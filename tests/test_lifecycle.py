@@ -648,6 +648,35 @@ def test_a_failing_background_job_never_stops_the_writer(tmp_path, caplog):
     cache.close()
 
 
+@pytest.mark.timeout(60)
+def test_the_writer_runs_jobs_unwoken_while_busy_and_is_woken_once_asleep(monkeypatch):
+    import threading
+
+    from codegen_cache._cache import _writer
+
+    monkeypatch.setattr(_writer, "IDLE_SECONDS", 0.3)
+    writer = _writer.Writer("test-writer")
+    ran = threading.Event()
+    writer.submit(lambda: None)
+    assert writer.wait(10)
+    # Busy: a submit does not wake the thread; it finds the job at its next look.
+    notified = []
+    real_notify = writer._cond.notify_all
+    caller = threading.get_ident()  # the thread's own notifications (a job done) are not wake-ups
+    monkeypatch.setattr(writer._cond, "notify_all",
+                        lambda: (threading.get_ident() == caller and notified.append(1), real_notify()))
+    writer.submit(ran.set)
+    assert ran.wait(5) and notified == []
+    # Idle for longer than IDLE_SECONDS: it sleeps, and a submit wakes it.
+    deadline = time.monotonic() + 10
+    while not writer._asleep and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert writer._asleep
+    ran.clear()
+    writer.submit(ran.set)
+    assert ran.wait(5) and notified == [1]
+
+
 @pytest.mark.timeout(120)
 def test_flush_stats_and_close_return_within_their_bounds_while_the_writer_hangs(tmp_path):
     import threading
