@@ -5,6 +5,7 @@
 | llvm-ir   | LLVM IR text (the raw form)             | an llvm module parsed from it                |
 | llvm-so   | shared library, LLVM IR text            | the library mapped in place (exports, runs)  |
 | cuda-bin  | fmt, function map, binary, CUDA source  | TVM's CUDA module (needs TVM's CUDA runtime) |
+| cuda-module | fmt, function map, data, sources (JSON) | the same CUDA module, sources included (ffi.Module.create.cuda) |
 | c         | C source                                | a C source module with the function names    |
 | source    | source text (CUDA, OpenCL, Metal, ...)  | runtime.SourceModuleCreate(text, format)     |
 
@@ -15,6 +16,7 @@ pickles or unpickles.
 
 from __future__ import annotations
 
+import json
 import struct
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -56,6 +58,17 @@ def prepare(module: Module, meta: Mapping[str, Any], *, func_names: Sequence[str
         payload = _cuda.module_payload(module)
         if payload.fmt == "cuda":
             return "source", {**meta, "source_format": "cu"}, [payload.code]
+        sources = _cuda.module_sources(module)
+        if sources and _cuda.can_create_module():
+            # A module that carries its source (tilelang's codegens, compiled or not): kept whole,
+            # so inspect_source() after a hit is the text the codegen made.
+            _cuda.function_infos(payload.fmap)  # a map this codec cannot rebuild is not stored
+            fields = [payload.fmt.encode(), payload.fmap, payload.code,
+                      json.dumps(sources, sort_keys=True).encode()]
+            return "cuda-module", meta, fields
+        if _cuda.is_placeholder(payload):
+            # Source only, and this TVM cannot rebuild the module: never a binary "ptx".
+            return "source", {**meta, "source_format": "cu"}, [module.inspect_source("").encode()]
         source = module.inspect_source("cuda") or _cuda.recall_source(payload.code) or ""
         return "cuda-bin", meta, [payload.fmt.encode(), payload.fmap, payload.code, source.encode()]
     if kind == "c":
@@ -100,6 +113,21 @@ def _cuda_bin(fields, meta, path, scratch) -> Module:
     return module
 
 
+def _cuda_module(fields, meta, path, scratch) -> Module:
+    fmt, fmap, code, sources_json = fields
+    if fmt not in (b"fatbin", b"cubin", b"ptx") or not code:
+        raise ArtifactError(f"CUDA format {fmt[:16]!r} or empty data", kind="cuda-module")
+    sources = json.loads(sources_json)
+    if not isinstance(sources, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in sources.items()):
+        raise ArtifactError("sources is not a map of strings", kind="cuda-module")
+    payload = _cuda.CudaPayload(fmt.decode("ascii"), fmap, code)
+    if _cuda.can_create_module():
+        return _cuda.create_cuda_module(payload, sources)
+    if _cuda.is_placeholder(payload):  # source only: the text is all there is
+        return _compat.builtin_func("runtime.SourceModuleCreate")(sources.get("cuda", sources.get("cu", "")), "cu")
+    raise CudaRuntimeUnavailableError("load a compiled CUDA module")
+
+
 def _c_source(fields, meta, path, scratch) -> Module:
     names = [str(n) for n in meta.get("c_func_names", [])]
     return _compat.builtin_func("runtime.CSourceModuleCreate")(str(fields[0], "utf-8"), "c", names, [])
@@ -116,6 +144,7 @@ CODECS: dict[str, tuple[int, Decoder]] = {
     "llvm-ir": (1, _llvm_ir),
     "llvm-so": (2, _llvm_so),
     "cuda-bin": (4, _cuda_bin),
+    "cuda-module": (4, _cuda_module),
     "c": (1, _c_source),
     "source": (1, _source),
 }
@@ -148,7 +177,7 @@ def decode(blob: bytes | memoryview, *, scratch: str, path: str | None = None) -
         return CODECS[art.codec][1](art.fields, art.meta, path, scratch), art.meta
     except (ArtifactError, CudaRuntimeUnavailableError):
         raise
-    except (struct.error, UnicodeDecodeError) as err:
+    except (struct.error, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ArtifactError(f"payload is malformed ({err})", kind=art.codec) from None
     except (RuntimeError, ValueError) as err:  # what TVM's loaders raise on bad bytes
         first = str(err).strip().splitlines()[-1:] or [""]

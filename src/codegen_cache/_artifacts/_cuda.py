@@ -8,6 +8,7 @@ user's) produces entries every reader can decode.
 
 from __future__ import annotations
 
+import json
 import struct
 import threading
 from collections import OrderedDict
@@ -17,7 +18,19 @@ from .. import _compat
 from .._compat import Module
 from .._errors import ArtifactError, CudaRuntimeUnavailableError
 
-__all__ = ["CudaPayload", "load_cuda_payload", "module_payload", "recall_source", "remember_source"]
+__all__ = [
+    "SOURCE_KEYS",
+    "CudaPayload",
+    "can_create_module",
+    "create_cuda_module",
+    "function_infos",
+    "is_placeholder",
+    "load_cuda_payload",
+    "module_payload",
+    "module_sources",
+    "recall_source",
+    "remember_source",
+]
 
 _U64 = struct.Struct("<Q")
 # Compiled modules loaded from bytes do not keep their CUDA source; remember it for the cache.
@@ -124,3 +137,75 @@ def load_cuda_payload(payload: CudaPayload) -> Module:
     if loader is None:
         raise CudaRuntimeUnavailableError("load a compiled CUDA module")
     return loader(payload.to_bytes())
+
+
+# ---- a CUDA module with its sources (ffi.Module.create.cuda) ----------------------------------
+
+# The formats a CUDA module answers inspect_source() with from its sources map.
+SOURCE_KEYS = ("cuda", "cu")
+
+
+def is_placeholder(payload: CudaPayload) -> bool:
+    """True for a source-only CUDA module (tilelang's TVM): format and data are the text "ptx"."""
+    return payload.fmt == "ptx" and payload.code == b"ptx"
+
+
+def can_create_module() -> bool:
+    """Whether this TVM can build a CUDA module from data, function map and sources."""
+    return (_compat.global_func("ffi.Module.create.cuda", missing_ok=True) is not None
+            and _compat.global_func("runtime.LoadMetaDataFromJSON", missing_ok=True) is not None)
+
+
+def module_sources(module: Module) -> dict[str, str]:
+    """The module's sources map as inspect_source reads it (the formats of SOURCE_KEYS)."""
+    found = {}
+    for key in SOURCE_KEYS:
+        text = module.inspect_source(key)
+        if text:
+            found[key] = text
+    return found
+
+
+def function_infos(fmap: bytes) -> dict[str, dict]:
+    """The function map of TVM's CUDA format as TVM's JSON metadata ("func_info")."""
+    infos = {}
+    try:
+        (count,) = _U64.unpack_from(fmap, 0)
+        pos = 8
+        for _ in range(count):
+            key, pos = _read_str(fmap, pos)
+            name, pos = _read_str(fmap, pos)
+            (n_args,) = _U64.unpack_from(fmap, pos)
+            pos += 8
+            types = []
+            for _ in range(n_args):
+                code, bits, lanes = struct.unpack_from("<BBH", fmap, pos)
+                types.append(str(_compat.tvm_ffi.dtype.from_dlpack_data_type((code, bits, lanes))))
+                pos += 4
+            (n_tags,) = _U64.unpack_from(fmap, pos)
+            pos += 8
+            tags = []
+            for _ in range(n_tags):
+                tag, pos = _read_str(fmap, pos)
+                tags.append(tag.decode())
+            (n_extra,) = _U64.unpack_from(fmap, pos)
+            extra = list(struct.unpack_from(f"<{n_extra}I", fmap, pos + 8))
+            pos += 8 + 4 * n_extra
+            infos[key.decode()] = {"name": name.decode(), "arg_types": types, "launch_param_tags": tags,
+                                   "arg_extra_tags": extra}
+    except (struct.error, UnicodeDecodeError, ValueError) as err:
+        raise ArtifactError(f"CUDA function map is malformed ({err})", kind="cuda-module") from None
+    if pos != len(fmap):
+        raise ArtifactError(f"CUDA function map has {len(fmap) - pos} trailing bytes", kind="cuda-module")
+    return infos
+
+
+def create_cuda_module(payload: CudaPayload, sources: dict[str, str]) -> Module:
+    """The CUDA module TVM's codegen made: same data, format, function map and sources.
+
+    Creating it loads nothing on a device (a compiled one is loaded on first launch), so it
+    works without a GPU wherever TVM's CUDA runtime is built in (tilelang's TVM).
+    """
+    meta = json.dumps({"tvm_version": _compat.tvm.__version__, "func_info": function_infos(payload.fmap)})
+    fmap = _compat.builtin_func("runtime.LoadMetaDataFromJSON")(meta)
+    return _compat.builtin_func("ffi.Module.create.cuda")(payload.code, payload.fmt, fmap, sources)

@@ -35,7 +35,7 @@ from .. import _compat
 from .._compat import tvm
 from .._errors import UncacheableError
 
-__all__ = ["CALLBACKS", "callback_identity", "callback_salts", "declare_callback_salt"]
+__all__ = ["CALLBACKS", "callback_identity", "callback_salts", "declare_callback_salt", "declare_salt_of"]
 
 # Every tvm_callback_* name in TVM 0.27's libraries (`strings libtvm*.so`), and who calls it.
 # tests/test_key_inputs.py fails when the installed TVM's list differs from this table.
@@ -94,6 +94,11 @@ def declare_callback_salt(name: str, salt: str) -> None:
     """
     if name not in CALLBACKS:
         raise ValueError(f"Unknown callback {name!r}. TVM's codegens call: {sorted(CALLBACKS)}.")
+    declare_salt_of(name, salt)
+
+
+def declare_salt_of(name: str, salt: str) -> None:
+    """declare_callback_salt for a name outside TVM's table (tilelang's tilelang_callback_*)."""
     if not isinstance(salt, str) or not salt:
         raise ValueError(f"salt must be a non-empty str, got {salt!r}")
     func = _compat.global_func(name, missing_ok=True)

@@ -1,0 +1,37 @@
+"""codegen_cache for tilelang users: `enable()` routes tilelang's compiles through the active cache.
+
+    import codegen_cache.tilelang
+    codegen_cache.tilelang.enable()      # the active cache: use_cache(...), else CODEGEN_CACHE_DIR, ...
+    kernel = tilelang.compile(func, target={"kind": "cuda", "arch": "sm_80"})
+
+What is cached at each level, and the limits, are in docs/tilelang.md.
+"""
+
+from __future__ import annotations
+
+from .. import _compat
+from . import _device
+
+__all__ = ["disable", "enable", "is_enabled"]
+
+
+def _require_tilelang() -> None:
+    if _compat.DISTRIBUTION != "tilelang":
+        raise ImportError("codegen_cache.tilelang.enable() needs tilelang: pip install 'tvm-codegen-cache[tilelang]' "
+                          "in an environment with tilelang (and without apache-tvm)")
+
+
+def enable() -> None:
+    """Route tilelang's device codegen through the active cache (idempotent)."""
+    _require_tilelang()
+    _device.install()
+
+
+def disable() -> None:
+    """Undo enable(): tilelang compiles as it does without this package."""
+    _device.uninstall()
+
+
+def is_enabled() -> bool:
+    """True between enable() and disable()."""
+    return bool(_device._saved)  # noqa: SLF001
