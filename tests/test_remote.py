@@ -441,6 +441,51 @@ def test_rediss_shares_entries_and_an_untrusted_server_is_local_only(hosts, tls_
     assert any("CERTIFICATE_VERIFY_FAILED" in r.getMessage() for r in _remote_records(caplog))
 
 
+# ---- connections ------------------------------------------------------------------------------
+
+
+def _connections_received(server) -> int:
+    with server.client() as client:
+        return int(client.info("stats")["total_connections_received"])
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+def test_one_connection_serves_many_calls(request, tls):
+    """Connections are reused (a TLS session included), not opened per call."""
+    server = request.getfixturevalue("tls_redis" if tls else "own_redis")
+    tier = RedisTier(server.url, secret=SECRET)
+    blob = frame("source", {"key": "k"}, [b"__global__ void k() {}"])
+    before = _connections_received(server)
+    try:
+        for i in range(20):
+            assert tier.put(f"{i:032d}", blob) and tier.get(f"{i:032d}") == blob
+    finally:
+        tier.close()
+    assert _connections_received(server) - before == 2  # the tier's one, and this count's own
+
+
+def test_a_forked_child_opens_its_own_connection(own_redis):
+    """The child never speaks on the parent's socket; both go on working."""
+    events = []
+    tier = RedisTier(own_redis.url, secret=SECRET, on_event=lambda name, n=1: events.append(name))
+    blob = frame("source", {"key": "k"}, [b"__global__ void k() {}"])
+    try:
+        assert tier.put("p" * 32, blob)
+        before = _connections_received(own_redis)
+        pid = os.fork()
+        if pid == 0:  # the child: exit status 0 only if its calls worked
+            ok = tier.get("p" * 32) == blob and tier.put("c" * 32, blob) and tier.get("c" * 32) == blob
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        for _ in range(5):
+            assert tier.get("c" * 32) == blob and tier.get("p" * 32) == blob
+        assert _connections_received(own_redis) - before == 2  # the child's one, and this count's own
+    finally:
+        tier.close()
+    assert "error:remote" not in events
+
+
 # ---- unix socket, password, database ---------------------------------------------------------
 
 
