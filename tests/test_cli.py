@@ -445,6 +445,8 @@ def test_warm_fills_the_compiled_cuda_store_with_nvcc(capsys, tmp_path):
     _code, entries = run_json(capsys, "--dir", str(root), "ls", "--compiled")
     assert [e["codec"] for e in entries] == ["cuda-bin"]
     assert run_json(capsys, *argv)[1]["hit"] == 1
+    counters = run_json(capsys, "--dir", str(root), "stats")[1]["counters"]
+    assert (counters["misses"], counters["builds"], counters["stores"], counters["hits"]) == (1, 1, 1, 1)
 
 
 # ---- doctor, demo, config ----------------------------------------------------------------------------

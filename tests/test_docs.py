@@ -1,60 +1,243 @@
-"""The examples in docs/*.md run, and the reference pages cover what the code has.
+"""Every shell and Python block in docs/*.md runs, and the reference pages cover what the code has.
 
-Every ```python block in docs/*.md runs as its own script in a fresh process, with
-CODEGEN_CACHE_DIR set to a temporary directory. A block preceded by the line
-`<!-- docs-test: skip -->` is not run (a fragment, or one that needs a service).
+A page is a session: its blocks run in order, in one working directory, with one
+CODEGEN_CACHE_DIR (so `codegen-cache stats` after `codegen-cache demo` sees the demo's entries).
+The fence's info string says how a block runs:
+
+    ```python                      run as a script (a fresh process)
+    ```bash / ```sh                run as a bash script (-e -o pipefail)
+    ```console                     each `$ ` line (with `\\` continuations) runs; the output
+                                   shown is not compared (times and keys vary)
+    ```python file=sweep.py        written to sweep.py in the working directory (not run):
+                                   a file a later command uses
+    ```console exit=3              the block (one bash -e shell) must exit with 3: its last
+                                   command, the others succeeding
+    ```bash needs=redis            skipped, with the reason, without redis-server (also: nvcc,
+                                   gpu: a CUDA driver)
+    ```python no-run: REASON       not run; the reason is required (use sparingly)
+
+Blocks of other languages (text, conf, none) are not run.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from codegen_cache import _config, _key
+from codegen_cache._artifacts import FORMAT_VERSION
 from codegen_cache._cli import _main as _cli
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-SKIP = "<!-- docs-test: skip -->"
-_FENCE = re.compile(r"^```(\S*)[^\n]*\n(.*?)^```\s*$", re.MULTILINE | re.DOTALL)
+SRC = Path(__file__).resolve().parent.parent / "src"
+RUNNABLE = {"python", "bash", "sh", "console"}
+NEEDS = {"nvcc", "redis", "gpu"}
+_FENCE = re.compile(r"^```(\S*)[ \t]*([^\n]*)\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
+BLOCK_TIMEOUT = 280
 
 
-def python_blocks() -> list[tuple[str, int, str]]:
-    """(file name, line, code) of every runnable python block."""
-    blocks = []
+@dataclass(frozen=True)
+class Block:
+    page: str
+    line: int
+    lang: str
+    info: str
+    code: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.page}:{self.line}"
+
+    def option(self, name: str) -> str | None:
+        match = re.search(rf"(?:^|\s){name}=(\S+)", self.info)
+        return match.group(1) if match else None
+
+    @property
+    def no_run(self) -> str | None:
+        match = re.match(r"no-run\b:?\s*(.*)", self.info)
+        return match.group(1).strip() if match else None
+
+
+def blocks() -> list[Block]:
+    found = []
     for path in sorted(DOCS.glob("*.md")):
         text = path.read_text()
         for match in _FENCE.finditer(text):
-            if match.group(1) != "python":
-                continue
-            before = text[: match.start()].rstrip().splitlines()
-            if before and before[-1].strip() == SKIP:
-                continue
-            blocks.append((path.name, text.count("\n", 0, match.start()) + 1, match.group(2)))
-    return blocks
+            found.append(Block(path.name, text.count("\n", 0, match.start()) + 1, match.group(1), match.group(2).strip(),
+                               match.group(3)))
+    return found
 
 
-BLOCKS = python_blocks()
+BLOCKS = blocks()
+RUN = [b for b in BLOCKS if b.lang in RUNNABLE]
 
 
-@pytest.mark.parametrize(("name", "line", "code"), BLOCKS, ids=[f"{n}:{line}" for n, line, _c in BLOCKS])
-def test_doc_example_runs(name, line, code, tmp_path):
-    script = tmp_path / "example.py"  # TVMScript needs its source in a real file
-    script.write_text(code)
-    env = {**os.environ, "CODEGEN_CACHE_DIR": str(tmp_path / "cache")}
-    env.pop("CODEGEN_CACHE_DISABLE", None)
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
-                          cwd=tmp_path, timeout=280)
-    assert done.returncode == 0, f"docs/{name} line {line}:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+def _missing(need: str) -> str | None:
+    """Why a block that needs `need` cannot run here (None: it can)."""
+    if need == "nvcc":
+        return None if shutil.which("nvcc") else "needs nvcc (not on PATH)"
+    if need == "redis":
+        return None if shutil.which("redis-server") else "needs redis-server (not on PATH)"
+    if need == "gpu":
+        from codegen_cache import _compat
+
+        return None if _compat.runtime_enabled("cuda") else "needs a GPU (no CUDA driver loaded)"
+    raise AssertionError(f"unknown need {need!r}")
+
+
+class Page:
+    """One page's session: a working directory, a cache directory, a bin/ with the commands."""
+
+    def __init__(self, root: Path) -> None:
+        self.cwd = root / "work"
+        self.cwd.mkdir(parents=True)
+        bin_dir = root / "bin"
+        bin_dir.mkdir()
+        # The commands the docs name run this interpreter and these sources, installed or not.
+        (bin_dir / "codegen-cache").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m codegen_cache "$@"\n')
+        (bin_dir / "codegen-cache").chmod(0o755)
+        (bin_dir / "python").symlink_to(sys.executable)
+        self.env = {**os.environ, "CODEGEN_CACHE_DIR": str(root / "cache"),
+                    "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+                    "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), str(self.cwd),
+                                                                os.environ.get("PYTHONPATH")]))}
+        for var in list(self.env):
+            if var.startswith(_config.ENV_PREFIX) and var != "CODEGEN_CACHE_DIR":
+                del self.env[var]
+        self.redis = None
+
+    def start_redis(self, tmp: Path) -> None:
+        if self.redis is None:
+            from redis_server import RedisServer
+
+            tmp.mkdir(exist_ok=True)
+            self.redis = RedisServer(tmp)
+            self.env["REDIS_PORT"] = str(self.redis.port)
+            self.env["CODEGEN_CACHE_REMOTE"] = f"redis://127.0.0.1:{self.redis.port}/0"
+
+    def close(self) -> None:
+        if self.redis is not None:
+            self.redis.close()
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory):
+    made: dict[str, Page] = {}
+
+    def get(name: str) -> Page:
+        if name not in made:
+            made[name] = Page(tmp_path_factory.mktemp(name.removesuffix(".md")))
+        return made[name]
+
+    yield get
+    for page in made.values():
+        page.close()
+
+
+def console_commands(code: str) -> list[str]:
+    """The commands of a console block: `$ ` lines, joined with their `\\` continuations."""
+    commands, current = [], None
+    for line in code.splitlines():
+        if current is not None:
+            current += "\n" + line
+        elif line.startswith("$ "):
+            current = line[2:]
+        else:
+            continue
+        if not current.endswith("\\"):
+            commands.append(current)
+            current = None
+    return commands
+
+
+def _run(argv: list[str], page: Page, where: str) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, env=page.env, cwd=page.cwd,
+                              timeout=BLOCK_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{where}: did not finish in {BLOCK_TIMEOUT} s")
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("block", RUN, ids=[b.id for b in RUN])
+def test_doc_block_runs(block, pages, tmp_path):
+    where = f"docs/{block.id}"
+    if block.no_run is not None:
+        pytest.skip(f"{where}: {block.no_run}")
+    for need in filter(None, (block.option("needs") or "").split(",")):
+        why = _missing(need)
+        if why:
+            pytest.skip(f"{where}: {why}")
+    page = pages(block.page)
+    if "redis" in (block.option("needs") or ""):
+        page.start_redis(tmp_path / "redis")
+    name = block.option("file")
+    if name is not None:
+        (page.cwd / name).write_text(block.code)
+        return
+    if block.lang == "python":
+        script = page.cwd / f"block_{block.line}.py"  # TVMScript needs its source in a real file
+        script.write_text(block.code)
+        done = _run([sys.executable, str(script)], page, where)
+        assert done.returncode == 0, f"{where}:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+        return
+    commands = [block.code] if block.lang in ("bash", "sh") else console_commands(block.code)
+    assert commands, f"{where}: a console block with no `$ ` command"
+    # One shell for the block (KEY=... on one line, $KEY on the next); -e stops at a failing
+    # command, so the exit status is the first failure's, or the last command's.
+    expected = int(block.option("exit") or 0)
+    done = _run(["bash", "-e", "-o", "pipefail", "-c", "\n".join(commands)], page, where)
+    assert done.returncode == expected, (f"{where}: exited {done.returncode}, expected {expected}\n"
+                                         f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+
+
+def test_every_block_says_how_it_runs():
+    for block in BLOCKS:
+        words = block.info.split()
+        if block.no_run is not None:
+            assert block.no_run, f"docs/{block.id}: no-run needs a reason"
+            continue
+        for word in words:
+            key, eq, value = word.partition("=")
+            assert eq and key in ("needs", "file", "exit"), f"docs/{block.id}: unknown fence option {word!r}"
+            if key == "needs":
+                assert set(value.split(",")) <= NEEDS, f"docs/{block.id}: needs one of {sorted(NEEDS)}"
+    assert not any("docs-test: skip" in p.read_text() for p in DOCS.glob("*.md")), "use a fence option instead"
+    skipped = [b.id for b in RUN if b.no_run is not None]
+    assert len(skipped) <= len(RUN) // 4, f"too many blocks that do not run: {skipped}"
 
 
 def test_docs_have_runnable_examples():
-    files = {name for name, _line, _code in BLOCKS}
-    assert {"architecture.md", "key.md", "configuration.md", "recipes.md", "cli.md"} <= files
+    pages = {b.page for b in RUN if b.no_run is None}
+    assert {"architecture.md", "key.md", "configuration.md", "recipes.md", "cli.md"} <= pages
+
+
+def test_docs_show_the_current_artifact_format():
+    for path in DOCS.glob("*.md"):
+        text = path.read_text()
+        for match in re.finditer(r"^\s+format\s+(\d+)\s*$", text, re.MULTILINE):
+            assert int(match.group(1)) == FORMAT_VERSION, f"docs/{path.name} shows format {match.group(1)}"
+        for match in re.finditer(r"^\| \d+ \| `format` \|[^|]*\| `(\d+)` \|", text, re.MULTILINE):
+            assert int(match.group(1)) == FORMAT_VERSION, f"docs/{path.name} shows format {match.group(1)}"
+        for match in re.finditer(r"codegen-cache:v(\d+):", text):
+            assert int(match.group(1)) == FORMAT_VERSION, f"docs/{path.name} names remote keys v{match.group(1)}"
+
+
+def test_remote_cleanup_pattern_matches_the_tiers_keys():
+    from codegen_cache._storage._remote import RedisTier
+
+    tier = RedisTier("redis://127.0.0.1:1/0", secret="s")
+    try:
+        assert f"--pattern '{tier.prefix}*'" in (DOCS / "remote.md").read_text()
+    finally:
+        tier.close()
 
 
 def _text(name: str) -> str:
@@ -91,3 +274,19 @@ def test_architecture_has_its_picture():
     text = (DOCS / "architecture.md").read_text()
     for word in ("key", "memory", "disk", "remote", "build", "decode", "runtime.Module"):
         assert word in text
+
+
+def _harness_block() -> Block:
+    return next(b for b in RUN if b.page == "recipes.md" and "record_outcomes() as outcomes" in b.code)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(("setting", "tier"), [("CODEGEN_CACHE_RECACHE", "built"), ("CODEGEN_CACHE_DISABLE", "uncached")])
+def test_the_harness_recipe_runs_with_recache_and_with_the_cache_off(tmp_path, setting, tier):
+    script = tmp_path / "harness.py"
+    script.write_text(_harness_block().code)
+    env = {**os.environ, "CODEGEN_CACHE_DIR": str(tmp_path / "cache"), setting: "1"}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, cwd=tmp_path,
+                          timeout=BLOCK_TIMEOUT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "5 codegen runs" in done.stdout and f"{[tier] * 5}" in done.stdout

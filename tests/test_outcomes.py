@@ -85,3 +85,17 @@ def test_caching_disabled_is_uncached(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["uncached", "uncached"]
     assert not (tmp_path / "cache").exists()
+
+
+def test_disable_turns_off_an_explicit_cache_too(monkeypatch, tmp_path, llvm_vadd):
+    monkeypatch.setenv("CODEGEN_CACHE_DISABLE", "1")
+    cache = cc.CodegenCache(tmp_path / "cache", write_behind=False)
+    mod, target = llvm_vadd
+    with cc.record_outcomes() as outcomes, cc.use_cache(cache):
+        for _ in range(2):
+            cache.lower(mod, target, compile_device=True)
+            cc.build(kernels.vadd, "llvm")
+    assert [o.tier for o in outcomes] == ["uncached"] * 4
+    assert all(o.build_seconds > 0 for o in outcomes)
+    assert cache.stats().builds == 0 and cache.stats().stores == 0
+    cache.close()

@@ -60,8 +60,8 @@ def build_with_record(mod: PrimFunc | IRModule, target: str | Target | None = No
     start = time.perf_counter()
     planned = plan(mod, target, pipeline)
     cache = active_cache()
-    if cache is not None and not isinstance(cache, CodegenCache):
-        cache = None  # a cache of another kind serves DeviceCodegen.lower only
+    if cache is not None and (not isinstance(cache, CodegenCache) or cache.settings.disable):
+        cache = None  # a cache of another kind serves DeviceCodegen.lower only; a disabled one nothing
     registry = cache.registry if cache is not None else default_registry
     key = None
     if cache is not None:

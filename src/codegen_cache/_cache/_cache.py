@@ -228,6 +228,10 @@ class CodegenCache:
             target = as_target(target)
         entry = codegen if type(codegen) is DeviceCodegen else self.resolve(target, codegen)
         mode = "compiled" if compile_device else "source"
+        if self.settings.disable:
+            # CODEGEN_CACHE_DISABLE=1 turns off every cache, explicit ones too: nothing read,
+            # stored or counted, the codegen runs (what a harness timing the codegen wants).
+            return self._run_uncached(entry, mod, target, compile_device, mode, start, count=False)
         key = self._key_or_none(entry, mod, target, compile_device)
         if key is None:
             return self._run_uncached(entry, mod, target, compile_device, mode, start)
@@ -256,8 +260,9 @@ class CodegenCache:
             return None
 
     def _run_uncached(self, entry: Any, mod: Any, target: Target, compile_device: bool, mode: str,
-                      start: float) -> Module:
-        self._stats.add_for(entry.name, mode, "uncacheable")
+                      start: float, *, count: bool = True) -> Module:
+        if count:
+            self._stats.add_for(entry.name, mode, "uncacheable")
         try:
             if isinstance(entry, DeviceCodegen):
                 module = _mode_function(entry, compile_device)(mod, target)
@@ -537,7 +542,7 @@ class CodegenCache:
         """
         if mode is not None and mode not in ENTRY_STORES:
             raise ValueError(f"unknown mode {mode!r}; expected one of {ENTRY_STORES} or None")
-        if self.settings.recache or (self.settings.verify and ir is None):
+        if self.settings.disable or self.settings.recache or (self.settings.verify and ir is None):
             return None
         hit = None
         if ir is None and not fresh:

@@ -36,6 +36,7 @@ from ._commands import (
 from .._errors import CommandError
 from .._version import __version__
 from .._config import (
+    ENV_VARS,
     ConfigError,
     Settings,
     configure_logging,
@@ -213,12 +214,16 @@ def _redacted(row):
     return row
 
 
+# Settings parsed as durations ("14d"): shown the way they are written.
+_DURATIONS = frozenset(field for field, parse, _doc in ENV_VARS.values() if parse is parse_age)
+
+
 def _show_value(field: str, value: object) -> str:
     if value is None:
         return "(unset)"
     if field.endswith(("_limit", "_bytes")):
         return format_size(int(value))  # type: ignore[arg-type]
-    if field in ("lease_timeout", "lease_wait", "failure_ttl", "remote_ttl"):
+    if field in _DURATIONS:
         return format_age(float(value))  # type: ignore[arg-type]
     return str(value)
 
