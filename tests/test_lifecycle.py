@@ -364,31 +364,52 @@ def test_forking_while_two_threads_lower_never_leaves_a_stuck_child(tmp_path, re
 # ---- 3. only a live build makes anyone wait ---------------------------------------------------
 
 
+LOWER_AND_TIME = """
+    import json, sys, time
+    import codegen_cache as cc
+    from slow_codegen import SLOW_LLVM
+    from variants import variant
+    cache = cc.CodegenCache(sys.argv[1])
+    mod, target = variant(3)
+    print("ready", flush=True)
+    module, outcome = cache.lower_with_outcome(mod, target, codegen=SLOW_LLVM)
+    returned = time.time()
+    print(json.dumps({"tier": outcome.tier, "returned": returned,
+                      "lease_waits": cache.stats(shared=False).lease_waits}), flush=True)
+"""
+
+
 @pytest.mark.timeout(300)
 def test_a_waiting_lower_resumes_right_after_the_builders_lower_returns(tmp_path):
-    from test_concurrency import _finish, _spawn, _wait_ready
-
     directory, log = tmp_path / "cache", tmp_path / "calls.log"
-    holder = _spawn(directory, 3, 1, log, seconds="10")
-    waiter = None
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+           "SLOW_CODEGEN_LOG": str(log), "SLOW_CODEGEN_SECONDS": "10"}
+
+    def start():
+        proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(LOWER_AND_TIME), str(directory)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        assert proc.stdout.readline().strip() == "ready", proc.stderr.read()[-3000:]
+        return proc
+
+    procs = []
     try:
-        _wait_ready([holder])
+        procs.append(start())
         deadline = time.monotonic() + 60
-        while not log.exists():  # the holder is inside the codegen, holding the key's lock
-            assert time.monotonic() < deadline and holder.poll() is None
+        while not log.exists():  # the builder is inside the codegen, holding the key's lock
+            assert time.monotonic() < deadline and procs[0].poll() is None
             time.sleep(0.01)
-        waiter = _spawn(directory, 3, 1, log, seconds="10")
-        built, waited = _finish([holder, waiter])
+        procs.append(start())
+        built, waited = (json.loads(p.communicate(timeout=120)[0].strip().splitlines()[-1]) for p in procs)
     finally:
-        for p in (holder, waiter):
-            if p is not None and p.poll() is None:
+        for p in procs:
+            if p.poll() is None:
                 p.kill()
                 p.wait()
-    assert built["tiers"] == ["built"] and waited["tiers"] == ["disk"], (built, waited)
-    assert waited["stats"]["lease_waits"] == 1 and log.read_text().count("add_3") == 1
-    gap = waited["ended"] - built["ended"]
-    print(f"waiter resumed {1e3 * gap:.1f} ms after the builder's lower() returned")
-    assert -0.05 < gap < 0.5, gap  # the lock is released as the entry is staged (10 ms polls)
+    assert (built["tier"], waited["tier"], waited["lease_waits"]) == ("built", "disk", 1), (built, waited)
+    assert log.read_text().count("add_3") == 1
+    gap = waited["returned"] - built["returned"]
+    print(f"waiter's lower() returned {1e3 * gap:.1f} ms after the builder's")
+    assert -0.05 < gap < 0.5, gap  # the lock is released as the entry is staged; waiters poll every 10 ms
 
 
 @pytest.mark.timeout(300)
