@@ -361,3 +361,24 @@ def test_the_tier_reconnects_after_a_fault_and_after_an_idle_close(fake):
         tier.close()
     assert events == ["error:remote", "remote_stores"]
     assert server.connections == 3  # the broken one, then one per call after each close
+
+
+def test_a_bug_in_the_client_is_a_counted_miss_too(monkeypatch):
+    """Whatever the client raises (here a KeyError it never should) stays inside the tier."""
+    from codegen_cache._storage import _resp
+
+    def broken(self, *args):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(_resp.RespClient, "get", broken)
+    monkeypatch.setattr(_resp.RespClient, "set", broken)
+    events = []
+    tier = RedisTier("redis://127.0.0.1:1/0", secret=SECRET, backoff=0, on_event=lambda name, n=1: events.append(name))
+    assert tier.get("k" * 32) is None and tier.put("k" * 32, frame("source", {"key": "k"}, [b"x"])) is False
+    assert events == ["error:remote", "error:remote"]
+
+
+def test_a_host_name_that_cannot_be_encoded_is_a_counted_miss():
+    events = []
+    tier = RedisTier("redis://a..b:6379/0", secret=SECRET, on_event=lambda name, n=1: events.append(name))
+    assert tier.get("k" * 32) is None and events == ["error:remote"]

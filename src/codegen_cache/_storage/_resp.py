@@ -97,7 +97,10 @@ def _connect(address: tuple[str, int] | str, deadline: float) -> socket.socket:
         targets = [(socket.AF_UNIX, socket.SOCK_STREAM, 0, "", address)]
     else:
         # Name resolution is the system resolver's, with its own timeouts; a numeric host has none.
-        targets = socket.getaddrinfo(*address, type=socket.SOCK_STREAM)
+        try:
+            targets = socket.getaddrinfo(*address, type=socket.SOCK_STREAM)
+        except UnicodeError as err:  # a host name IDNA cannot encode ("a..b")
+            raise OSError(f"cannot resolve {address[0]!r}: {err}") from None
     error: OSError = OSError(f"no address for {address!r}")
     for family, kind, proto, _name, target in targets:
         sock = socket.socket(family, kind, proto)
