@@ -719,3 +719,9 @@ def test_config_doctor_and_the_library_reject_the_same_remote_urls(capsys, monke
         assert code == _cli.EXIT_CONFIG and "for CODEGEN_CACHE_REMOTE: expected" in err and why in err
     with pytest.raises(cc.ConfigError, match="for CODEGEN_CACHE_REMOTE"):
         cc.CodegenCache(tmp_path)
+
+
+def test_warm_refuses_when_caching_is_disabled(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("CODEGEN_CACHE_DISABLE", "1")
+    code, _out, err = run(capsys, "--dir", str(tmp_path), "warm", KERNELS, "-t", "c", "--kernel", "vadd", "-j", "0")
+    assert code == _cli.EXIT_CONFIG and "for CODEGEN_CACHE_DISABLE: expected unset or 0 to warm" in err

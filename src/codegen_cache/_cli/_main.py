@@ -143,6 +143,9 @@ def cmd_warm(args: argparse.Namespace, settings: Settings) -> int:
     """Lower a file's kernels for each target in N worker processes; fills the compiled store."""
     from ._warm import default_workers, warm
 
+    if settings.disable:
+        raise ConfigError("CODEGEN_CACHE_DISABLE", "1", "unset or 0 to warm: with caching off, warm would store "
+                          "nothing")
     require_writable(args, settings)
     workers = default_workers() if args.workers is None else args.workers
     try:
