@@ -13,14 +13,10 @@ __all__ = ["RedisServer", "why_no_remote"]
 
 def why_no_remote(repo: Path) -> str | None:
     """Why the remote tier cannot be measured here, or None when it can."""
-    if not (repo / "src" / "codegen_cache" / "_remote.py").exists():
-        return "src/codegen_cache/_remote.py does not exist (no remote tier yet)"
+    if not (repo / "src" / "codegen_cache" / "_storage" / "_remote.py").exists():
+        return "src/codegen_cache/_storage/_remote.py does not exist (no remote tier)"
     if shutil.which("redis-server") is None:
         return "redis-server is not on PATH (apt-get install redis-server)"
-    try:
-        import redis  # noqa: F401
-    except ImportError:
-        return "the redis client is not installed (pip install redis)"
     return None
 
 
@@ -45,20 +41,19 @@ class RedisServer:
         self._wait()
 
     def _wait(self, timeout: float = 10.0) -> None:
-        import redis
-
         deadline = time.monotonic() + timeout
-        client = redis.Redis.from_url(self.url, socket_timeout=0.5)
         while True:
             try:
-                if client.ping():
-                    client.close()
-                    return
-            except redis.RedisError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"redis-server on port {self.port} did not start") from None
-                time.sleep(0.05)
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                    sock.sendall(b"PING\r\n")
+                    if sock.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"redis-server on port {self.port} did not start")
+            time.sleep(0.05)
 
     def stop(self) -> None:
         """Terminate the server this object started."""
