@@ -464,6 +464,32 @@ def test_one_connection_serves_many_calls(request, tls):
     assert _connections_received(server) - before == 2  # the tier's one, and this count's own
 
 
+def test_threads_share_the_tier_and_each_gets_its_own_answer(redis_url):
+    """8 threads x 40 calls on distinct keys and sizes: every reply goes to the thread that asked."""
+    import threading
+
+    events = []
+    tier = RedisTier(redis_url, secret=SECRET, on_event=lambda name, n=1: events.append(name))
+    blobs = {t: frame("source", {"key": str(t)}, [os.urandom(100 + 3000 * t)]) for t in range(8)}
+    wrong = []
+
+    def work(t):
+        for i in range(40):
+            digest = f"{t:02d}{i:030d}"
+            if not tier.put(digest, blobs[t]) or tier.get(digest) != blobs[t]:
+                wrong.append((t, i))
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    finally:
+        tier.close()
+    assert not wrong and "error:remote" not in events and events.count("remote_stores") == 320
+
+
 def test_a_forked_child_opens_its_own_connection(own_redis):
     """The child never speaks on the parent's socket; both go on working."""
     events = []
