@@ -26,7 +26,7 @@ import socket
 import ssl
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from .._errors import RemoteReplyError, RemoteValueTooLargeError
@@ -48,7 +48,7 @@ class Endpoint:
 
     address: tuple[str, int] | str  # (host, port), or a unix socket path
     username: str | None
-    password: str | None
+    password: str | None = field(repr=False)  # never in a log or a traceback
     db: int
     tls: ssl.SSLContext | None
     timeout: float
