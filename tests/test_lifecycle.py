@@ -851,6 +851,9 @@ def test_a_directory_removed_under_a_running_process_is_made_again_and_stored_in
     for compiled in (True, False):
         cache.lower(*variant(1), compile_device=compiled)
     assert cache.flush(timeout=60)
+    # Its counts since the removal are in the new directory's stats (the old counter file went with it).
+    stats = cc.CodegenCache(directory).stats()
+    assert (stats.builds, stats.stores, stats.misses) == (2, 2, 2), stats
     for compiled in (True, False):
         assert lower_fresh(directory, 1, compiled)[0] == "disk", compiled
     assert lower_fresh(directory, 0, True)[0] == "built"  # gone with the directory: rebuilt

@@ -280,6 +280,8 @@ class CodegenCache:
         mode, mod = probe.mode, probe.ir
         if collision:
             self._count_collision(key.digest)
+        # One fstat per miss (not per hit): a directory removed under us gets its counts anew.
+        self._stats.check_directory()
         self._stats.add_for(entry.name, mode, "misses")
         if not self.settings.recache:
             try:

@@ -131,6 +131,11 @@ class StatsRecorder:
         if self.table is not None:
             self.table.add(name, amount)
 
+    def check_directory(self) -> None:
+        """Count into the cache directory as it is now (it may have been removed and made again)."""
+        if self.table is not None:
+            self.table.check_linked()
+
     def add_for(self, codegen: str, mode: str, name: str, amount: float = 1) -> None:
         """Count `name` in the totals and in the (codegen, mode) breakdown."""
         if self.table is not None:

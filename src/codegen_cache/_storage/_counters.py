@@ -89,6 +89,7 @@ class CounterTable:
         self._values: memoryview | None = None
         self._slots: dict[str, int] = {}
         self._memory: Counter[str] = Counter()  # where no file can be made (read-only, full disk)
+        self._removed: Counter[str] = Counter()  # counted into a file deleted with its directory
         self._opened = False
         self._name: str | None = None
 
@@ -158,6 +159,12 @@ class CounterTable:
 
     def local(self) -> dict[str, float]:
         """Counts of this process since it first counted."""
+        counts = Counter(self._own())
+        counts.update(self._removed)
+        return dict(counts)
+
+    def _own(self) -> dict[str, float]:
+        """This process's counts in its file (and in memory): its part of the directory's totals."""
         with self._lock:
             counts = dict(self._memory)
             if self._map is not None:
@@ -165,10 +172,34 @@ class CounterTable:
                     counts[name] = counts.get(name, 0.0) + value
             return counts
 
+    def check_linked(self) -> None:
+        """Count into a new file from now on if ours was deleted (the cache directory was removed).
+
+        Its counts went with the directory the user removed: they stay in this process's
+        local() counts, not in the new directory's totals.
+        """
+        with self._lock:
+            if self._fd < 0:
+                return
+            try:
+                if os.fstat(self._fd).st_nlink > 0:
+                    return
+            except OSError:
+                return
+            if self._map is not None:
+                self._removed.update(_read_counts(bytes(self._map)))
+                self._values.release()  # type: ignore[union-attr]
+                self._map.close()
+            self._removed.update(self._memory)
+            os.close(self._fd)  # our own lock: closing releases it
+            self._fd, self._map, self._values, self._name = -1, None, None, None
+            self._slots, self._memory, self._opened = {}, Counter(), False
+
     # ---- every process's counts -------------------------------------------------------------
 
     def totals(self) -> dict[str, float]:
         """Counts of every process that used the directory (the gone ones folded in first)."""
+        self.check_linked()
         live = self._scan(fold=True)
         totals = dict(self._db_rows())
         for name, value in live.items():
@@ -181,6 +212,7 @@ class CounterTable:
 
     def reset(self) -> None:
         """Zero the totals: the database is set to minus what live processes have counted."""
+        self.check_linked()
         live = self._scan(fold=True)
 
         def zero(conn: sqlite3.Connection) -> None:
@@ -193,7 +225,7 @@ class CounterTable:
 
     def _scan(self, *, fold: bool) -> Counter[str]:
         """Live processes' counts; with fold, the files of gone processes go into the database."""
-        live: Counter[str] = Counter(self.local())
+        live: Counter[str] = Counter(self._own())
         try:
             with os.scandir(self.files_dir) as entries:
                 names = [e.name for e in entries if _FILE_NAME.match(e.name) and e.name != self._name]
