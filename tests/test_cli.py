@@ -706,6 +706,7 @@ def test_precompile_counts_misses_and_hits(tmp_path):
         stats = cache.stats()
         cache.close()
         assert (stats.misses, stats.builds, stats.stores, stats.hits_disk) == expected
+    assert stats.saved_seconds == pytest.approx(stats.build_seconds) and stats.saved_seconds > 0
 
 
 @pytest.mark.parametrize("url", ["redis://", "redis://:6379/0", "redis://h:0", "redis://h/x", "unix://"])

@@ -129,3 +129,17 @@ def test_a_mistyped_variable_is_warned_about_once_by_the_library(tmp_path):
     assert done.stdout.split() == ["built"]  # the cache ran: the typo disabled nothing
     assert done.stderr.count("CODEGEN_CACHE_DISABLED is set but is not a codegen-cache setting") == 1
     assert "(did you mean CODEGEN_CACHE_DISABLE?)" in done.stderr
+
+
+def test_a_cache_directory_that_is_a_regular_file(capsys, monkeypatch, tmp_path):
+    from codegen_cache._cli import _main as cli
+
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    monkeypatch.setenv("CODEGEN_CACHE_DIR", str(blocker))
+    with pytest.raises(cc.ConfigError, match=r"for directory \(CODEGEN_CACHE_DIR\): expected a directory \(this path "
+                                             r"is a file\)"):
+        cc.CodegenCache()
+    assert cli.main(["stats"]) == cli.EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert "this path is a file" in err and "does not exist" not in err

@@ -10,7 +10,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from .._artifacts import encode_cuda_binary, function_names
+from .._artifacts import encode_cuda_binary, function_names, read_meta
+from .._errors import ArtifactError
 from .._compat import IRModule
 from .._targets import TargetLike, as_target
 from ._tiers import Probe
@@ -30,14 +31,27 @@ def precompile_cuda(cache: CodegenCache, mod: IRModule, target: TargetLike, code
     key = cache.key_for(mod, target, compile_device=True, codegen=entry)
     digest = key.digest
 
-    def stored() -> bool | None:
+    def stored() -> bytes | None:
         # Present is enough: on this host the entry cannot be loaded (no driver), only kept.
-        return True if cache._has_entry("compiled", digest) else None  # noqa: SLF001
+        row = cache._guard("read", cache._stores["compiled"].read, digest)  # noqa: SLF001
+        return row.blob if row is not None else cache._staged["compiled"].read(digest)  # noqa: SLF001
 
     count = cache._stats.add_for  # noqa: SLF001
-    if not cache.settings.recache and stored():
-        count(entry.name, "compiled", "hits_disk")  # found, so nvcc did not run: a hit, as in ccache
+
+    def hit(blob: bytes) -> str:
+        # Found, so nvcc did not run: a hit, as ccache counts one, saving the recorded compile time.
+        count(entry.name, "compiled", "hits_disk")
+        try:
+            saved = float(read_meta(blob)[1].get("build_seconds") or 0.0)
+        except (ArtifactError, TypeError, ValueError):
+            saved = 0.0  # a bad entry: the cache drops it when it is read
+        if saved:
+            count(entry.name, "compiled", "saved_seconds", saved)
         return digest
+
+    found = None if cache.settings.recache else stored()
+    if found:
+        return hit(found)
     count(entry.name, "compiled", "misses")
     held = promote = None
     if not cache.settings.recache:
@@ -45,8 +59,7 @@ def precompile_cuda(cache: CodegenCache, mod: IRModule, target: TargetLike, code
         if found:
             # Compiled by another process while we waited: a hit, not a miss.
             count(entry.name, "compiled", "misses", -1)
-            count(entry.name, "compiled", "hits_disk")
-            return digest
+            return hit(found)
     try:
         t0 = time.perf_counter()
         payload, source = compile_cuda_payload(mod, target)
