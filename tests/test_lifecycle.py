@@ -109,6 +109,37 @@ def test_waiting_for_upgrades_starts_an_upgrader_at_most_once_a_second(tmp_path,
     assert 1 <= launches <= 3, launches
 
 
+def test_a_child_forked_while_an_upgrader_starts_does_not_keep_its_lock(tmp_path, monkeypatch):
+    # Another thread forks (a pool starting) while the writer hands the locked descriptor to a
+    # launcher: the child must close its copy, or it would hold the lock and no upgrader would start.
+    directory, children = tmp_path / "cache", []
+    (directory / "upgrade").mkdir(parents=True)
+    started, signal_start = os.pipe()
+
+    def launch_while_forking(*args, **kwargs):
+        pid = os.fork()
+        if pid == 0:  # fork's handlers have run when the child's code starts
+            os.write(signal_start, b"x")
+            time.sleep(3)  # a long-lived child: whatever it inherited, it still holds
+            os._exit(0)
+        children.append(pid)
+        assert os.read(started, 1) == b"x"
+        return subprocess.CompletedProcess(args, 0)
+
+    monkeypatch.setattr(_upgrade.subprocess, "run", launch_while_forking)
+    try:
+        assert _upgrade._ensure_running(directory) is True  # noqa: SLF001
+        fd = _upgrade._take_lock(directory)  # noqa: SLF001 - free again: the child closed its copy
+        assert fd is not None
+        os.close(fd)
+    finally:
+        for pid in children:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(started)
+        os.close(signal_start)
+
+
 # ---- 1. a returned miss is stored, whatever happens to the process next ---------------------------
 
 # The README's pattern: the cache object is dropped (and collected) right after its lowers.

@@ -9,9 +9,9 @@ entries into shared libraries. The directory holds:
     compiled/ source/    diskcache stores of framed entries (compile_device True / False)
     failures/ builds/    remembered codegen failures; codegen_cache.build's index
     pending/<store>/     entries written but not yet in their store
-    locks/               per-key build locks (flock), the upgrader's lock
+    locks/               per-key build locks (flock)
     stats/ stats.sqlite  per-process counters, and the folded totals
-    upgrade/ tmp/        llvm entries waiting for a shared library; scratch files
+    upgrade/ tmp/        llvm entries waiting for a shared library (and the upgrader's lock); scratch files
 """
 
 from __future__ import annotations
