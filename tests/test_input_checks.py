@@ -143,3 +143,30 @@ def test_a_cache_directory_that_is_a_regular_file(capsys, monkeypatch, tmp_path)
     assert cli.main(["stats"]) == cli.EXIT_CONFIG
     err = capsys.readouterr().err
     assert "this path is a file" in err and "does not exist" not in err
+
+
+@pytest.mark.parametrize(("call", "error", "match"), [
+    (lambda c: c.flush(timeout=-1), ValueError, "timeout must be 0 or more seconds"),
+    (lambda c: c.flush(timeout="30"), TypeError, "timeout must be a number of seconds or None, got '30'"),
+    (lambda c: c.close(timeout=float("nan")), ValueError, "timeout must be 0 or more seconds"),
+    (lambda c: c.clear(compiled="yes"), TypeError, "compiled must be True or False, got 'yes'"),
+    (lambda c: c.stats(shared="x"), TypeError, "shared must be True or False"),
+])
+def test_cache_method_arguments(cache, call, error, match):
+    with pytest.raises(error, match=match):
+        call(cache)
+
+
+def test_other_public_entries_name_the_bad_argument():
+    with pytest.raises(TypeError, match=r"path must be a path \(str or os.PathLike\), got 42"):
+        cc.probe_filesystem(42)
+    with pytest.raises(TypeError, match=r"cache_dir must be a path \(str or os.PathLike\) or None, got 42"):
+        cc.CachedBuild(42)
+    with pytest.raises(TypeError, match="cache_options must be a mapping"):
+        cc.CachedBuild(None, cache_options=["verify"])
+    with pytest.raises(TypeError, match="cached_export expects a tvm.runtime.Module"):
+        cc.cached_export(None)
+    with pytest.raises(ValueError, match="max_workers must be a whole number of 1 or more"):
+        cc.metaschedule_builder(None, max_workers=0)
+    with pytest.raises(TypeError, match="global_func_name must be a TVM global function name"):
+        cc.global_func_device_codegen(3)

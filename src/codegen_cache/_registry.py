@@ -64,6 +64,9 @@ def _add_note(err: BaseException, note: str) -> None:
 
 def global_func_device_codegen(global_func_name: str) -> DeviceCodegenFunc:
     """Create a device codegen callback backed by a TVM global function."""
+    if not isinstance(global_func_name, str) or not global_func_name:
+        raise TypeError(f"global_func_name must be a TVM global function name such as 'target.build.cuda', "
+                        f"got {global_func_name!r}")
 
     def build(mod: IRModule, target: Target) -> Module:
         # Looked up on every call, as the original does: a function registered later is found,

@@ -25,6 +25,7 @@ from .._compat import IRModule, Module, Target
 from .._artifacts import CachedLibraryModule
 from .._cache import CodegenCache
 from .._context import get_cache, use_cache
+from .._validate import check_path
 from ._build import build_with_record
 
 __all__ = ["CachedBuild", "cached_export", "metaschedule_builder"]
@@ -38,6 +39,10 @@ class CachedBuild:
 
     def __init__(self, cache_dir: str | os.PathLike[str] | None = None, *,
                  cache_options: Mapping[str, Any] | None = None) -> None:
+        cache_dir = check_path("cache_dir", cache_dir, optional=True)
+        if cache_options is not None and not isinstance(cache_options, Mapping):
+            raise TypeError(f"cache_options must be a mapping of CodegenCache options or None, got "
+                            f"{type(cache_options).__name__}")
         self.cache_dir = None if cache_dir is None else str(Path(cache_dir).expanduser())
         self.cache_options = dict(cache_options or {})
 
@@ -92,6 +97,9 @@ def cached_export(module: Module) -> str:
     """
     from tvm.support.tar import tar
 
+    if not callable(getattr(module, "export_library", None)):
+        raise TypeError(f"cached_export expects a tvm.runtime.Module (what a builder returned), got "
+                        f"{type(module).__name__}")
     if isinstance(module, CachedLibraryModule) and not len(module.imports):
         path = os.path.join(tempfile.mkdtemp(), "tvm_tmp_mod.so")
     else:
@@ -104,4 +112,7 @@ def metaschedule_builder(cache_dir: str | os.PathLike[str] | None = None, **kwar
     """A LocalBuilder whose workers build through the cache in `cache_dir` (kwargs go to LocalBuilder)."""
     from tvm.s_tir.meta_schedule.builder import LocalBuilder
 
+    workers = kwargs.get("max_workers")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise ValueError(f"max_workers must be a whole number of 1 or more (None: one per CPU), got {workers!r}")
     return LocalBuilder(f_build=CachedBuild(cache_dir), f_export=cached_export, **kwargs)

@@ -40,6 +40,7 @@ from .._storage._locks import KeyLocks
 from .._storage._memory import MemoryTier
 from .._storage._pending import PendingFiles
 from .._targets import TargetLike, as_target
+from .._validate import check_bool, check_timeout
 from . import _upgrade
 from ._failures import CACHEABLE_FAILURES, ENVIRONMENT_FAILURES, FailureCache
 from ._flight import SingleFlight
@@ -460,6 +461,8 @@ class CodegenCache:
         does that). Returns True when everything finished in time. Nothing is lost when it does
         not: staged entries are served, and promoted by whoever reads them.
         """
+        timeout = check_timeout("timeout", timeout)
+        check_bool("upgrades", upgrades)
         deadline = None if timeout is None else time.monotonic() + timeout
         done = writer.wait(timeout)
         if upgrades:
@@ -469,6 +472,7 @@ class CodegenCache:
 
     def stats(self, *, shared: bool = True) -> CacheStats:
         """Counters of every process using this directory (shared=False: this process only)."""
+        check_bool("shared", shared)
         return self._stats.shared() if shared else self._stats.local()
 
     def reset_stats(self) -> None:
@@ -478,6 +482,10 @@ class CodegenCache:
     def clear(self, *, compiled: bool = True, source: bool = True, failures: bool = True,
               builds: bool | None = None) -> int:
         """Remove entries (every store by default); how many went. builds follows compiled/source."""
+        for name, value in (("compiled", compiled), ("source", source), ("failures", failures)):
+            check_bool(name, value)
+        if builds is not None:
+            check_bool("builds", builds)
         self.flush()
         self._memory.clear()
         if builds is None:
@@ -521,6 +529,7 @@ class CodegenCache:
         Returns flush()'s answer: False when background jobs were still running (their
         entries are staged on disk: nothing is lost).
         """
+        check_timeout("timeout", timeout)
         done = self.flush(timeout)
         for store in self._stores.values():
             store.close()

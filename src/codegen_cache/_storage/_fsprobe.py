@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from .._artifacts import SCRATCH_PREFIX
 from .._log import warn_once
+from .._validate import check_path
 from ._faults import ensure_dir, share_file_mode
 
 __all__ = ["NETWORK_FS_TYPES", "FsReport", "probe", "scratch_dir", "sweep_leftovers", "warn_if_unsafe"]
@@ -100,7 +101,7 @@ def _contains(mount_point: str, path: str) -> bool:
 
 def probe(path: str | os.PathLike[str], *, mounts_file: str | None = None) -> FsReport:
     """Report the filesystem that holds `path` (or would hold it, if it does not exist yet)."""
-    where = _existing(os.fspath(path))
+    where = _existing(check_path("path", path))
     best: tuple[str, str, set[str]] | None = None
     for mount_point, fs_type, options in _read_mounts(mounts_file or MOUNTS_FILE):
         # The longest mount point that contains the path wins; a later line for the same
