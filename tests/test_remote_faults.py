@@ -261,8 +261,9 @@ def test_value_over_the_cap_is_not_read(fake):
         tracemalloc.stop()
     finally:
         tier.close()
-    assert events == ["remote_rejected"]  # a bad entry, not an outage: no backoff
-    assert elapsed < DEADLINE, elapsed  # it did not wait for the value
+    # Rejected from the length line: reading the endless value would have ended at the deadline,
+    # as a failed call. A bad entry, not an outage: no backoff.
+    assert events == ["remote_rejected"] and elapsed < DEADLINE + MARGIN, (events, elapsed)
     assert peak < 4 << 20, peak
     assert server.finished.wait(10), "the client kept the connection open"
     assert sent and sent[0] < 64 << 20, sent  # the server's writes failed: nobody was reading
@@ -299,10 +300,11 @@ def _break(sent: bytes, how: str):
 
 
 @pytest.mark.parametrize(("sent", "how"), BREAKS.values(), ids=BREAKS.keys())
-def test_connection_broken_mid_reply_is_a_counted_miss(fake, sent, how):
+def test_connection_broken_mid_reply_is_a_counted_miss(fake, sent, how, caplog):
     value, events, elapsed = _tier_get(fake(_break(sent, how)).url())
-    # A close is seen at once: the call does not wait for its deadline.
-    assert value is None and events == ["error:remote"] and elapsed < DEADLINE
+    assert value is None and events == ["error:remote"] and elapsed < DEADLINE + MARGIN
+    # The break itself ended the call, not its deadline.
+    assert caplog.records and "TimeoutError" not in caplog.records[-1].getMessage()
 
 
 # ---- inside lower() ----------------------------------------------------------------------------
@@ -353,9 +355,11 @@ def test_the_tier_reconnects_after_a_fault_and_after_an_idle_close(fake):
     blob = frame("source", {"key": "k"}, [b"__global__ void k() {}"])
     try:
         assert tier.get("k" * 32) is None and events == ["error:remote"]
+        assert server.finished.wait(10)  # the client dropped the broken connection
         time.sleep(0.3)  # past the backoff
+        server.finished.clear()
         assert tier.put("k" * 32, blob) is True
-        time.sleep(0.05)  # the server's close reaches the idle connection
+        assert server.finished.wait(10)  # the server has closed the now idle connection
         assert tier.get("k" * 32) == blob
     finally:
         tier.close()
