@@ -25,7 +25,7 @@ pytestmark = pytest.mark.timeout(60)
 
 SECRET = "team-secret-for-tests"
 DEADLINE = 0.5  # the default remote timeout
-# A busy 2-core machine can add a second to anything; a hang (the old per-read timeout with a
+# A busy 2-core machine can add seconds to anything; a hang (the old per-read timeout with a
 # trickling server) would take minutes.
 MARGIN = 3.0
 EXPECTED = 2 * np.arange(1024, dtype="float32")
