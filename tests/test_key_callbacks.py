@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
 import os
@@ -40,8 +41,26 @@ def _libraries_callbacks() -> set[str]:
 def test_the_callback_table_is_the_list_in_tvms_libraries():
     found = _libraries_callbacks()
     assert found, "no tvm_callback_* name in the installed TVM's libraries"
-    assert found == set(_callbacks.CALLBACKS), (
-        f"TVM's libraries call {sorted(found)}; codegens/_callbacks.CALLBACKS has {sorted(_callbacks.CALLBACKS)}")
+    table = {name for name in _callbacks.CALLBACKS if name.startswith("tvm_callback_")}
+    assert found == table, f"TVM's libraries call {sorted(found)}; codegens/_callbacks.CALLBACKS has {sorted(table)}"
+
+
+def test_every_python_global_the_codegen_libraries_name_is_in_the_table_or_excluded():
+    import tvm.relax  # noqa: F401  registers relax's Python globals, so they are checked too
+    import tvm.s_tir.meta_schedule  # noqa: F401
+    import tvm.support.nvcc  # noqa: F401
+    import tvm.support.rocm  # noqa: F401
+
+    strings = set()
+    for lib in ("libtvm_compiler.so", "libtvm_runtime_cuda.so"):
+        data = (Path(tvm.__file__).parent / "lib" / lib).read_bytes()
+        strings |= {m.decode() for m in re.findall(rb"[A-Za-z_][\w.]{3,}", data)}
+    python = {name for name in tvm_ffi.registry.list_global_func_names()
+              if name in strings and _callbacks.python_callable(tvm_ffi.get_global_func(name)) is not None}
+    assert {"tirx.intrinsics.cuda.get_codegen", "tvm_callback_libdevice_path"} <= python
+    unknown = sorted(name for name in python if name not in _callbacks.CALLBACKS
+                     and not any(fnmatch.fnmatch(name, pattern) for pattern in _callbacks.EXCLUDED_GLOBALS))
+    assert not unknown, f"Python globals TVM's codegen libraries call, neither keyed nor excluded: {unknown}"
 
 
 def test_tvms_python_registrations_are_in_the_table():
@@ -104,7 +123,7 @@ def test_every_callback_a_codegen_calls_is_a_part_of_its_key(cache):
         for ctx in reversed(stack):
             ctx.__exit__(None, None, None)
     # The recorder did see the callbacks where they are reached (so the check above can fail).
-    assert seen[("cuda", False)] == {POSTPROC}
+    assert seen[("cuda", False)] == {POSTPROC, "tirx.intrinsics.cuda.header_generator"}
     assert seen[("opencl", False)] == {"tvm_callback_opencl_postproc"}
     assert seen[("metal", False)] == {"tvm_callback_metal_compile"}
     assert "tvm_callback_libdevice_path" in seen[("nvptx", True)]
@@ -351,3 +370,44 @@ def test_two_processes_with_different_hooks_get_their_own_source(tmp_path):
 def test_builtin_codegens_declare_callbacks_from_the_table():
     declared = set(cuda.CALLBACKS) | {n for names in gpu_source.CALLBACKS.values() for n in names}
     assert declared <= set(_callbacks.CALLBACKS)
+
+
+@pytest.fixture
+def intrinsic_table():
+    """TVM's CUDA intrinsic codegen table; entries a test adds are removed afterwards."""
+    from tvm.backend.cuda.codegen import registry
+
+    before = dict(registry.CODEGEN_REGISTRY)
+    yield registry
+    registry.CODEGEN_REGISTRY.clear()
+    registry.CODEGEN_REGISTRY.update(before)
+
+
+def test_a_users_cuda_intrinsic_codegen_is_a_key_part(cache, cuda_add, intrinsic_table):
+    from tvm.backend.cuda.codegen import register_codegen
+
+    mod, target = cuda_add
+    before = cache.key_for(mod, target, compile_device=False)
+    assert before.as_dict()["toolchain"].count('"cuda_intrinsics":"tvm"') == 1
+
+    @register_codegen("codegen_cache_test_op")
+    def first(x):
+        return x
+
+    one = cache.key_for(mod, target, compile_device=False)
+    assert one != before and '"cuda_intrinsics":"user:' in one.as_dict()["toolchain"]
+    config = _Config()
+
+    @register_codegen("codegen_cache_test_op_2")
+    def second(x):
+        return config.suffix
+
+    with pytest.raises(cc.UncacheableError, match="CUDA intrinsic codegen for 'tirx.codegen_cache_test_op_2'"):
+        cache.key_for(mod, target, compile_device=False)
+    # Declared for the lookup function the codegen calls: keyed by the salt.
+    cc.declare_callback_salt("tirx.intrinsics.cuda.get_codegen", "my-intrinsics-v1")
+    try:
+        assert '"cuda_intrinsics":"declared:my-intrinsics-v1"' in cache.key_for(
+            mod, target, compile_device=False).as_dict()["toolchain"]
+    finally:
+        _callbacks._declared.clear()

@@ -35,10 +35,13 @@ from .. import _compat
 from .._compat import tvm
 from .._errors import UncacheableError
 
-__all__ = ["CALLBACKS", "callback_identity", "callback_salts", "declare_callback_salt", "declare_salt_of"]
+__all__ = ["CALLBACKS", "EXCLUDED_GLOBALS", "callback_identity", "callback_salts", "declare_callback_salt",
+           "declare_salt_of", "declared_salt", "object_identity", "tvm_name", "unchanged"]
 
-# Every tvm_callback_* name in TVM 0.27's libraries (`strings libtvm*.so`), and who calls it.
-# tests/test_key_inputs.py fails when the installed TVM's list differs from this table.
+# The Python global functions TVM 0.27's codegen libraries call: every tvm_callback_* name in
+# them, and the other names they look up that TVM registers from Python. tests/
+# test_key_callbacks.py fails when the installed TVM's libraries name one that is neither here
+# nor in EXCLUDED_GLOBALS.
 CALLBACKS: dict[str, str] = {
     "tvm_callback_cuda_postproc": "target.build.cuda: rewrites the generated CUDA source",
     "tvm_callback_cuda_compile": "target.build.cuda with TVM's CUDA runtime loaded: compiles the source "
@@ -50,6 +53,18 @@ CALLBACKS: dict[str, str] = {
     "tvm_callback_rocm_bitcode_path": "target.build.rocm: the ROCm device libraries (tvm.support.rocm)",
     "tvm_callback_rocm_get_arch": "target.build.rocm without -mcpu: the local GPU's arch (tvm.support.rocm)",
     "tvm_callback_Trainium_compile": "the Trainium codegen, which this package does not wrap",
+    "tvm.support.nvcc.get_compute_version": "target.build.cuda: the arch, for arch-dependent code",
+    "tirx.intrinsics.cuda.get_codegen": "target.build.cuda: the code of each CUDA device intrinsic (its "
+    "table, tvm.backend.cuda.codegen.CODEGEN_REGISTRY, is keyed as cuda_intrinsics)",
+    "tirx.intrinsics.cuda.header_generator": "target.build.cuda: the #include header of the source",
+}
+# Python global functions named in TVM's codegen libraries that no device codegen calls.
+EXCLUDED_GLOBALS: dict[str, str] = {
+    "tirx.f_op_dispatcher": "a lowering pass (TilePrimitiveDispatch): its effect is in the IR the key hashes",
+    "tirx.build": "the build driver (tvm.tirx.build), which calls codegens; not called by one",
+    "relax.run.*": "Relax VM runtime builtins",
+    "s_tir.meta_schedule.*": "MetaSchedule tuning",
+    "tvm.s_tir.meta_schedule.*": "MetaSchedule tuning",
 }
 
 _PLAIN = (type(None), bool, int, float, complex, str, bytes)
@@ -60,6 +75,11 @@ _STDLIB_DIR = os.path.join(sysconfig.get_paths()["stdlib"], "")
 _MAX_NODES = 400
 
 
+# tvm_ffi's own lookup: the same answer as tvm.get_global_func, in 60% of the time (this runs
+# several times per key).
+_registered = _compat.tvm_ffi.get_global_func
+
+
 def callback_salts(*names: str) -> dict[str, str]:
     """Key parts `callback:<name>` = identity of what is registered under each name now."""
     return {f"callback:{name}": callback_identity(name) for name in names}
@@ -67,7 +87,7 @@ def callback_salts(*names: str) -> dict[str, str]:
 
 def callback_identity(name: str) -> str:
     """The identity of the function registered under `name` (see the module docstring)."""
-    func = _compat.global_func(name, missing_ok=True)
+    func = _registered(name, allow_missing=True)
     if func is None:
         return "none"
     handle = func.__chandle__()
@@ -83,6 +103,29 @@ def callback_identity(name: str) -> str:
     if known[2] is not None:
         raise known[2]
     return known[1]
+
+
+def object_identity(obj: Any, what: str, salt_name: str) -> tuple[str, tuple]:
+    """The identity of a Python callable a codegen reads other than through a global function.
+
+    Returns (identity, watch): the watch holds what the identity was computed from, for
+    `unchanged(watch)`. Raises UncacheableError naming `what`; its remedy declares a salt for
+    the global function `salt_name`.
+    """
+    digest = _Digest(salt_name, what)
+    return digest.identity(obj), tuple(digest.watch)
+
+
+def declared_salt(name: str) -> str | None:
+    """The salt declared for the function registered under `name` now, or None."""
+    func = _registered(name, allow_missing=True)
+    found = None if func is None else _declared.get(func.__chandle__())
+    return None if found is None else found[1]
+
+
+def unchanged(watch: tuple) -> bool:
+    """True while every object an identity was computed from is still the same object."""
+    return _unchanged(watch)
 
 
 def declare_callback_salt(name: str, salt: str) -> None:
@@ -101,7 +144,7 @@ def declare_salt_of(name: str, salt: str) -> None:
     """declare_callback_salt for a name outside TVM's table (tilelang's tilelang_callback_*)."""
     if not isinstance(salt, str) or not salt:
         raise ValueError(f"salt must be a non-empty str, got {salt!r}")
-    func = _compat.global_func(name, missing_ok=True)
+    func = _registered(name, allow_missing=True)
     if func is None:
         raise ValueError(f"No function is registered under {name!r}: register it first, then declare its salt.")
     # The Function is held, so its address (the memo key) is not reused while declared.
@@ -145,8 +188,9 @@ def _unchanged(watch: tuple) -> bool:
 class _Digest:
     """Walks a Python function and what it reads, into an xxh3-128 digest and a watch list."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, what: str | None = None) -> None:
         self.name = name
+        self.what = what or f"callback {name!r}"
         self.hash = xxhash.xxh3_128()
         self.watch: list[tuple[Any, Any, Any]] = []
         self.seen: set[int] = set()
@@ -154,19 +198,35 @@ class _Digest:
 
     def uncacheable(self, reason: str) -> UncacheableError:
         return UncacheableError(
-            f"callback {self.name!r}", reason,
+            self.what, reason,
             f"declare what it is with codegen_cache.declare_callback_salt({self.name!r}, '<version>') "
             "after registering it, and change the salt whenever its behaviour changes",
         )
 
     def identity(self, target: Any) -> str:
-        own = _tvm_name(target)
+        own = tvm_name(target)
         if own is not None:
-            return f"tvm {_compat.tvm_version()}: {own}"
+            if not getattr(target, "__closure__", None):
+                return f"tvm {_compat.tvm_version()}: {own}"
+            # TVM's code around values it closes over (a wrapper of a user's function): the
+            # name stands for the code, the values are digested.
+            self.cells(target)
+            return f"tvm {_compat.tvm_version()}: {own} {self.hash.hexdigest()}"
         if not isinstance(target, types.FunctionType):
             raise self.uncacheable(f"it is a {type(target).__name__}, not a plain Python function")
         self.function(target)
         return f"code:{self.hash.hexdigest()}"
+
+    def cells(self, fn: types.FunctionType) -> None:
+        for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+            try:
+                contents = cell.cell_contents
+            except ValueError:  # not assigned yet
+                contents = _MISSING
+            self.watch.append((cell, _CELL, contents))
+            self.put("cell", var)
+            if contents is not _MISSING:
+                self.value(contents, f"the variable {var!r} it closes over")
 
     def put(self, *items: Any) -> None:
         for item in items:
@@ -184,15 +244,7 @@ class _Digest:
         self.code(fn.__code__)
         self.value(fn.__defaults__, "its defaults")
         self.value(tuple(sorted((fn.__kwdefaults__ or {}).items())), "its keyword defaults")
-        for var, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
-            try:
-                contents = cell.cell_contents
-            except ValueError:  # not assigned yet
-                contents = _MISSING
-            self.watch.append((cell, _CELL, contents))
-            self.put("cell", var)
-            if contents is not _MISSING:
-                self.value(contents, f"the variable {var!r} it closes over")
+        self.cells(fn)
         for name in sorted(_global_names(fn.__code__)):
             found = fn.__globals__.get(name, _MISSING)
             self.watch.append((fn.__globals__, name, found))
@@ -229,8 +281,11 @@ class _Digest:
                     self.value(item, where)
         elif isinstance(obj, types.ModuleType):
             self.put("module", obj.__name__, getattr(obj, "__version__", ""))
-        elif _tvm_name(obj) is not None:
-            self.put("tvm", _tvm_name(obj))
+        elif tvm_name(obj) is not None:
+            self.put("tvm", tvm_name(obj))
+            if isinstance(obj, types.FunctionType) and obj.__closure__ and id(obj) not in self.seen:
+                self.seen.add(id(obj))
+                self.cells(obj)
         elif _stdlib_name(obj) is not None:
             self.put("stdlib", _stdlib_name(obj))
         elif isinstance(obj, types.FunctionType):
@@ -247,7 +302,7 @@ def _global_names(co: types.CodeType) -> set[str]:
     return names
 
 
-def _tvm_name(obj: Any) -> str | None:
+def tvm_name(obj: Any) -> str | None:
     """module.qualname of a function or class defined in the installed tvm package, else None."""
     code = getattr(obj, "__code__", None)
     module = getattr(obj, "__module__", None)

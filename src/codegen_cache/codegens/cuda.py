@@ -16,6 +16,8 @@ import shutil
 import subprocess
 import threading
 
+import xxhash
+
 from .. import _compat
 from .._artifacts._cuda import (
     CudaPayload,
@@ -24,9 +26,9 @@ from .._artifacts._cuda import (
     remember_source,
 )
 from .._compat import IRModule, Module, Target
-from .._errors import CudaRuntimeUnavailableError
+from .._errors import CudaRuntimeUnavailableError, UncacheableError
 from .._registry import DeviceCodegen
-from ._callbacks import callback_salts
+from ._callbacks import tvm_name, callback_salts, declared_salt, object_identity, unchanged
 from ._common import env_salts
 
 __all__ = ["CODEGENS", "build_cuda", "compile_cuda_payload", "cuda_source_module", "find_nvcc", "nvcc_path", "nvcc_version"]
@@ -47,7 +49,13 @@ COMPILE_ENV = (
 )
 # Callbacks target.build.cuda calls on the way the built-in codegens use it (both modes: the
 # compiled one generates its source the same way). tvm_callback_cuda_compile is never reached.
-CALLBACKS = ("tvm_callback_cuda_postproc",)
+CALLBACKS = (
+    "tvm_callback_cuda_postproc",
+    "tvm.support.nvcc.get_compute_version",
+    "tirx.intrinsics.cuda.get_codegen",
+    "tirx.intrinsics.cuda.header_generator",
+)
+_GET_CODEGEN = "tirx.intrinsics.cuda.get_codegen"
 # TVM_COMPILE_FORCE_FALLBACK is process-wide: one thread at a time may set it.
 _fallback_lock = threading.Lock()
 
@@ -146,10 +154,72 @@ def build_cuda(mod: IRModule, target: Target) -> Module:
     return load_cuda_payload(payload)
 
 
+def intrinsics_identity(get_codegen: str | None = None) -> str:
+    """Identity of TVM's CUDA device-intrinsic codegen table, which target.build.cuda reads.
+
+    'tvm' while every entry is TVM's own (the TVM version is a key part); else a digest of the
+    other entries' identities (as callbacks', docs/key.md). Memoized per table size: adding an
+    entry is seen at once, replacing one in place is not (declare a salt for
+    tirx.intrinsics.cuda.get_codegen after doing that).
+    """
+    # `get_codegen`: that callback's identity when the caller has it (saves a lookup).
+    if get_codegen is None:
+        declared = declared_salt(_GET_CODEGEN)
+        get_codegen = "" if declared is None else f"declared:{declared}"
+    if get_codegen.startswith("declared:"):
+        return get_codegen
+    table = _intrinsic_table()
+    if table is None:
+        return "none"
+    memo = _intrinsics_memo.get("table")
+    if memo is not None and memo[0] is table and memo[1] == len(table) and unchanged(memo[4]):
+        if memo[3] is not None:
+            raise memo[3]
+        return memo[2]
+    identity, error, watch = "tvm", None, []
+    digest = xxhash.xxh3_128()
+    try:
+        for op in sorted(table):
+            func = table[op]
+            if tvm_name(getattr(func, "__wrapped__", func)) is not None:
+                continue  # TVM's own codegen for this op
+            found, seen = object_identity(func, f"the CUDA intrinsic codegen for {op!r}", _GET_CODEGEN)
+            watch += seen
+            digest.update(f"{len(op)}:{op}{len(found)}:{found}".encode())
+            identity = f"user:{digest.hexdigest()}"
+    except UncacheableError as err:
+        error = err
+    _intrinsics_memo["table"] = (table, len(table), identity, error, tuple(watch))
+    if error is not None:
+        raise error
+    return identity
+
+
+_intrinsics_memo: dict[str, tuple] = {}
+
+
+def _intrinsic_table() -> dict | None:
+    registry = _intrinsic_module[0] if _intrinsic_module else _import_intrinsic_module()
+    return None if registry is None else getattr(registry, "CODEGEN_REGISTRY", None)
+
+
+_intrinsic_module: list = []
+
+
+def _import_intrinsic_module():
+    try:
+        from tvm.backend.cuda.codegen import registry
+    except ImportError:  # a TVM without Python-side CUDA intrinsics (tilelang's bundled one)
+        registry = None
+    _intrinsic_module[:] = [registry]
+    return registry
+
+
 def _cuda_toolchain(target: Target, compile_device: bool) -> dict[str, str]:
     # Computed on every key (a few microseconds, memoized per registered function): a hook
     # registered a moment ago changes the source, so a cached answer could serve a stale entry.
     salts = callback_salts(*CALLBACKS)
+    salts["cuda_intrinsics"] = intrinsics_identity(salts[f"callback:{_GET_CODEGEN}"])
     if compile_device:
         # The path as well as the build id: the headers and nvcc.profile beside it are inputs.
         salts["nvcc"] = nvcc_version()
