@@ -5,7 +5,8 @@
 Three CUDA source codegens that differ only in their toolchain function, each hit from the
 memory tier in a tight loop, batches interleaved (medians of 7):
 - "presence": the old key part, whether tvm_callback_cuda_postproc is registered;
-- "identity": the built-in toolchain now (the callback's identity, memoized per function);
+- "identity": the built-in toolchain now (the identity of each of the 4 Python globals
+  target.build.cuda calls, memoized per registered function, and of TVM's intrinsic table);
 - "identity + hook": the same with a user's Python hook registered (a digest memo hit and its
   identity checks of the hook's cells, globals and code).
 """

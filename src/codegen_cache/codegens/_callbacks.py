@@ -82,7 +82,12 @@ _registered = _compat.tvm_ffi.get_global_func
 
 def callback_salts(*names: str) -> dict[str, str]:
     """Key parts `callback:<name>` = identity of what is registered under each name now."""
-    return {f"callback:{name}": callback_identity(name) for name in names}
+    return {_part(name): callback_identity(name) for name in names}
+
+
+@functools.lru_cache(maxsize=None)
+def _part(name: str) -> str:
+    return f"callback:{name}"
 
 
 def callback_identity(name: str) -> str:

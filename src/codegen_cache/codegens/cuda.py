@@ -199,20 +199,24 @@ _intrinsics_memo: dict[str, tuple] = {}
 
 
 def _intrinsic_table() -> dict | None:
-    registry = _intrinsic_module[0] if _intrinsic_module else _import_intrinsic_module()
-    return None if registry is None else getattr(registry, "CODEGEN_REGISTRY", None)
+    # The dict get_codegen itself reads, from its module's globals (the module object TVM
+    # exposes is a lazy proxy whose attribute access costs a microsecond).
+    scope = _intrinsic_scope[0] if _intrinsic_scope else _find_intrinsic_scope()
+    return None if scope is None else scope.get("CODEGEN_REGISTRY")
 
 
-_intrinsic_module: list = []
+_intrinsic_scope: list = []
 
 
-def _import_intrinsic_module():
+def _find_intrinsic_scope() -> dict | None:
     try:
-        from tvm.backend.cuda.codegen import registry
+        from tvm.backend.cuda.codegen.registry import register_codegen
     except ImportError:  # a TVM without Python-side CUDA intrinsics (tilelang's bundled one)
-        registry = None
-    _intrinsic_module[:] = [registry]
-    return registry
+        scope = None
+    else:
+        scope = getattr(register_codegen, "__globals__", None)  # the module get_codegen reads
+    _intrinsic_scope[:] = [scope]
+    return scope
 
 
 def _cuda_toolchain(target: Target, compile_device: bool) -> dict[str, str]:
