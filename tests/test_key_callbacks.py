@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -21,6 +22,7 @@ import hooks
 import kernels
 from codegen_cache.codegens import _callbacks, cuda, gpu_source
 from conftest import CUDA_TARGET
+from cuda_stub import build_stub
 
 POSTPROC = "tvm_callback_cuda_postproc"
 TESTS = str(Path(__file__).parent)
@@ -409,5 +411,59 @@ def test_a_users_cuda_intrinsic_codegen_is_a_key_part(cache, cuda_add, intrinsic
     try:
         assert '"cuda_intrinsics":"declared:my-intrinsics-v1"' in cache.key_for(
             mod, target, compile_device=False).as_dict()["toolchain"]
-    finally:
-        _callbacks._declared.clear()
+    finally:  # this declaration only: TVM's get_codegen stays registered for the process
+        _callbacks._declared.pop(tvm_ffi.get_global_func("tirx.intrinsics.cuda.get_codegen").__chandle__())
+
+
+STUB_DRIVER_PROCESS = textwrap.dedent(
+    """
+    import json, sys
+    sys.path.insert(0, {tests!r})
+    import tvm_ffi
+    import tvm.support.nvcc  # noqa: F401  TVM's own tvm_callback_cuda_compile
+    import codegen_cache as cc, kernels
+    from codegen_cache import _compat
+    from codegen_cache.codegens import _callbacks
+    assert _compat.cuda_runtime_available(), "stub libcuda did not load TVM's CUDA runtime"
+    called = []
+
+    def recorder(name, previous):
+        def hook(*args):
+            called.append(name)
+            return previous(*args) if previous is not None else args[0]
+        return hook
+
+    for name in _callbacks.CALLBACKS:
+        tvm_ffi.register_global_func(name, recorder(name, tvm_ffi.get_global_func(name, allow_missing=True)),
+                                     override=True)
+        cc.declare_callback_salt(name, "recorder")
+    mod, target = cc.lower_for_codegen(kernels.vadd_gpu, {{"kind": "cuda", "arch": "sm_90"}})
+    entry = cc.resolve_device_codegen(target)
+    out = {{}}
+    for compile_device in (False, True):
+        del called[:]
+        module = entry.invoke(mod, target, compile_device=compile_device)
+        keyed = sorted(n.split(":", 1)[1] for n in entry.toolchain(target, compile_device) if n.startswith("callback:"))
+        out[str(compile_device)] = [module.kind, sorted(set(called)), keyed]
+    print(json.dumps(out))
+    """
+)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+@pytest.mark.timeout(300)
+def test_with_a_cuda_runtime_loaded_cuda_codegens_call_only_keyed_callbacks(tmp_path):
+    # TVM's CUDA runtime loaded (a stub libcuda.so.1): target.build.cuda would compile through
+    # tvm_callback_cuda_compile; the built-in codegens must never get there.
+    stub = build_stub(tmp_path / "stub")
+    if stub is None:
+        pytest.skip("gcc or libcudart.so.13 is missing: cannot build the stub CUDA driver")
+    env = {**os.environ, "LD_LIBRARY_PATH": f"{stub}:{os.environ.get('LD_LIBRARY_PATH', '')}"}
+    done = subprocess.run([sys.executable, "-c", STUB_DRIVER_PROCESS.format(tests=TESTS)], env=env,
+                          capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    for mode, (kind, called, keyed) in out.items():
+        assert kind == "cuda" and POSTPROC in called, (mode, called)
+        assert "tvm_callback_cuda_compile" not in called
+        assert set(called) <= set(keyed), (mode, called, keyed)
