@@ -883,3 +883,14 @@ def test_a_directory_removed_under_a_running_process_is_made_again_and_stored_in
         assert lower_fresh(directory, 1, compiled)[0] == "disk", compiled
     assert lower_fresh(directory, 0, True)[0] == "built"  # gone with the directory: rebuilt
     cache.close()
+
+
+def test_every_test_that_reliability_md_names_exists():
+    import re
+
+    doc = (HERE.parent / "docs" / "reliability.md").read_text()
+    named = set(re.findall(r"\b(test_[a-z0-9_]+)\b(?!\.py)", doc))
+    defined = set()
+    for path in HERE.glob("test_*.py"):
+        defined |= set(re.findall(r"^def (test_\w+)", path.read_text(), re.MULTILINE))
+    assert named and sorted(named - defined) == []
