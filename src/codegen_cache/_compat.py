@@ -142,12 +142,14 @@ def runtime_enabled(kind: str) -> bool:
 @functools.lru_cache(maxsize=1)
 def tvm_version() -> str:
     """TVM's version, its commit id where recorded, and the distribution it came with."""
-    try:
-        from tvm import _version
+    commit = None
+    if DISTRIBUTION != "tilelang":  # tilelang's bundled TVM has no _version (a failed import costs ms)
+        try:
+            from tvm import _version
 
-        commit = getattr(_version, "commit_id", None)
-    except ImportError:  # tilelang's bundled TVM has no _version module
-        commit = None
+            commit = getattr(_version, "commit_id", None)
+        except ImportError:
+            pass
     text = f"{tvm.__version__}+{commit or 'unknown'}"
     if DISTRIBUTION == "tilelang":
         # Two tilelang releases bundle different builds of the same TVM 0.25.dev0.

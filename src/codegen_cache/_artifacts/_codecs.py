@@ -114,7 +114,7 @@ def _cuda_bin(fields, meta, path, scratch) -> Module:
 
 
 def _cuda_module(fields, meta, path, scratch) -> Module:
-    fmt, fmap, code, sources_json = fields
+    fmt, fmap, code, sources_json = (bytes(f) for f in fields)  # a hit may hand views of a mapped file
     if fmt not in (b"fatbin", b"cubin", b"ptx") or not code:
         raise ArtifactError(f"CUDA format {fmt[:16]!r} or empty data", kind="cuda-module")
     sources = json.loads(sources_json)

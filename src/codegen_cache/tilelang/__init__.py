@@ -10,7 +10,7 @@ What is cached at each level, and the limits, are in docs/tilelang.md.
 from __future__ import annotations
 
 from .. import _compat
-from . import _device
+from . import _device, _frontend
 
 __all__ = ["disable", "enable", "is_enabled"]
 
@@ -21,14 +21,22 @@ def _require_tilelang() -> None:
                           "in an environment with tilelang (and without apache-tvm)")
 
 
-def enable() -> None:
-    """Route tilelang's device codegen through the active cache (idempotent)."""
+def enable(*, frontend: bool = True) -> None:
+    """Route tilelang's compiles through the active cache (idempotent).
+
+    Two levels: tilelang.compile itself (a function compiled before comes back without
+    lowering; tilelang >= 0.1.14; frontend=False leaves it to tilelang), and tilelang's device
+    codegen (every tilelang version with the registry, 0.1.12 on).
+    """
     _require_tilelang()
     _device.install()
+    if frontend:
+        _frontend.install()
 
 
 def disable() -> None:
     """Undo enable(): tilelang compiles as it does without this package."""
+    _frontend.uninstall()
     _device.uninstall()
 
 

@@ -113,7 +113,7 @@ def _stat_stamp(path: str) -> str:
         st = os.stat(path)
     except OSError:
         return f"{path}:missing"
-    return f"{os.path.realpath(path)}:{st.st_ino}:{st.st_mtime_ns}:{st.st_size}"
+    return f"{os.path.abspath(path)}:{st.st_ino}:{st.st_mtime_ns}:{st.st_size}"
 
 
 def _include_dirs() -> list[str]:
@@ -190,8 +190,8 @@ def headers_digest(directory: Path | None) -> str:
     import tilelang
 
     dirs = _include_dirs()
-    package = os.path.realpath(os.path.dirname(tilelang.__file__)) + os.sep
-    inside = all(os.path.realpath(d).startswith(package) for d in dirs)
+    package = _package_dir()
+    inside = all(os.path.normpath(os.path.abspath(d)).startswith(package) for d in dirs)
     # Inside an installed package, a reinstall makes new directories (new inodes, times).
     stamp = "|".join([_stat_stamp(d) for d in dirs] + [_stat_stamp(tilelang.__file__)]) if inside else None
     return _memoized(directory, "headers", stamp, lambda: _hash_tree(dirs))
@@ -247,6 +247,14 @@ def callback_part(kind: str) -> dict[str, str]:
 _checked: dict[int, object] = {}
 
 
+@functools.lru_cache(maxsize=1)
+def _package_dir() -> str:
+    """tilelang's package directory as its modules' files name it (no symlinks resolved: no syscalls)."""
+    import tilelang
+
+    return os.path.normpath(os.path.abspath(os.path.dirname(tilelang.__file__))) + os.sep
+
+
 def _declare_if_tilelangs_own(name: str) -> None:
     """Key tilelang's own callbacks by tilelang's version and their name.
 
@@ -260,12 +268,9 @@ def _declare_if_tilelangs_own(name: str) -> None:
     handle = func.__chandle__()
     if _checked.get(handle) is func:
         return
-    import tilelang
-
     target = python_callable(func)
     code = getattr(target, "__code__", None)
-    package = os.path.realpath(os.path.dirname(tilelang.__file__)) + os.sep
-    if code is not None and os.path.realpath(code.co_filename).startswith(package):
+    if code is not None and os.path.normpath(os.path.abspath(code.co_filename)).startswith(_package_dir()):
         declare_salt_of(name, f"tilelang {tilelang_version()}: {target.__module__}.{target.__qualname__}")
     if len(_checked) >= 64:
         _checked.clear()

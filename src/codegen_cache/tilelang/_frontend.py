@@ -1,0 +1,371 @@
+"""tilelang.compile through the cache at the frontend: a function compiled before comes back unlowered.
+
+While enabled, the `cached` that tilelang.compile calls is replaced. Its key (a CacheKey of
+named parts) is what tilelang.compile is given and what its output depends on:
+
+- `func`: the PrimFunc's structural hash (map_free_vars; its attrs — out_idx, pass configs,
+  compile flags set on the function — are part of it);
+- `call`: target and target_host as given (canonical JSON), execution backend, out_idx, pass
+  configs, compile flags and verbose (nvcc's flags depend on it), env defaults filled in;
+- salts: TVM, tvm-ffi, LLVM (the `tvm` salt names tilelang's TVM build), tilelang's version,
+  the TILELANG_*/TL_*/CUDA variables (_salts.env_part), the tilelang_callback_* functions of the
+  target's kind, the headers digest and nvcc, the machine, the entry format.
+
+Not keyable, so handed to tilelang unchanged: target "auto" (it depends on the GPU present),
+extra positional arguments, tilelang < 0.1.14 (its KernelCache keeps kernel parameters as
+pickles; this cache never unpickles; the device level still serves those versions).
+
+An entry is one file, `<cache dir>/tilelang/<digest>.so`: the frame (payload first) whose
+field 0 is the kernel library, so the file itself is what tilelang loads; fields 1 and 2 are
+the device and host sources; kernel parameters are tilelang's JSON (dump_kernel_params). A hit
+checks the frame's checksum, then rebuilds the kernel with the execution backend's own
+`_build_kernel` (JITKernel.from_database), as tilelang's KernelCache does: no lowering, no
+codegen, no compile. A hit in memory is the same JITKernel object, after an exact comparison
+(same object or structural_equal); with `verify=True` a disk hit also compares the function's
+JSON digest.
+
+While a miss compiles, tilelang's own KernelCache is switched off: with our cache enabled it
+would only store a second copy (docs/tilelang.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import logging
+import os
+import platform
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from .. import _compat
+from .._artifacts import frame, unframe
+from .._cache import CodegenCache
+from .._context import active_cache
+from .._errors import ArtifactError
+from .._key import CacheKey, static_salts
+from .._log import warn_once
+from .._outcome import emit
+from .._targets import canonical_target
+from . import _salts
+
+__all__ = ["ENTRY_CODEC", "FRONTEND_FORMAT", "install", "uninstall"]
+
+logger = logging.getLogger(__name__)
+
+FRONTEND_FORMAT = "1"
+ENTRY_CODEC = "tilelang-kernel"
+_MAX_ENTRY = 512 << 20
+_MEMORY_MAX = 256
+_saved: dict[str, Any] = {}
+_memory: dict[str, tuple[Any, Any]] = {}  # digest -> (func, JITKernel)
+_lock = threading.Lock()
+_off_lock = threading.Lock()
+_off_depth = [0, True]  # nested misses; whether tilelang's cache was on before the first
+
+
+# ---- the key ---------------------------------------------------------------------------------
+
+
+def _canonical(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, _compat.Target):
+        return {"target": canonical_target(value)}
+    if isinstance(value, dict):
+        return {str(k): _canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    return _salts._jsonable(value)  # noqa: SLF001 - TVM objects: as the pass-config part keys them
+
+
+def _kind(target: Any) -> str | None:
+    if isinstance(target, _compat.Target):
+        return target.kind.name
+    if isinstance(target, dict):
+        return str(target.get("kind"))
+    if isinstance(target, str):
+        text = target.strip()
+        return text.split()[0] if text and not text.startswith("{") else None
+    return None
+
+
+def frontend_key(cache: CodegenCache, func: Any, call: dict[str, Any]) -> CacheKey | None:
+    """The key of one tilelang.compile call, or None where it cannot be keyed (module docstring)."""
+    from tilelang import env as tl_env
+
+    target = call["target"] if call["target"] is not None else tl_env.get_default_target()
+    if isinstance(target, str) and target.strip() == "auto":
+        return None
+    kind = _kind(target)
+    if kind is None:
+        return None
+    filled = {**call, "target": target,
+              "execution_backend": call["execution_backend"] or tl_env.get_default_execution_backend(),
+              "verbose": bool(call["verbose"]) if call["verbose"] is not None else bool(tl_env.get_default_verbose())}
+    text = json.dumps(_canonical(filled), sort_keys=True, separators=(",", ":"))
+    parts = [
+        ("func", f"{_compat.structural_hash(func) & 0xFFFFFFFFFFFFFFFF:016x}"),
+        ("call", text),
+        *static_salts(),
+        ("tilelang", _salts.tilelang_version()),
+        ("env", _salts.env_part()),
+        ("callbacks", json.dumps(_salts.callback_part(kind), sort_keys=True)),
+        *sorted(_salts.compile_salts(cache.directory).items()),
+        ("machine", platform.machine()),
+        ("frontend_format", FRONTEND_FORMAT),
+    ]
+    return CacheKey.from_parts(parts)
+
+
+# ---- entries: one file per kernel ------------------------------------------------------------
+
+
+def _entry_path(cache: CodegenCache, digest: str) -> Path:
+    return Path(cache.directory) / "tilelang" / f"{digest}.so"
+
+
+def _func_digest(func: Any) -> str:
+    return xxhash.xxh3_128_hexdigest(_compat.save_json(func).encode())
+
+
+def _read_entry(path: Path, key: CacheKey):
+    """The entry's artifact, or None (missing, another key's, or corrupt: then removed)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as handle:
+            blob = handle.read(_MAX_ENTRY + 1)
+        if len(blob) > _MAX_ENTRY:
+            raise ArtifactError(f"entry larger than {_MAX_ENTRY} bytes", kind=ENTRY_CODEC)
+        art = unframe(blob)
+        if art.codec != ENTRY_CODEC or art.meta.get("key") != key.digest or len(art.fields) != 3:
+            raise ArtifactError(f"codec {art.codec!r} for another key or with {len(art.fields)} fields", kind=ENTRY_CODEC)
+        if not isinstance(art.meta.get("params"), str):
+            raise ArtifactError("params is not a string", kind=ENTRY_CODEC)
+        return art
+    except (OSError, ArtifactError) as err:
+        warn_once(logger, ("tilelang-entry", str(path.parent)), "codegen cache: dropping a bad tilelang entry "
+                  "%s: %s", path.name, err)
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return None
+
+
+def _write_entry(path: Path, blob: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as handle:
+            handle.write(blob)
+        os.replace(tmp, path)
+    except OSError as err:
+        warn_once(logger, ("tilelang-write", str(path.parent)), "codegen cache: cannot store tilelang kernels "
+                  "in %s (%s); compiles still work", path.parent, err)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+# ---- tilelang's own pieces, per version --------------------------------------------------------
+
+
+def _dispatch(original_module: Any, call: dict[str, Any]):
+    """(tilelang's KernelCache for the backend, keyword arguments its _build_kernel takes besides the entry)."""
+    resolve = original_module._resolve_cache_dispatch  # noqa: SLF001
+    if "target_host" in inspect.signature(resolve).parameters:  # 0.1.14+
+        kernel_cache, context, _verbose = resolve(call["target"], call["target_host"], call["execution_backend"],
+                                                  call["verbose"])
+        return kernel_cache, {"backend_context": context}
+    raise NotImplementedError("tilelang < 0.1.14")
+
+
+def _store(cache: CodegenCache, key: CacheKey, func: Any, kernel: Any, call: dict[str, Any], original_module: Any,
+           build_seconds: float) -> bool:
+    """Store a compiled kernel as the backend's own KernelCache would save it (its export code), in one entry."""
+    import shutil
+    import tempfile
+
+    from tilelang.engine.param import dump_kernel_params
+
+    kernel_cache, _extra = _dispatch(original_module, call)
+    root = Path(cache.directory) / "tilelang"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        staging = tempfile.mkdtemp(prefix="cgc-tl-", dir=root)
+    except OSError as err:
+        warn_once(logger, ("tilelang-write", str(root)), "codegen cache: cannot store tilelang kernels in %s (%s); "
+                  "compiles still work", root, err)
+        return False
+    try:
+        # tilelang's own writers (per execution backend): the sources and the library it loads.
+        kernel_cache._save_kernel_source_code_to_disk(kernel, staging)  # noqa: SLF001
+        kernel_cache._save_wrapper_kernel_code_to_disk(kernel, staging)  # noqa: SLF001
+        kernel_cache._save_so_cubin_to_disk(kernel, staging)  # noqa: SLF001
+        staged = Path(staging)
+        library = (staged / kernel_cache.kernel_lib_path).read_bytes()
+        device = (staged / kernel_cache.device_kernel_path).read_bytes()
+        host = (staged / kernel_cache.host_kernel_path).read_bytes()
+    except (OSError, RuntimeError, ValueError, AttributeError) as err:
+        logger.debug("tilelang kernel not stored: %s", err)
+        return False
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    meta = {"key": key.digest, "parts": key.as_dict(), "params": dump_kernel_params(kernel.params),
+            "build_seconds": build_seconds, "created": time.time()}
+    if cache.settings.verify:
+        meta["ir_digest"] = _func_digest(func)
+    _write_entry(_entry_path(cache, key.digest), frame(ENTRY_CODEC, meta, [library, device, host]))
+    return True
+
+
+def _load(cache: CodegenCache, key: CacheKey, func: Any, call: dict[str, Any], original_module: Any):
+    from tilelang.engine.param import load_kernel_params
+    from tilelang.jit.adapter.base import CachedTextSource
+
+    path = _entry_path(cache, key.digest)
+    art = _read_entry(path, key)
+    if art is None:
+        return None
+    if cache.settings.verify and art.meta.get("ir_digest") != _func_digest(func):
+        return None  # another function with the same 64-bit hash: compile it
+    kernel_cache, extra = _dispatch(original_module, call)
+    from tilelang.transform.pass_config import normalize_pass_configs
+
+    try:
+        return kernel_cache._build_kernel(  # noqa: SLF001 - what tilelang's KernelCache calls on its own hits
+            func=func,
+            host_kernel_source=CachedTextSource(text=bytes(art.fields[2]).decode()),
+            device_kernel_source=CachedTextSource(text=bytes(art.fields[1]).decode()),
+            kernel_lib_path=str(path),
+            kernel_params=load_kernel_params(art.meta["params"]),
+            out_idx=call["out_idx"],
+            pass_configs=normalize_pass_configs(call["pass_configs"]),
+            compile_flags=call["compile_flags"],
+            **extra,
+        ), art.meta.get("build_seconds", 0.0)
+    except (RuntimeError, ValueError, TypeError, OSError, UnicodeDecodeError) as err:
+        warn_once(logger, ("tilelang-load", str(path.parent)), "codegen cache: a stored tilelang kernel did not "
+                  "load (%s); compiling it", err)
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return None
+
+
+@contextlib.contextmanager
+def _tilelang_cache_off():
+    """tilelang's own KernelCache off while a miss compiles (process-wide; nested and threaded misses counted)."""
+    from tilelang import env as tl_env
+
+    with _off_lock:
+        if _off_depth[0] == 0:
+            _off_depth[1] = tl_env.is_cache_enabled()
+            tl_env.disable_cache()
+        _off_depth[0] += 1
+    try:
+        yield
+    finally:
+        with _off_lock:
+            _off_depth[0] -= 1
+            if _off_depth[0] == 0 and _off_depth[1]:
+                tl_env.enable_cache()
+
+
+# ---- the replacement for tilelang.jit.cached -------------------------------------------------
+
+
+def _remember(digest: str, func: Any, kernel: Any) -> None:
+    with _lock:
+        if len(_memory) >= _MEMORY_MAX:
+            _memory.pop(next(iter(_memory)))
+        _memory[digest] = (func, kernel)
+
+
+def _from_memory(digest: str, func: Any):
+    found = _memory.get(digest)
+    if found is None:
+        return None
+    kept, kernel = found
+    return kernel if kept.same_as(func) or _compat.structural_equal(kept, func) else None
+
+
+def _cached(original, original_module):
+    def cached(func=None, out_idx=None, *args, target=None, target_host=None, execution_backend=None,
+               verbose=None, pass_configs=None, compile_flags=None):
+        call = {"target": target, "target_host": target_host, "execution_backend": execution_backend,
+                "out_idx": out_idx, "pass_configs": pass_configs, "compile_flags": compile_flags, "verbose": verbose}
+
+        def tilelangs_own():
+            return original(func, out_idx, *args, target=target, target_host=target_host,
+                            execution_backend=execution_backend, verbose=verbose, pass_configs=pass_configs,
+                            compile_flags=compile_flags)
+
+        cache = active_cache()
+        if args or not isinstance(cache, CodegenCache) or not isinstance(func, _compat.PrimFunc):
+            return tilelangs_own()
+        start = time.perf_counter()
+        key = frontend_key(cache, func, call)
+        if key is None:
+            return tilelangs_own()
+        key_seconds = time.perf_counter() - start
+        kernel = _from_memory(key.digest, func)
+        if kernel is not None:
+            _emit("memory", key, key_seconds, start, 0.0, None)
+            return kernel
+        loaded = _load(cache, key, func, call, original_module)
+        if loaded is not None and loaded[0] is not None:
+            _remember(key.digest, func, loaded[0])
+            _emit("disk", key, key_seconds, start, float(loaded[1] or 0.0), None)
+            return loaded[0]
+        with _tilelang_cache_off():
+            t0 = time.perf_counter()
+            kernel = tilelangs_own()
+            seconds = time.perf_counter() - t0
+        stored = _store(cache, key, func, kernel, call, original_module, seconds)
+        _remember(key.digest, func, kernel)
+        _emit("built", key, key_seconds, start, seconds, stored)
+        return kernel
+
+    cached.__doc__ = original.__doc__
+    return cached
+
+
+def _emit(tier: str, key: CacheKey, key_seconds: float, start: float, seconds: float, stored: bool | None) -> None:
+    total = time.perf_counter() - start
+    emit(tier, key.digest, "tilelang.compile", "kernel", key_seconds, total - key_seconds, seconds, total, stored)
+
+
+def install() -> bool:
+    """Replace the `cached` tilelang.compile calls; False where this tilelang is not supported (< 0.1.14)."""
+    if _saved:
+        return True
+    import importlib
+
+    jit = importlib.import_module("tilelang.jit")
+    cache_module = importlib.import_module("tilelang.cache")
+    resolve = getattr(cache_module, "_resolve_cache_dispatch", None)
+    if resolve is None or "target_host" not in inspect.signature(resolve).parameters:
+        return False
+    try:
+        from tilelang.engine.param import dump_kernel_params, load_kernel_params  # noqa: F401
+    except ImportError:
+        return False
+    _saved["cached"] = jit.cached
+    jit.cached = _cached(jit.cached, cache_module)
+    return True
+
+
+def uninstall() -> None:
+    """Give tilelang.compile back tilelang's own `cached`."""
+    if "cached" in _saved:
+        import importlib
+
+        importlib.import_module("tilelang.jit").cached = _saved.pop("cached")
+    with _lock:
+        _memory.clear()

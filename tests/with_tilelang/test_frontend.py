@@ -1,0 +1,100 @@
+"""tilelang.compile through the cache's frontend entry: a compiled function comes back unlowered, exactly."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import NO_TILELANG, NO_TILELANG_MODULE, SM80
+
+pytest.importorskip(NO_TILELANG_MODULE, reason=NO_TILELANG)
+
+import tilelang  # noqa: E402
+
+import codegen_cache as cc  # noqa: E402
+import codegen_cache.tilelang as cct  # noqa: E402
+from codegen_cache.tilelang import _frontend  # noqa: E402
+
+from .tl_kernels import scale, vadd  # noqa: E402
+
+pytestmark = [pytest.mark.timeout(600),
+              pytest.mark.skipif(not hasattr(__import__("tilelang.cache", fromlist=["x"]), "_resolve_cache_dispatch")
+                                 or tilelang.__version__ < "0.1.14", reason="the frontend entry needs tilelang >= 0.1.14")]
+
+_CHILD = r"""
+import json, sys
+import tilelang
+sys.path.insert(0, sys.argv[1])
+import tl_kernels
+import codegen_cache as cc, codegen_cache.tilelang as cct
+cct.enable()
+with cc.record_outcomes() as outcomes:
+    kernel = tilelang.compile(tl_kernels.vadd(), target={"kind": "cuda", "arch": "sm_80"})
+print(json.dumps({"source": kernel.get_kernel_source(), "tiers": [(o.codegen, o.tier) for o in outcomes]}))
+"""
+
+
+def _compile_in_a_new_process(tmp_path: Path) -> dict:
+    import json
+
+    env = {**os.environ, "CODEGEN_CACHE_DIR": str(tmp_path / "codegen-cache"),
+           "TILELANG_CACHE_DIR": str(tmp_path / "tilelang-cache-children")}
+    done = subprocess.run([sys.executable, "-c", _CHILD, str(Path(__file__).parent)], env=env, capture_output=True,
+                          text=True, timeout=500, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_new_process_gets_the_kernel_without_lowering_and_tilelang_stores_nothing(tmp_path):
+    plain = tilelang.compile(vadd(), target=SM80).get_kernel_source()  # tilelang alone, its cache in tmp_path
+    first = _compile_in_a_new_process(tmp_path)
+    again = _compile_in_a_new_process(tmp_path)
+    assert ("tilelang.compile", "built") in [tuple(t) for t in first["tiers"]]
+    assert [tuple(t) for t in again["tiers"]] == [("tilelang.compile", "disk")]  # no device codegen either
+    assert first["source"] == again["source"] == plain
+    kernels = tmp_path / "tilelang-cache-children"
+    stored_by_tilelang = [p for p in kernels.rglob("*.so")] if kernels.exists() else []
+    assert stored_by_tilelang == [], "tilelang's own KernelCache stored a copy while ours was enabled"
+
+
+def test_a_repeated_compile_is_the_same_kernel_object_after_an_exact_check(fresh_cache):
+    cct.enable()
+    with cc.use_cache(fresh_cache()), cc.record_outcomes() as outcomes:
+        first = tilelang.compile(vadd(), target=SM80)
+        second = tilelang.compile(vadd(), target=SM80)  # another PrimFunc object, structurally equal
+        other = tilelang.compile(scale(), target=SM80)
+    assert second is first and other is not first
+    assert [o.tier for o in outcomes if o.codegen == "tilelang.compile"] == ["built", "memory", "built"]
+
+
+def test_the_call_and_tilelang_settings_are_keyed(fresh_cache):
+    cache = fresh_cache()
+    call = {"target": SM80, "target_host": None, "execution_backend": None, "out_idx": None, "pass_configs": None,
+            "compile_flags": None, "verbose": None}
+    base = _frontend.frontend_key(cache, vadd(), call)
+    assert _frontend.frontend_key(cache, vadd(), dict(call)) == base
+    for change in ({"out_idx": [2]}, {"pass_configs": {"tl.enable_fast_math": True}}, {"compile_flags": ["-G"]},
+                   {"target": {"kind": "cuda", "arch": "sm_90"}}):
+        assert _frontend.frontend_key(cache, vadd(), {**call, **change}) != base, change
+    assert _frontend.frontend_key(cache, scale(), call) != base
+    assert _frontend.frontend_key(cache, vadd(), {**call, "target": "auto"}) is None  # depends on the GPU present
+
+
+def test_with_verify_a_disk_entry_of_another_function_is_not_served(fresh_cache, monkeypatch):
+    cct.enable()
+    cache = cc.CodegenCache(fresh_cache().directory, verify=True)
+    with cc.use_cache(cache):
+        vadd_source = tilelang.compile(vadd(), target=SM80).get_kernel_source()
+    _frontend._memory.clear()  # noqa: SLF001 - as a new process
+    # Make scale() collide with vadd(): same structural hash, so the same key.
+    real = _frontend._compat.structural_hash  # noqa: SLF001
+    vadd_hash = real(vadd())
+    monkeypatch.setattr(_frontend._compat, "structural_hash", lambda f: vadd_hash)  # noqa: SLF001
+    with cc.use_cache(cc.CodegenCache(cache.directory, verify=True)), cc.record_outcomes() as outcomes:
+        kernel = tilelang.compile(scale(), target=SM80)
+    assert [o.tier for o in outcomes if o.codegen == "tilelang.compile"] == ["built"]
+    assert kernel.get_kernel_source() != vadd_source
