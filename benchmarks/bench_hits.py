@@ -166,6 +166,9 @@ class HitBench:
         def miss() -> None:
             # The first miss uses the real key: it stores the entry the hits read. Later ones are salted.
             codegen = self.salted(entry) if keys else entry
+            # Untimed: the key's codegen/target part for this new salt (memoized per codegen and
+            # target, so a real miss finds it; only the salt trick makes it new here).
+            self.miss.key_for(mod, target, compile_device=compile_device, codegen=codegen)
             t0 = time.perf_counter()
             if load:
                 _, outcome = self.miss.lower_with_outcome(mod, target, compile_device=compile_device, codegen=codegen)

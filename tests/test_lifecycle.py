@@ -894,3 +894,36 @@ def test_every_test_that_reliability_md_names_exists():
     for path in HERE.glob("test_*.py"):
         defined |= set(re.findall(r"^def (test_\w+)", path.read_text(), re.MULTILINE))
     assert named and sorted(named - defined) == []
+
+
+@pytest.mark.timeout(60)
+def test_staging_writes_into_a_spare_file_made_ahead_and_a_fork_child_never_uses_the_parents(tmp_path):
+    from codegen_cache._storage._pending import PendingFiles
+
+    staged = PendingFiles(tmp_path / "pending")
+    staged.keep_spare()
+    (spare,) = [p for p in os.listdir(tmp_path / "pending") if p.startswith("cgc-")]
+    pid = os.fork()
+    if pid == 0:  # the child stages its own entry in a file of its own
+        try:
+            staged.write("c" * 32, b"child")
+        finally:
+            os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert (tmp_path / "pending" / spare).exists()  # still the parent's, still empty
+    staged.write("a" * 32, b"parent")
+    assert not (tmp_path / "pending" / spare).exists()  # the parent's write went into it
+    assert staged.read("c" * 32) == b"child" and staged.read("a" * 32) == b"parent"
+    assert sorted(os.listdir(tmp_path / "pending")) == ["a" * 32, "c" * 32]
+
+
+def test_spare_files_are_removed_at_exit(tmp_path):
+    script = textwrap.dedent(f"""
+        from codegen_cache._storage._pending import PendingFiles
+        staged = PendingFiles({str(tmp_path / "pending")!r})
+        staged.keep_spare(); staged.keep_spare()
+        import os; print(len(os.listdir({str(tmp_path / "pending")!r})))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "2" and os.listdir(tmp_path / "pending") == []

@@ -17,6 +17,7 @@ import random
 import signal
 import sqlite3
 import stat
+import struct
 import subprocess
 import sys
 import time
@@ -174,8 +175,10 @@ def test_kill9_mid_store_leaves_no_corrupt_entry_stuck_lock_or_growing_temp(tmp_
         assert len(orphan_files(directory / name)) <= kills
     # No lock outlives its holder: the kernel released every one (the files may stay: they hold nothing).
     for lock in (directory / "locks").iterdir() if (directory / "locks").is_dir() else ():
-        with open(lock, "rb") as f:
+        with open(lock, "rb+") as f:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if lock.name == "keys" and hasattr(fcntl, "F_OFD_SETLK"):  # no byte of it is locked either
+                fcntl.fcntl(f, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, 0, 0, 0))
     # Scratch leftovers: a staged file being written and a load per kill at most.
     leftovers = list((directory / "tmp").iterdir()) if (directory / "tmp").is_dir() else []
     assert len(leftovers) <= 2 * kills

@@ -416,6 +416,7 @@ class CodegenCache:
         store, staged, guard, directory = self._stores[mode], self._staged[mode], self._guard, self.directory
         remote_tier = self._remote if remote else None
         raw_llvm = mode == "compiled" and b"llvm-ir" in blob[-64:]
+        spare = self.write_behind  # on this thread, a spare file would cost the caller what it saves
 
         def promote() -> None:
             if guard("write", store.put, digest, blob):
@@ -424,6 +425,8 @@ class CodegenCache:
                     _upgrade.request(directory, mode, digest)
             if remote_tier is not None:
                 remote_tier.put(digest, blob)
+            if spare:
+                staged.keep_spare()  # the next miss writes into a file made here, not one it makes
 
         return promote
 
