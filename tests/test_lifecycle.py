@@ -643,18 +643,29 @@ LOWER_ON_A_FULL_DISK = """
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("leave", [0, 40 << 10, 160 << 10], ids=["full", "40KiB-left", "160KiB-left"])
-def test_a_full_disk_never_ends_the_process(tmp_path, leave):
+@pytest.mark.parametrize("leave", [0, 40 << 10, 160 << 10, "stored-raw"],
+                         ids=["full", "40KiB-left", "160KiB-left", "full-with-raw-entries-to-upgrade"])
+def test_a_full_disk_never_ends_the_process(tmp_path, monkeypatch, leave):
     from test_reliability import fill, mounted
 
     with mounted(tmp_path / "small", "-t", "tmpfs", "-o", "size=4m", "tmpfs") as mnt:
         directory = mnt / "cache"
         cc.CodegenCache(directory, write_behind=False).lower(*variant(9), compile_device=False)  # the stores exist
-        filler = fill(mnt, leave=leave)
+        if leave == "stored-raw":
+            # llvm entries stored as LLVM IR, not upgraded yet: the next process's hits ask for
+            # their upgrade, which then fails for want of space (in the upgrader, not there).
+            with monkeypatch.context() as m:
+                m.setattr(_upgrade, "_spawn", lambda directory, fd: False)
+                cache = cc.CodegenCache(directory, write_behind=False)
+                for i in range(3):
+                    cache.lower(*variant(i), compile_device=True)
+        filler = fill(mnt, leave=0 if leave == "stored-raw" else leave)
         done = _python(LOWER_ON_A_FULL_DISK, str(directory), timeout=300)
         assert done.returncode == 0 and "survived" in done.stdout, done.stderr[-3000:]
         assert "LLVM ERROR" not in done.stderr and "terminate called" not in done.stderr, done.stderr[-3000:]
         filler.unlink()
+        if leave == "stored-raw":
+            assert [_codec(directory, i) for i in range(3)] == ["llvm-ir"] * 3  # the upgrade failed
         # Space is back: entries that were skipped are built and stored again, and upgraded.
         cache = cc.CodegenCache(directory)
         for i in range(3):
