@@ -726,3 +726,9 @@ def test_warm_refuses_when_caching_is_disabled(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("CODEGEN_CACHE_DISABLE", "1")
     code, _out, err = run(capsys, "--dir", str(tmp_path), "warm", KERNELS, "-t", "c", "--kernel", "vadd", "-j", "0")
     assert code == _cli.EXIT_CONFIG and "for CODEGEN_CACHE_DISABLE: expected unset or 0 to warm" in err
+
+
+def test_every_parsed_command_has_its_function():
+    parser = _cli.build_parser()
+    commands = next(a for a in parser._actions if a.dest == "command").choices  # noqa: SLF001
+    assert set(commands) == set(_cli.COMMANDS) and all(callable(f) for f in _cli.COMMANDS.values())
