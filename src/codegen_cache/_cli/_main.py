@@ -26,7 +26,6 @@ from ._commands import (
     cmd_ls,
     cmd_prune,
     cmd_show,
-    cmd_stats,
     cmd_verify,
     fmt_table,
     open_cache,
@@ -34,6 +33,7 @@ from ._commands import (
     require_writable,
 )
 from .._errors import CommandError
+from ._stats_report import cmd_stats
 from ._parser import DEMO_CONFIGS, READS_A_CACHE, build_parser  # noqa: F401  DEMO_CONFIGS: re-exported
 from .._config import (
     ENV_VARS,
