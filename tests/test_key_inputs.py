@@ -227,3 +227,22 @@ def test_the_key_doc_lists_every_codegens_toolchain_parts():
                 parts = entry.toolchain(target, compile_device) if entry.toolchain else {}
                 actual[(kind, "compiled" if compile_device else "source")] = set(parts)
     assert documented == actual
+
+
+OUTER_TARGETS = [{"kind": "llvm", "mcpu": "skylake-avx512"}, {"kind": "llvm", "mcpu": "znver3", "mattr": ["+avx2"]},
+                 {"kind": "cuda", "arch": "sm_80"}, {"kind": "c"}]
+
+
+def test_an_enclosing_target_scope_changes_no_codegen_output():
+    # The key holds the target argument, not Target.current(): a `with target:` around lower()
+    # must not reach the output (the compiled CUDA codegen enters the argument's scope itself).
+    changed = []
+    for kind, kernel, target, compile_device in CODEGENS:
+        mod, tgt = cc.lower_for_codegen(getattr(kernels, kernel), target)
+        entry = cc.resolve_device_codegen(tgt)
+        base = _text(entry.invoke(mod, tgt, compile_device=compile_device), kind)
+        for outer in OUTER_TARGETS:
+            with tvm.target.Target(outer):
+                if _text(entry.invoke(mod, tgt, compile_device=compile_device), kind) != base:
+                    changed.append((kind, outer))
+    assert not changed, f"the enclosing Target changes these codegens' output: {changed}"
