@@ -13,7 +13,8 @@ The fence's info string says how a block runs:
     ```console exit=3              the block (one bash -e shell) must exit with 3: its last
                                    command, the others succeeding
     ```bash needs=redis            skipped, with the reason, without redis-server (also: nvcc,
-                                   gpu: a CUDA driver)
+                                   gpu: a CUDA driver); with it, the page gets a server:
+                                   CODEGEN_CACHE_REMOTE and `redis-cli` point at it
     ```python no-run: REASON       not run; the reason is required (use sparingly)
 
 Blocks of other languages (text, conf, none) are not run.
@@ -98,7 +99,7 @@ class Page:
     def __init__(self, root: Path) -> None:
         self.cwd = root / "work"
         self.cwd.mkdir(parents=True)
-        bin_dir = root / "bin"
+        self.bin = bin_dir = root / "bin"
         bin_dir.mkdir()
         # The commands the docs name run this interpreter and these sources, installed or not.
         (bin_dir / "codegen-cache").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m codegen_cache "$@"\n')
@@ -119,6 +120,11 @@ class Page:
 
             tmp.mkdir(exist_ok=True)
             self.redis = RedisServer(tmp)
+            # The page's `redis-cli ...` commands reach this server, as a reader's reach theirs.
+            cli = shutil.which("redis-cli")
+            if cli:
+                (self.bin / "redis-cli").write_text(f'#!/bin/sh\nexec "{cli}" -p {self.redis.port} "$@"\n')
+                (self.bin / "redis-cli").chmod(0o755)
             self.env["REDIS_PORT"] = str(self.redis.port)
             self.env["CODEGEN_CACHE_REMOTE"] = f"redis://127.0.0.1:{self.redis.port}/0"
 
@@ -230,14 +236,35 @@ def test_docs_show_the_current_artifact_format():
             assert int(match.group(1)) == FORMAT_VERSION, f"docs/{path.name} names remote keys v{match.group(1)}"
 
 
-def test_remote_cleanup_pattern_matches_the_tiers_keys():
-    from codegen_cache._storage._remote import RedisTier
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(not (shutil.which("redis-server") and shutil.which("redis-cli")), reason="needs redis-server")
+def test_remote_md_cleanup_command_deletes_the_caches_entries(tmp_path, llvm_vadd):
+    """The `redis-cli --scan --pattern ... | xargs -r redis-cli unlink` of remote.md, run as written."""
+    import codegen_cache as cc
+    from redis_server import RedisServer
 
-    tier = RedisTier("redis://127.0.0.1:1/0", secret="s")
+    command = re.search(r"`(redis-cli --scan --pattern '[^']*' \| xargs -r redis-cli unlink)`",
+                        (DOCS / "remote.md").read_text()).group(1)
+    server = RedisServer(tmp_path)
     try:
-        assert f"--pattern '{tier.prefix}*'" in (DOCS / "remote.md").read_text()
+        cache = cc.CodegenCache(tmp_path / "cache", remote=server.url, remote_secret="s", write_behind=False)
+        cache.lower(*llvm_vadd, compile_device=True)
+        cache.close()
+        with server.client() as client:
+            client.set("unrelated", b"x")
+            assert len(client.keys("*")) == 2  # the entry and ours
+        shim = tmp_path / "bin"
+        shim.mkdir()  # redis-cli on this server's port, as the page's command runs against the default one
+        (shim / "redis-cli").write_text(f'#!/bin/sh\nexec "{shutil.which("redis-cli")}" -p {server.port} "$@"\n')
+        (shim / "redis-cli").chmod(0o755)
+        env = {**os.environ, "PATH": f"{shim}{os.pathsep}{os.environ['PATH']}"}
+        done = subprocess.run(["bash", "-o", "pipefail", "-c", command], capture_output=True, text=True, env=env,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr
+        with server.client() as client:
+            assert client.keys("*") == [b"unrelated"]  # the cache's entries went, nothing else
     finally:
-        tier.close()
+        server.close()
 
 
 def _text(name: str) -> str:
