@@ -20,7 +20,7 @@ import tvm_ffi
 import codegen_cache as cc
 import hooks
 import kernels
-from codegen_cache.codegens import _callbacks, cuda, gpu_source
+from codegen_cache.codegens import _callbacks, _pyfunc, cuda, gpu_source
 from conftest import CUDA_TARGET
 from cuda_stub import build_stub
 
@@ -232,7 +232,7 @@ def test_hooks_using_the_standard_library_modules_and_tvm_are_keyed_by_name():
 def test_an_unrecognized_tvm_ffi_layout_makes_every_registered_callback_uncacheable(monkeypatch):
     # Found by reading the Function object's words, checked against two probe functions first;
     # where that check fails (another tvm-ffi), nothing is guessed.
-    monkeypatch.setattr(_callbacks, "_layout", lambda: None)
+    monkeypatch.setattr(_pyfunc, "_layout", lambda: None)
     with hooks.registered(POSTPROC, _tagging_hook("Z")):
         with pytest.raises(cc.UncacheableError, match="not a Python function"):
             _callbacks.callback_identity(POSTPROC)

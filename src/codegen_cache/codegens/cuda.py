@@ -28,7 +28,7 @@ from .._artifacts._cuda import (
 from .._compat import IRModule, Module, Target
 from .._errors import CudaRuntimeUnavailableError, UncacheableError
 from .._registry import DeviceCodegen
-from ._callbacks import tvm_name, callback_salts, declared_salt, object_identity, unchanged
+from ._callbacks import callback_salts, declared_salt, object_identity, tvm_name, unchanged
 from ._common import env_salts
 
 __all__ = ["CODEGENS", "build_cuda", "compile_cuda_payload", "cuda_source_module", "find_nvcc", "nvcc_path", "nvcc_version"]

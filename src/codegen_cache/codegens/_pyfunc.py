@@ -1,0 +1,76 @@
+"""The Python callable behind a tvm-ffi Function (tvm-ffi has no API that hands it back).
+
+A Function made from a Python callable keeps it (or a closure whose first word is it) in a
+fixed word of the C object. The word, and the words every such Function shares (type index,
+deleters, call trampolines), are learnt at first use from two probe functions; a Function is
+read only after those shared words match, so a C/C++ function is never followed into.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import Any
+
+from .. import _compat
+
+__all__ = ["python_callable"]
+
+_WORDS = 8
+
+
+def _words(handle: int) -> list[int]:
+    return [ctypes.c_uint64.from_address(handle + 8 * i).value for i in range(_WORDS)]
+
+
+@functools.lru_cache(maxsize=1)
+def _layout() -> tuple[int, bool, tuple[tuple[int, int], ...]] | None:
+    """Where a Function made from a Python callable keeps it, learnt from two probe functions.
+
+    Returns (word offset, whether that word points at a closure whose first word is the
+    callable, the (offset, value) words every such Function shares), or None when the layout
+    is not recognized (then every registered callback is uncacheable, never misidentified).
+    """
+
+    def probe_a():
+        return "a"
+
+    def probe_b():
+        return "b"
+
+    fa, fb = _compat.tvm_ffi.convert(probe_a), _compat.tvm_ffi.convert(probe_b)
+    wa, wb = _words(fa.__chandle__()), _words(fb.__chandle__())
+    for offset in range(1, _WORDS):
+        a, b = wa[offset], wb[offset]
+        if a == id(probe_a) and b == id(probe_b):
+            direct = True
+        elif a != b and a > 1 << 16 and b > 1 << 16 and _read(a) == id(probe_a) and _read(b) == id(probe_b):
+            direct = False
+        else:
+            continue
+        shared = tuple((i, wa[i]) for i in range(1, _WORDS) if i != offset and wa[i] == wb[i])
+        return offset, direct, shared
+    return None
+
+
+def _read(address: int) -> int:
+    return ctypes.c_uint64.from_address(address).value
+
+
+def python_callable(func: Any) -> Any | None:
+    """The Python object a tvm-ffi Function calls, or None when it is not a Python callable."""
+    layout = _layout()
+    if layout is None:
+        return None
+    offset, direct, shared = layout
+    handle = func.__chandle__()
+    # Compare the words every Python-backed Function shares (type index, deleters, call
+    # trampolines) in address order, one at a time, before following any pointer: a C++
+    # function differs in its deleter and call words, which lie inside every Function, so
+    # nothing past a smaller object is read.
+    for i, value in shared:
+        if _read(handle + 8 * i) != value:
+            return None
+    word = _read(handle + 8 * offset)
+    pointer = word if direct else _read(word)
+    return ctypes.cast(ctypes.c_void_p(pointer), ctypes.py_object).value
