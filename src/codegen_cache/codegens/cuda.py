@@ -16,8 +16,6 @@ import shutil
 import subprocess
 import threading
 
-import xxhash
-
 from .. import _compat
 from .._artifacts._cuda import (
     CudaPayload,
@@ -26,10 +24,11 @@ from .._artifacts._cuda import (
     remember_source,
 )
 from .._compat import IRModule, Module, Target
-from .._errors import CudaRuntimeUnavailableError, UncacheableError
+from .._errors import CudaRuntimeUnavailableError
 from .._registry import DeviceCodegen
-from ._callbacks import callback_salts, declared_salt, object_identity, tvm_name, unchanged
+from ._callbacks import callback_salts
 from ._common import env_salts
+from ._intrinsics import GET_CODEGEN, intrinsics_identity
 
 __all__ = ["CODEGENS", "build_cuda", "compile_cuda_payload", "cuda_source_module", "find_nvcc", "nvcc_path", "nvcc_version"]
 
@@ -55,7 +54,6 @@ CALLBACKS = (
     "tirx.intrinsics.cuda.get_codegen",
     "tirx.intrinsics.cuda.header_generator",
 )
-_GET_CODEGEN = "tirx.intrinsics.cuda.get_codegen"
 # TVM_COMPILE_FORCE_FALLBACK is process-wide: one thread at a time may set it.
 _fallback_lock = threading.Lock()
 
@@ -154,76 +152,11 @@ def build_cuda(mod: IRModule, target: Target) -> Module:
     return load_cuda_payload(payload)
 
 
-def intrinsics_identity(get_codegen: str | None = None) -> str:
-    """Identity of TVM's CUDA device-intrinsic codegen table, which target.build.cuda reads.
-
-    'tvm' while every entry is TVM's own (the TVM version is a key part); else a digest of the
-    other entries' identities (as callbacks', docs/key.md). Memoized per table size: adding an
-    entry is seen at once, replacing one in place is not (declare a salt for
-    tirx.intrinsics.cuda.get_codegen after doing that).
-    """
-    # `get_codegen`: that callback's identity when the caller has it (saves a lookup).
-    if get_codegen is None:
-        declared = declared_salt(_GET_CODEGEN)
-        get_codegen = "" if declared is None else f"declared:{declared}"
-    if get_codegen.startswith("declared:"):
-        return get_codegen
-    table = _intrinsic_table()
-    if table is None:
-        return "none"
-    memo = _intrinsics_memo.get("table")
-    if memo is not None and memo[0] is table and memo[1] == len(table) and unchanged(memo[4]):
-        if memo[3] is not None:
-            raise memo[3]
-        return memo[2]
-    identity, error, watch = "tvm", None, []
-    digest = xxhash.xxh3_128()
-    try:
-        for op in sorted(table):
-            func = table[op]
-            if tvm_name(getattr(func, "__wrapped__", func)) is not None:
-                continue  # TVM's own codegen for this op
-            found, seen = object_identity(func, f"the CUDA intrinsic codegen for {op!r}", _GET_CODEGEN)
-            watch += seen
-            digest.update(f"{len(op)}:{op}{len(found)}:{found}".encode())
-            identity = f"user:{digest.hexdigest()}"
-    except UncacheableError as err:
-        error = err
-    _intrinsics_memo["table"] = (table, len(table), identity, error, tuple(watch))
-    if error is not None:
-        raise error
-    return identity
-
-
-_intrinsics_memo: dict[str, tuple] = {}
-
-
-def _intrinsic_table() -> dict | None:
-    # The dict get_codegen itself reads, from its module's globals (the module object TVM
-    # exposes is a lazy proxy whose attribute access costs a microsecond).
-    scope = _intrinsic_scope[0] if _intrinsic_scope else _find_intrinsic_scope()
-    return None if scope is None else scope.get("CODEGEN_REGISTRY")
-
-
-_intrinsic_scope: list = []
-
-
-def _find_intrinsic_scope() -> dict | None:
-    try:
-        from tvm.backend.cuda.codegen.registry import register_codegen
-    except ImportError:  # a TVM without Python-side CUDA intrinsics (tilelang's bundled one)
-        scope = None
-    else:
-        scope = getattr(register_codegen, "__globals__", None)  # the module get_codegen reads
-    _intrinsic_scope[:] = [scope]
-    return scope
-
-
 def _cuda_toolchain(target: Target, compile_device: bool) -> dict[str, str]:
     # Computed on every key (a few microseconds, memoized per registered function): a hook
     # registered a moment ago changes the source, so a cached answer could serve a stale entry.
     salts = callback_salts(*CALLBACKS)
-    salts["cuda_intrinsics"] = intrinsics_identity(salts[f"callback:{_GET_CODEGEN}"])
+    salts["cuda_intrinsics"] = intrinsics_identity(salts[f"callback:{GET_CODEGEN}"])
     if compile_device:
         # The path as well as the build id: the headers and nvcc.profile beside it are inputs.
         salts["nvcc"] = nvcc_version()
