@@ -200,7 +200,9 @@ def tables(results: dict) -> str:
     parts.append("budget = max(10% of the bare codegen, 0.3 ms) (issue 12): abs = miss (caller) - bare codegen, "
                  "medians of the same interleaved rounds. bg store = encode + put, done by the write-behind thread after lower() returns (off the "
                  "caller's path). Where encoding is slow it is not repeated: bg store is then how long flush() "
-                 "waited after the miss, and encode = bg store - put.")
+                 "waited after the miss, and encode = bg store - put. For llvm that wait includes the helper "
+                 "process linking the entry's shared library (flush(upgrades=True), so that it does not run during "
+                 "the next timed calls).")
 
     sc = results.get("scaling", {})
     if sc.get("store"):
