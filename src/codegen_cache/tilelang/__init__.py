@@ -32,6 +32,7 @@ def enable(*, frontend: bool = True) -> None:
     _device.install()
     if frontend:
         _frontend.install()
+    _device.prepare()
 
 
 def disable() -> None:

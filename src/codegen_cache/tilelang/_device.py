@@ -19,6 +19,7 @@ import threading
 from typing import Any
 
 from .._context import active_cache
+from .._errors import UncacheableError
 from .._registry import DeviceCodegen
 from . import _salts
 
@@ -96,6 +97,20 @@ def install() -> None:
 
     _saved["resolve_device_codegen"] = original
     tl_lower.resolve_device_codegen = resolve_device_codegen
+
+
+def prepare() -> None:
+    """Per-process work done once at enable(), as tilelang does its own at import.
+
+    Identifies the tilelang_callback_* functions registered now (about a millisecond: tvm-ffi's
+    callback layout is learnt once) and opens the active cache's directory.
+    """
+    for kind in ("cuda", "hip"):
+        try:
+            _salts.callback_part(kind)
+        except UncacheableError:
+            pass  # keyed again, and reported, when a codegen of that kind runs
+    active_cache()
 
 
 def uninstall() -> None:

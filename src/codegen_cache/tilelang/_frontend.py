@@ -186,6 +186,30 @@ def _dispatch(original_module: Any, call: dict[str, Any]):
     raise NotImplementedError("tilelang < 0.1.14")
 
 
+def _stored_dispatch(original_module: Any, call: dict[str, Any], stored: Any):
+    """What _dispatch gives, rebuilt from the entry's resolved context (no target resolution); None: resolve."""
+    if not isinstance(stored, dict):
+        return None
+    try:
+        from tilelang import env as tl_env
+        from tilelang.backend.module import BackendContext, get_backend
+
+        module = get_backend(stored["backend"])
+        target = _compat.Target(stored["target"])  # the JSON text: no dict conversion (ABC checks cost ms once)
+        host = _compat.Target(stored["target_host"])
+        requested = call["execution_backend"] or tl_env.get_default_execution_backend()
+        # What "auto" picks depends on what is installed now: it must still pick the stored one.
+        spec = module.resolve_execution_backend(requested, target)
+        if spec.name != stored["execution_backend"]:
+            return None
+        context = BackendContext(module=module, target=target, target_host=host, execution_backend=spec)
+        dispatch = original_module._ascend_dispatch_map if module.name == "ascend" else original_module._dispatch_map  # noqa: SLF001
+        return dispatch[spec.name], {"backend_context": context}
+    except (KeyError, ValueError, TypeError, AttributeError, RuntimeError) as err:
+        logger.debug("tilelang entry context not reusable (%s); resolving the target", err)
+        return None
+
+
 def _store(cache: CodegenCache, key: CacheKey, func: Any, kernel: Any, call: dict[str, Any], original_module: Any,
            build_seconds: float) -> bool:
     """Store a compiled kernel as the backend's own KernelCache would save it (its export code), in one entry."""
@@ -194,7 +218,8 @@ def _store(cache: CodegenCache, key: CacheKey, func: Any, kernel: Any, call: dic
 
     from tilelang.engine.param import dump_kernel_params
 
-    kernel_cache, _extra = _dispatch(original_module, call)
+    kernel_cache, extra = _dispatch(original_module, call)
+    context = extra["backend_context"]
     root = Path(cache.directory) / "tilelang"
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -218,7 +243,11 @@ def _store(cache: CodegenCache, key: CacheKey, func: Any, kernel: Any, call: dic
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     meta = {"key": key.digest, "parts": key.as_dict(), "params": dump_kernel_params(kernel.params),
-            "build_seconds": build_seconds, "created": time.time()}
+            "build_seconds": build_seconds, "created": time.time(),
+            # The resolved backend context, so that a hit skips tilelang's target resolution.
+            "context": {"backend": context.module.name, "target": canonical_target(context.target),
+                        "target_host": canonical_target(context.target_host),
+                        "execution_backend": context.execution_backend.name}}
     if cache.settings.verify:
         meta["ir_digest"] = _func_digest(func)
     _write_entry(_entry_path(cache, key.digest), frame(ENTRY_CODEC, meta, [library, device, host]))
@@ -235,7 +264,8 @@ def _load(cache: CodegenCache, key: CacheKey, func: Any, call: dict[str, Any], o
         return None
     if cache.settings.verify and art.meta.get("ir_digest") != _func_digest(func):
         return None  # another function with the same 64-bit hash: compile it
-    kernel_cache, extra = _dispatch(original_module, call)
+    kernel_cache, extra = _stored_dispatch(original_module, call, art.meta.get("context")) or \
+        _dispatch(original_module, call)
     from tilelang.transform.pass_config import normalize_pass_configs
 
     try:
