@@ -732,3 +732,34 @@ def test_every_parsed_command_has_its_function():
     parser = _cli.build_parser()
     commands = next(a for a in parser._actions if a.dest == "command").choices  # noqa: SLF001
     assert set(commands) == set(_cli.COMMANDS) and all(callable(f) for f in _cli.COMMANDS.values())
+
+
+def test_explain_and_warm_name_a_callback_the_key_cannot_hold(tmp_path):
+    # A kernels file that registers a postproc hook with no trustworthy identity (a callable object).
+    kernels = tmp_path / "hooked.py"
+    kernels.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(TESTS)!r})
+        import tvm_ffi
+        from kernels import vadd_gpu
+
+        class Postproc:
+            def __call__(self, code, target):
+                return code
+
+        tvm_ffi.register_global_func("tvm_callback_cuda_postproc", Postproc(), override=True)
+    """))
+    (tmp_path / "cache").mkdir()
+    # explain has no key to explain: an input error that names the callback and the remedy.
+    done = cli("--dir", str(tmp_path / "cache"), "explain", str(kernels), "--kernel", "vadd_gpu",
+               "-t", "cuda -arch=sm_90", "--mode", "source")
+    assert done.returncode == 5, (done.stdout, done.stderr[-2000:])
+    assert "'tvm_callback_cuda_postproc' cannot be keyed" in done.stderr, done.stderr[-2000:]
+    assert "declare_callback_salt" in done.stderr and "Traceback" not in done.stderr
+    # warm lowers it (uncached), stores nothing, and says so: not "built", and exit 1 (a problem).
+    done = cli("--dir", str(tmp_path / "cache"), "warm", str(kernels), "-j", "0",
+               "-t", "cuda -arch=sm_90", "--mode", "source")
+    assert done.returncode == 1, (done.stdout, done.stderr[-2000:])
+    assert "NOT CACHED  vadd_gpu" in done.stdout and "0 built, 0 already cached, 1 not cacheable" in done.stdout
+    assert "declare_callback_salt" in done.stderr
+    assert cc.CodegenCache(tmp_path / "cache").stats().stores == 0

@@ -53,7 +53,7 @@ EXIT_CODES = {
                  "directory cannot be created or written, or a --dir to read does not exist",
     EXIT_NOT_FOUND: "not found: no entry matches the key (or the prefix matches several)",
     EXIT_INPUT: "input error: the kernels file or module cannot be loaded or has no such kernel, a target is "
-                "invalid, or the kernel cannot be lowered for it",
+                "invalid, the kernel cannot be lowered for it, or its lowering reads an input the key cannot hold (uncacheable)",
     EXIT_CACHE: "the cache could not be read or written (I/O or database error)",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
 }

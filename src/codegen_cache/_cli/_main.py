@@ -32,7 +32,7 @@ from ._commands import (
     print_json,
     require_writable,
 )
-from .._errors import CommandError
+from .._errors import CommandError, UncacheableError
 from ._stats_report import cmd_stats
 from ._parser import DEMO_CONFIGS, READS_A_CACHE, build_parser  # noqa: F401  DEMO_CONFIGS: re-exported
 from .._config import (
@@ -121,9 +121,13 @@ def cmd_warm(args: argparse.Namespace, settings: Settings) -> int:
         for r in summary["results"]:
             if r["status"] == "failed":
                 print(f"FAILED  {r['kernel']} for {r['target']} ({r['mode']}): {r['error']}")
+            elif r["status"] == "uncacheable":
+                print(f"NOT CACHED  {r['kernel']} for {r['target']} ({r['mode']}): it reads an input the key "
+                      "cannot hold (the warning above names it)")
         print(f"warmed {summary['tasks']} lowerings in {summary['seconds']:.1f} s with {summary['workers']} "
-              f"workers: {summary['built']} built, {summary['hit']} already cached, {summary['failed']} failed")
-    return EXIT_PROBLEMS if summary["failed"] else EXIT_OK
+              f"workers: {summary['built']} built, {summary['hit']} already cached, "
+              f"{summary['uncacheable']} not cacheable, {summary['failed']} failed")
+    return EXIT_PROBLEMS if summary["failed"] or summary["uncacheable"] else EXIT_OK
 
 
 def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
@@ -228,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     except CommandError as err:
         print(f"codegen-cache {args.command}: {err}", file=sys.stderr)
         return err.code
+    except UncacheableError as err:
+        # A kernel file registered a callback the key cannot hold: nothing to look up or warm.
+        print(f"codegen-cache {args.command}: {err}", file=sys.stderr)
+        return EXIT_INPUT
     except KeyboardInterrupt:
         print("codegen-cache: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -59,7 +59,9 @@ def warm_lowered(cache, mod, target, compile_device: bool) -> dict[str, Any]:
         return {"status": "hit" if had else "built", "tier": "disk" if had else "nvcc", "key": key,
                 "seconds": time.perf_counter() - t0, "build_seconds": 0.0 if had else time.perf_counter() - t1}
     _module, outcome = cache.lower_with_outcome(mod, target, compile_device=compile_device)
-    return {"status": "hit" if outcome.hit else "built", "tier": outcome.tier, "key": outcome.key,
+    # "uncached": the lowering reads an input the key cannot hold; it ran, nothing was stored.
+    status = "hit" if outcome.hit else "uncacheable" if outcome.tier == "uncached" else "built"
+    return {"status": status, "tier": outcome.tier, "key": outcome.key,
             "seconds": time.perf_counter() - t0, "build_seconds": 0.0 if outcome.hit else outcome.build_seconds}
 
 
@@ -118,7 +120,7 @@ def warm(spec: str, targets: list[str], directory: str, *, workers: int, mode: s
     t0 = time.perf_counter()
     bar = tqdm(total=len(tasks), unit="kernel", desc="warm", disable=None if progress is None else not progress,
                file=sys.stderr)
-    counts = {"built": 0, "hit": 0, "failed": 0}
+    counts = {"built": 0, "hit": 0, "uncacheable": 0, "failed": 0}
 
     def record(result: dict[str, Any]) -> None:
         results.append(result)
