@@ -40,7 +40,6 @@ import numpy as np  # noqa: E402
 import tvm  # noqa: E402
 import tvm.s_tir  # noqa: E402,F401
 from timing import fmt_ratio, fmt_time, interleave, summary  # noqa: E402
-from tvm.script import tirx as T  # noqa: E402
 from tvm.target import Target  # noqa: E402
 
 import codegen_cache as cc
