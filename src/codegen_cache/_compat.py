@@ -35,6 +35,7 @@ __all__ = [
     "split_host_device_mods",
     "structural_equal",
     "structural_hash",
+    "target_from_json",
     "tir_pipeline",
     "tvm",
     "tvm_ffi",
@@ -112,6 +113,18 @@ def tir_pipeline(name: str | None, target: Target | None = None):
         return found
     pipeline = importlib.import_module("tvm.tirx.pipeline")
     return found, pipeline.finalize_host_passes, pipeline.finalize_device_passes
+
+
+def target_from_json(text: str) -> Target:
+    """Target(text) for a target's JSON text, through TVM's constructor directly.
+
+    Target.__init__ first converts a str with tvm_ffi.convert, whose isinstance check against
+    tvm-ffi's Object ABC costs about half a millisecond the first time per process.
+    """
+    constructor = getattr(getattr(tvm.target, "_ffi_api", None), "Target", None)
+    if constructor is None:
+        return Target(text)
+    return constructor(text)
 
 
 def global_func(name: str, *, missing_ok: bool = False):

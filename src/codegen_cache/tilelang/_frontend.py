@@ -195,8 +195,8 @@ def _stored_dispatch(original_module: Any, call: dict[str, Any], stored: Any):
         from tilelang.backend.module import BackendContext, get_backend
 
         module = get_backend(stored["backend"])
-        target = _compat.Target(stored["target"])  # the JSON text: no dict conversion (ABC checks cost ms once)
-        host = _compat.Target(stored["target_host"])
+        target = _compat.target_from_json(stored["target"])
+        host = _compat.target_from_json(stored["target_host"])
         requested = call["execution_backend"] or tl_env.get_default_execution_backend()
         # What "auto" picks depends on what is installed now: it must still pick the stored one.
         spec = module.resolve_execution_backend(requested, target)
