@@ -38,7 +38,10 @@ def _layout() -> tuple[int, bool, tuple[tuple[int, int], ...]] | None:
     def probe_b():
         return "b"
 
-    fa, fb = _compat.tvm_ffi.convert(probe_a), _compat.tvm_ffi.convert(probe_b)
+    # tvm-ffi's own wrapper for callables: tvm_ffi.convert first asks isinstance(value, Object),
+    # an ABC walk over every TVM type (about a millisecond per new type and process).
+    wrap = getattr(getattr(_compat.tvm_ffi, "core", None), "_convert_to_ffi_func", None) or _compat.tvm_ffi.convert
+    fa, fb = wrap(probe_a), wrap(probe_b)
     wa, wb = _words(fa.__chandle__()), _words(fb.__chandle__())
     for offset in range(1, _WORDS):
         a, b = wa[offset], wb[offset]
