@@ -94,3 +94,13 @@ def test_the_tvm_salt_names_the_distribution():
         assert version.endswith(f"+tilelang-{tilelang.__version__}")
     else:
         assert "tilelang" not in version
+
+
+def test_tilelang_enable_without_tilelang_names_the_extra():
+    import codegen_cache.tilelang as cct
+
+    if _compat.DISTRIBUTION == "tilelang":
+        pytest.skip("tilelang's TVM is in use: enable() works here (tests/with_tilelang)")
+    with pytest.raises(ImportError, match=r"tvm-codegen-cache\[tilelang\]"):
+        cct.enable()
+    assert not cct.is_enabled()

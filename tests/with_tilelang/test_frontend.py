@@ -98,3 +98,10 @@ def test_with_verify_a_disk_entry_of_another_function_is_not_served(fresh_cache,
         kernel = tilelang.compile(scale(), target=SM80)
     assert [o.tier for o in outcomes if o.codegen == "tilelang.compile"] == ["built"]
     assert kernel.get_kernel_source() != vadd_source
+
+
+def test_with_caching_off_tilelang_compiles_on_its_own(fresh_cache):
+    cct.enable()
+    with cc.use_cache(None), cc.record_outcomes() as outcomes:
+        kernel = tilelang.compile(vadd(), target=SM80)
+    assert outcomes == [] and kernel.get_kernel_source()
