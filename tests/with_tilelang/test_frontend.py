@@ -105,3 +105,15 @@ def test_with_caching_off_tilelang_compiles_on_its_own(fresh_cache):
     with cc.use_cache(None), cc.record_outcomes() as outcomes:
         kernel = tilelang.compile(vadd(), target=SM80)
     assert outcomes == [] and kernel.get_kernel_source()
+
+
+def test_clear_removes_the_frontend_entries(fresh_cache):
+    cct.enable()
+    cache = fresh_cache()
+    with cc.use_cache(cache):
+        tilelang.compile(vadd(), target=SM80)
+    entries = list((cache.directory / "tilelang").glob("*.so"))
+    assert len(entries) == 1
+    (cache.directory / "tilelang" / "notes.so").write_text("not ours")  # not an entry name: kept
+    assert cache.clear() >= 1
+    assert sorted(p.name for p in (cache.directory / "tilelang").iterdir()) == ["notes.so"]

@@ -46,6 +46,7 @@ import xxhash
 from .. import _compat
 from .._artifacts import frame, unframe
 from .._cache import CodegenCache
+from .._cache._cache import FRONTEND_DIR
 from .._context import active_cache
 from .._errors import ArtifactError
 from .._key import CacheKey, static_salts
@@ -127,7 +128,7 @@ def frontend_key(cache: CodegenCache, func: Any, call: dict[str, Any]) -> CacheK
 
 
 def _entry_path(cache: CodegenCache, digest: str) -> Path:
-    return Path(cache.directory) / "tilelang" / f"{digest}.so"
+    return Path(cache.directory) / FRONTEND_DIR / f"{digest}.so"
 
 
 def _func_digest(func: Any) -> str:
@@ -220,7 +221,7 @@ def _store(cache: CodegenCache, key: CacheKey, func: Any, kernel: Any, call: dic
 
     kernel_cache, extra = _dispatch(original_module, call)
     context = extra["backend_context"]
-    root = Path(cache.directory) / "tilelang"
+    root = Path(cache.directory) / FRONTEND_DIR
     try:
         root.mkdir(parents=True, exist_ok=True)
         staging = tempfile.mkdtemp(prefix="cgc-tl-", dir=root)
