@@ -28,7 +28,7 @@ import tl_kernels
 import codegen_cache as cc, codegen_cache.tilelang as cct
 cct.enable()
 major, minor = torch.cuda.get_device_capability()
-target = {"kind": "cuda", "arch": f"sm_{major}{minor}"}
+target = {"kind": "cuda", "arch": f"sm_{major}{minor}" + ("a" if major == 9 else "")}  # sm_90a: wgmma/setmaxnreg
 out = {}
 with cc.record_outcomes() as outcomes:
     vadd = tilelang.compile(tl_kernels.vadd(), target=target)
