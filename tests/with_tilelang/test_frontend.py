@@ -82,6 +82,8 @@ def test_the_call_and_tilelang_settings_are_keyed(fresh_cache):
         assert _frontend.frontend_key(cache, vadd(), {**call, **change}) != base, change
     assert _frontend.frontend_key(cache, scale(), call) != base
     assert _frontend.frontend_key(cache, vadd(), {**call, "target": "auto"}) is None  # depends on the GPU present
+    assert _frontend.frontend_key(cache, vadd(), {**call, "target": "cuda"}) is None  # so does a CUDA target's arch
+    assert _frontend.frontend_key(cache, vadd(), {**call, "target": {"kind": "cuda"}}) is None
 
 
 def test_with_verify_a_disk_entry_of_another_function_is_not_served(fresh_cache, monkeypatch):

@@ -11,7 +11,8 @@ named parts) is what tilelang.compile is given and what its output depends on:
   the TILELANG_*/TL_*/CUDA variables (_salts.env_part), the tilelang_callback_* functions of the
   target's kind, the headers digest and nvcc, the machine, the entry format.
 
-Not keyable, so handed to tilelang unchanged: target "auto" (it depends on the GPU present),
+Not keyable, so handed to tilelang unchanged: target "auto" or a GPU target without an arch
+(they depend on the GPU present),
 extra positional arguments, tilelang < 0.1.14 (its KernelCache keeps kernel parameters as
 pickles; this cache never unpickles; the device level still serves those versions).
 
@@ -96,6 +97,17 @@ def _kind(target: Any) -> str | None:
     return None
 
 
+_GPU_KINDS = frozenset({"cuda", "hip", "rocm"})
+
+
+def _names_arch(target: Any) -> bool:
+    if isinstance(target, _compat.Target):
+        return bool(target.attrs.get("arch"))
+    if isinstance(target, dict):
+        return bool(target.get("arch"))
+    return isinstance(target, str) and ("-arch=" in target or "-mcpu=" in target)
+
+
 def frontend_key(cache: CodegenCache, func: Any, call: dict[str, Any]) -> CacheKey | None:
     """The key of one tilelang.compile call, or None where it cannot be keyed (module docstring)."""
     from tilelang import env as tl_env
@@ -104,8 +116,8 @@ def frontend_key(cache: CodegenCache, func: Any, call: dict[str, Any]) -> CacheK
     if isinstance(target, str) and target.strip() == "auto":
         return None
     kind = _kind(target)
-    if kind is None:
-        return None
+    if kind is None or (kind in _GPU_KINDS and not _names_arch(target)):
+        return None  # tilelang may fill the arch in from the GPU present: not a function of the call
     filled = {**call, "target": target,
               "execution_backend": call["execution_backend"] or tl_env.get_default_execution_backend(),
               "verbose": bool(call["verbose"]) if call["verbose"] is not None else bool(tl_env.get_default_verbose())}
