@@ -46,6 +46,7 @@ from . import _upgrade
 from ._failures import CACHEABLE_FAILURES, ENVIRONMENT_FAILURES, FailureCache
 from ._flight import SingleFlight
 from ._guard import StorageGuard
+from ._mutation import changed, parts_of
 from ._stats import CacheStats, StatsRecorder
 from ._tiers import COLLISION, DiskTier, Entry, Hit, MemoryTierView, Probe, RemoteTierView, TierChain
 from ._writer import writer
@@ -331,7 +332,7 @@ class CodegenCache:
                 self._stats.add_for(entry.name, mode, "misses", -1)
                 self._memory_view.put(found.entry)
                 return self._served(found, entry.name, mode, key.digest, key_seconds, start)
-        before = _parts_of(mod)
+        before = parts_of(mod)
         promote = None
         building = time.perf_counter()
         try:
@@ -380,11 +381,11 @@ class CodegenCache:
     def _store(self, codegen: str, key: CacheKey, mode: str, module: Module, mod: IRModule, target: Target,
                build_seconds: float, before: tuple) -> Callable[[], None] | None:
         """Stage the entry of a fresh module before lower() returns; its promotion, or None when not stored."""
-        changed = _changed(before, _parts_of(mod))
-        if changed:
+        change = changed(before, parts_of(mod))
+        if change:
             self._stats.add("mutations")
             logger.warning("codegen %r changed its input IRModule (%s); the result was returned but is not cached",
-                           codegen, changed)
+                           codegen, change)
             return None
         meta = {"key": key.digest, "parts": key.as_dict(), "codegen": codegen, "mode": mode,
                 "target_kind": target.kind.name, "build_seconds": build_seconds, "created": time.time()}
@@ -629,36 +630,6 @@ class CodegenCache:
         self._stats.add("collisions")
         self._guard.warn("collision", "codegen cache: two different IRModules share key %s "
                          "(64-bit structural hash collision); building without caching", digest[:16])
-
-
-def _parts_of(mod: IRModule) -> tuple:
-    """What `mod` is made of, by object: its attributes, global infos and (name, function) pairs.
-
-    While this tuple holds them, TVM's copy-on-write keeps each object as it is: a codegen that
-    changes the module must put a new object in it (update_func, mod[name] = ...), which
-    `_changed` sees without hashing the module a second time (as long as the key's hash).
-    """
-    functions = sorted(((gv.name_hint, func) for gv, func in mod.functions.items()), key=lambda p: p[0])
-    return (mod.attrs, mod.global_infos, tuple(functions))
-
-
-def _changed(before: tuple, after: tuple) -> str:
-    """What differs between two `_parts_of` of one module ('' when nothing did)."""
-    if not _same(before[0], after[0]):
-        return "its attributes were replaced"
-    if not _same(before[1], after[1]):
-        return "its global infos were replaced"
-    names = [name for name, _ in before[2]]
-    if names != [name for name, _ in after[2]]:
-        return f"functions {names} became {[name for name, _ in after[2]]}"
-    for (name, old), (_, new) in zip(before[2], after[2]):
-        if not old.same_as(new):
-            return f"function {name!r} was replaced"
-    return ""
-
-
-def _same(a: Any, b: Any) -> bool:
-    return a is b or (a is not None and b is not None and a.same_as(b))
 
 
 def _check_mode(compile_device: object) -> None:
