@@ -241,6 +241,9 @@ def main(argv: list[str]) -> int:
     """The upgrader of the cache directory argv[0], holding the locked descriptor argv[1] (from `request`)."""
     directory = Path(argv[0])
     lock = int(argv[1]) if len(argv) > 1 else None
+    # LLVM and the linker create their files with the process umask: never world-accessible,
+    # whatever umask the process that started the upgrader had (the cache's own files are 0660).
+    os.umask(os.umask(0) | 0o007)
     try:
         ensure_dir(directory / "tmp")
         log = os.open(directory / "tmp" / "cgc-upgrader.log",
