@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
 from dataclasses import dataclass
 
 __all__ = ["TIERS", "Outcome", "emit", "emit_uncached", "last_outcome", "record_outcomes"]
@@ -70,6 +72,17 @@ def emit(*fields: object) -> None:
 def emit_uncached(codegen: str, mode: str, seconds: float, *, failed: bool = False) -> None:
     """Record a lowering that went straight to the codegen (failed: and the codegen raised)."""
     emit("failure" if failed else "uncached", "", codegen, mode, 0.0, 0.0, seconds, seconds, False)
+
+
+def run_uncached(codegen: str, mode: str, call: Callable[[], Any], start: float) -> Any:
+    """Run a lowering straight through the codegen, recording it as uncached (or failed) since `start`."""
+    try:
+        module = call()
+    except BaseException:
+        emit_uncached(codegen, mode, time.perf_counter() - start, failed=True)
+        raise
+    emit_uncached(codegen, mode, time.perf_counter() - start)
+    return module
 
 
 @contextlib.contextmanager

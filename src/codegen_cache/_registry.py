@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from ._compat import IRModule, Target, tvm_ffi
 from ._context import active_cache
 from ._log import warn_once
-from ._outcome import emit_uncached
+from ._outcome import run_uncached
 from ._targets import TargetLike, as_target
 
 if TYPE_CHECKING:
@@ -140,15 +140,8 @@ class DeviceCodegen:
         self._func_for(target, compile_device)  # a missing mode is an error before any lookup
         cache = active_cache()
         if cache is None:
-            start = time.perf_counter()
-            mode = "compiled" if compile_device else "source"
-            try:
-                module = self.invoke(mod, target, compile_device=compile_device)
-            except BaseException:
-                emit_uncached(self.name, mode, time.perf_counter() - start, failed=True)
-                raise
-            emit_uncached(self.name, mode, time.perf_counter() - start)
-            return module
+            return run_uncached(self.name, "compiled" if compile_device else "source",
+                                lambda: self.invoke(mod, target, compile_device=compile_device), time.perf_counter())
         # The cache runs the codegen itself for inputs it cannot key (not an IRModule).
         return cache.lower(mod, target, compile_device=compile_device, codegen=self)
 

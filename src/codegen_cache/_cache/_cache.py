@@ -32,7 +32,7 @@ from .._config import ENV_VARS, Settings, settings_from_env, unknown_env_vars
 from .._errors import ConfigError, UncacheableError
 from .._log import warn_once
 from .._key import CacheKey, compute_key, ir_hash
-from .._outcome import emit, emit_uncached
+from .._outcome import emit, run_uncached
 from .._registry import DeviceCodegen, DeviceCodegenRegistry, default_registry
 from .._storage._disk import ArtifactStore
 from .._storage._fsprobe import probe as probe_filesystem
@@ -295,16 +295,9 @@ class CodegenCache:
                       start: float, *, count: bool = True) -> Module:
         if count:
             self._stats.add_for(entry.name, mode, "uncacheable")
-        try:
-            if isinstance(entry, DeviceCodegen):
-                module = _mode_function(entry, compile_device)(mod, target)
-            else:
-                module = entry.lower(mod, target, compile_device=compile_device)
-        except BaseException:
-            emit_uncached(entry.name, mode, time.perf_counter() - start, failed=True)
-            raise
-        emit_uncached(entry.name, mode, time.perf_counter() - start)
-        return module
+        if isinstance(entry, DeviceCodegen):
+            return run_uncached(entry.name, mode, lambda: _mode_function(entry, compile_device)(mod, target), start)
+        return run_uncached(entry.name, mode, lambda: entry.lower(mod, target, compile_device=compile_device), start)
 
     def _miss(self, entry: DeviceCodegen, key: CacheKey, probe: Probe, target: Target, compile_device: bool,
               collision: bool, key_seconds: float, start: float) -> Module:
