@@ -30,7 +30,8 @@ from ._callbacks import callback_salts
 from ._common import env_salts
 from ._intrinsics import GET_CODEGEN, intrinsics_identity
 
-__all__ = ["CODEGENS", "build_cuda", "compile_cuda_payload", "cuda_source_module", "find_nvcc", "nvcc_path", "nvcc_version"]
+__all__ = ["CODEGENS", "build_cuda", "compile_cuda_payload", "cuda_source_module", "find_nvcc", "nvcc_path", "nvcc_version",
+           "nvcc_version_at"]
 
 # Environment variables read on the compiled CUDA path: by tvm.support.nvcc.compile_cuda (nvcc
 # flags, ptxas options, debug and dump modes, NVSHMEM headers) and by nvcc itself. Those it
@@ -105,11 +106,12 @@ def _nvcc_path(cuda_path: str | None, path: str | None) -> str:
 
 def nvcc_version() -> str:
     """`nvcc --version`'s last line (the build id) for nvcc_path(), or 'none' where nvcc is not found."""
-    return _version_of(nvcc_path())
+    return nvcc_version_at(nvcc_path())
 
 
 @functools.lru_cache(maxsize=16)
-def _version_of(nvcc: str) -> str:
+def nvcc_version_at(nvcc: str) -> str:
+    """`nvcc --version`'s last line for the nvcc at this path ('none', 'unusable' or 'unknown' otherwise)."""
     if nvcc == "none":
         return "none"
     try:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import xxhash
@@ -29,6 +28,7 @@ import xxhash
 from .._compat import tvm
 from .. import _compat
 from ..codegens._callbacks import callback_salts, declare_salt_of, python_callable
+from ..codegens.cuda import nvcc_version_at
 
 __all__ = ["EXCLUDED_ENV", "compile_salts", "env_part", "headers_digest", "pass_config_part", "tilelang_version"]
 
@@ -212,20 +212,11 @@ def _nvcc_path_for(cuda_home, cuda_path, path) -> str:
         return "none"
 
 
-def _nvcc_version(path: str) -> str:
-    try:
-        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return "unusable"
-    lines = out.stdout.strip().splitlines()
-    return lines[-1] if lines else "unknown"
-
-
 @functools.lru_cache(maxsize=8)
 def _nvcc(directory: Path | None, path: str) -> str:
     if path == "none" or not os.path.exists(path):
         return "none"
-    return f"{path} {_memoized(directory, 'nvcc', _stat_stamp(path), lambda: _nvcc_version(path))}"
+    return f"{path} {_memoized(directory, 'nvcc', _stat_stamp(path), lambda: nvcc_version_at(path))}"
 
 
 def compile_salts(directory: Path | None) -> dict[str, str]:
