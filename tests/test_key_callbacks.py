@@ -467,3 +467,43 @@ def test_with_a_cuda_runtime_loaded_cuda_codegens_call_only_keyed_callbacks(tmp_
         assert kind == "cuda" and POSTPROC in called, (mode, called)
         assert "tvm_callback_cuda_compile" not in called
         assert set(called) <= set(keyed), (mode, called, keyed)
+
+
+@pytest.mark.parametrize("compile_device", [False, True])
+def test_the_memoized_cuda_toolchain_follows_every_input_on_the_next_call(intrinsic_table, monkeypatch, compile_device):
+    from tvm.backend.cuda.codegen import register_codegen
+
+    target = tvm.target.Target(CUDA_TARGET)
+
+    def toolchain():
+        return cuda._cuda_toolchain(target, compile_device)
+
+    base = toolchain()
+    assert toolchain() is base  # nothing changed: the memoized answer, encoded key tail reused
+    tag = "// one"
+
+    def hook(code, target):
+        return code + tag
+
+    with hooks.registered(POSTPROC, hook):
+        hooked = toolchain()
+        assert hooked[f"callback:{POSTPROC}"].startswith("code:") and hooked != base
+        assert toolchain() is hooked
+        tag = "// two"  # a rebound closure cell
+        rebound = toolchain()
+        assert rebound[f"callback:{POSTPROC}"] != hooked[f"callback:{POSTPROC}"]
+        cc.declare_callback_salt(POSTPROC, "memo-test-v1")  # the same function object, declared
+        assert toolchain()[f"callback:{POSTPROC}"] == "declared:memo-test-v1"
+    assert toolchain() == base
+
+    @register_codegen("codegen_cache_memo_test_op")
+    def op(x):
+        return x
+
+    assert toolchain()["cuda_intrinsics"].startswith("user:")
+    if compile_device:
+        monkeypatch.setenv("NVCC_APPEND_FLAGS", "-DMEMO_TEST")
+        assert toolchain()["env:NVCC_APPEND_FLAGS"] == "-DMEMO_TEST"
+        monkeypatch.setenv("PATH", "/nonexistent-memo-test")
+        monkeypatch.delenv("CUDA_PATH", raising=False)
+        assert toolchain()["nvcc_path"] != base["nvcc_path"] or base["nvcc_path"] == "none"

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from functools import lru_cache
 
 import xxhash
@@ -29,7 +29,7 @@ from . import _compat
 from ._compat import IRModule, Target
 from ._targets import canonical_target
 
-__all__ = ["PART_NAMES", "CacheKey", "compute_key", "ir_hash", "static_salts"]
+__all__ = ["PART_NAMES", "CacheKey", "ToolchainParts", "compute_key", "ir_hash", "static_salts"]
 
 logger = logging.getLogger(__name__)
 
@@ -119,16 +119,55 @@ class CacheKey:
         return cls(tuple(parts), xxhash.xxh3_128_hexdigest(data))
 
 
+class ToolchainParts(Mapping):
+    """A read-only toolchain part whose sorted items and hash are computed once.
+
+    A toolchain function that memoizes its answer returns one of these: compute_key then
+    finds the encoded key tail without sorting or hashing the parts again.
+    """
+
+    __slots__ = ("_data", "_hash", "sorted_items")
+
+    def __init__(self, parts: Mapping[str, str]) -> None:
+        self._data = dict(parts)
+        self.sorted_items = tuple(sorted(self._data.items()))
+        self._hash = hash(self.sorted_items)
+
+    def __getitem__(self, name: str) -> str:
+        return self._data[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is ToolchainParts:
+            return self is other or (self._hash == other._hash and self.sorted_items == other.sorted_items)
+        return isinstance(other, Mapping) and self._data == dict(other)
+
+    def __repr__(self) -> str:
+        return f"ToolchainParts({self._data!r})"
+
+
 _IR_PREFIX = _encode_part("ir", "0" * 16)[:-16]
 # Everything but the IR hash is the same for many lowerings: encode it once per combination.
 _TAILS_MAX = 4096
 _tails: dict[tuple, tuple[tuple[tuple[str, str], ...], bytes]] = {}
 
 
-def _tail(target: Target, codegen: str, compile_device: bool, toolchain: tuple, salt: str, format_version: str):
+def _tail(target: Target, codegen: str, compile_device: bool, toolchain: tuple | ToolchainParts, salt: str,
+          format_version: str):
+    # `toolchain`: its sorted items, or a ToolchainParts (hashed once, compared by identity first).
     memo = (target, codegen, compile_device, toolchain, salt, format_version)
     found = _tails.get(memo)
     if found is None:
+        if type(toolchain) is ToolchainParts:
+            toolchain = toolchain.sorted_items
         parts = (
             ("target", canonical_target(target)),
             ("codegen", codegen),
@@ -164,7 +203,9 @@ def compute_key(
     if structural_hash is None:
         structural_hash = ir_hash(mod)
     tail_parts, tail_bytes = _tail(
-        target, codegen, compile_device, tuple(sorted(toolchain.items())) if toolchain else (), salt, format_version
+        target, codegen, compile_device,
+        toolchain if type(toolchain) is ToolchainParts else tuple(sorted(toolchain.items())) if toolchain else (),
+        salt, format_version,
     )
     ir_hex = f"{structural_hash & 0xFFFFFFFFFFFFFFFF:016x}"
     key = CacheKey.__new__(CacheKey)  # skips re-slicing the parts on this hot path

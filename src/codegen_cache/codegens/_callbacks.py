@@ -29,7 +29,7 @@ from .._errors import UncacheableError
 from ._digest import Digest, tvm_name, unchanged
 from ._pyfunc import python_callable
 
-__all__ = ["CALLBACKS", "EXCLUDED_GLOBALS", "callback_identity", "callback_salts", "declare_callback_salt",
+__all__ = ["CALLBACKS", "EXCLUDED_GLOBALS", "callback_identity", "callback_parts", "callback_salts", "declare_callback_salt",
            "declare_salt_of", "declared_salt", "object_identity", "python_callable", "tvm_name", "unchanged"]
 
 # The Python global functions TVM 0.27's codegen libraries call: every tvm_callback_* name in
@@ -65,11 +65,43 @@ EXCLUDED_GLOBALS: dict[str, str] = {
 # tvm_ffi's own lookup: the same answer as tvm.get_global_func, in 60% of the time (this runs
 # several times per key).
 _registered = _compat.tvm_ffi.get_global_func
+# Its Cython core, without the Python wrapper's call (callback_parts looks up every name per key).
+_lookup = getattr(getattr(_compat.tvm_ffi, "core", None), "_get_global_func", None) or _registered
 
 
 def callback_salts(*names: str) -> dict[str, str]:
     """Key parts `callback:<name>` = identity of what is registered under each name now."""
-    return {_part(name): callback_identity(name) for name in names}
+    return dict(callback_parts(names))
+
+
+def callback_parts(names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """callback_salts' items; the same tuple object while nothing they were computed from changed.
+
+    Memoized per names tuple and re-checked on every call: each name is looked up again and
+    compared by handle with the function the identity was computed from (held, so its address
+    is not reused), every watch list is re-checked, and any declared salt invalidates it.
+    """
+    funcs = [_lookup(name, True) for name in names]
+    memo = _parts_memo.get(names)
+    if memo is not None and memo[0] == _generation[0] and _still(funcs, memo[1]):
+        return memo[2]
+    generation = _generation[0]
+    found = [_identity_of(name, func) for name, func in zip(names, funcs)]
+    parts = tuple((_part(name), identity) for name, (identity, _) in zip(names, found))
+    if len(_parts_memo) >= 64:
+        _parts_memo.clear()
+    _parts_memo[names] = (generation, tuple(zip(funcs, (entry for _, entry in found))), parts)
+    return parts
+
+
+def _still(funcs: list, held: tuple) -> bool:
+    for func, (old, entry) in zip(funcs, held):
+        if func is None or old is None:
+            if func is not old:
+                return False
+        elif func.__chandle__() != old.__chandle__() or (entry is not None and not unchanged(entry[3])):
+            return False
+    return True
 
 
 @functools.lru_cache(maxsize=None)
@@ -79,13 +111,17 @@ def _part(name: str) -> str:
 
 def callback_identity(name: str) -> str:
     """The identity of the function registered under `name` (see the module docstring)."""
-    func = _registered(name, allow_missing=True)
+    return _identity_of(name, _registered(name, allow_missing=True))[0]
+
+
+def _identity_of(name: str, func: Any) -> tuple[str, tuple | None]:
+    # (identity, the memo entry it came from: None where nothing registered or a salt is declared)
     if func is None:
-        return "none"
+        return "none", None
     handle = func.__chandle__()
     declared = _declared.get(handle)
     if declared is not None:
-        return f"declared:{declared[1]}"
+        return f"declared:{declared[1]}", None
     known = _known.get(handle)
     if known is None or not unchanged(known[3]):
         known = _identify(name, func)
@@ -94,7 +130,7 @@ def callback_identity(name: str) -> str:
         _known[handle] = known
     if known[2] is not None:
         raise known[2]
-    return known[1]
+    return known[1], known
 
 
 def object_identity(obj: Any, what: str, salt_name: str) -> tuple[str, tuple]:
@@ -136,12 +172,16 @@ def declare_salt_of(name: str, salt: str) -> None:
         raise ValueError(f"No function is registered under {name!r}: register it first, then declare its salt.")
     # The Function is held, so its address (the memo key) is not reused while declared.
     _declared[func.__chandle__()] = (func, salt)
+    _generation[0] += 1  # the function is the same object: callback_parts' memo must not hold
 
 
 # handle -> (Function, salt) and handle -> (Function, identity, error, watch); the Function is
 # held so that no other function can be created at the same address while its entry exists.
 _declared: dict[int, tuple[Any, str]] = {}
 _known: dict[int, tuple[Any, str, UncacheableError | None, tuple]] = {}
+# names -> (generation, ((Function or None, _known entry or None) per name), parts)
+_parts_memo: dict[tuple[str, ...], tuple[int, tuple, tuple[tuple[str, str], ...]]] = {}
+_generation = [0]  # bumped by every declared salt
 
 
 def _identify(name: str, func: Any) -> tuple[Any, str, UncacheableError | None, tuple]:

@@ -6,7 +6,7 @@ import functools
 import os
 from collections.abc import Iterable
 
-__all__ = ["EXCLUDED_ENV", "env_salts"]
+__all__ = ["EXCLUDED_ENV", "env_salts", "env_values"]
 
 # The dict os.environ wraps (CPython keeps it in _data, keyed by encoded names): a lookup there
 # is ~0.1 us against ~0.6 us through os.environ.get, and env_salts runs on every key.
@@ -20,6 +20,13 @@ def env_salts(names: Iterable[str]) -> dict[str, str]:
     if _RAW is None or _ENCODE is None:
         return _salts(names, tuple(map(os.environ.get, names)))
     return _salts(names, tuple(map(_RAW.get, _encoded(names))))
+
+
+def env_values(names: tuple[str, ...]) -> tuple[object, ...]:
+    """The raw values of these environment variables now (None where unset), for comparing."""
+    if _RAW is None or _ENCODE is None:
+        return tuple(map(os.environ.get, names))
+    return tuple(map(_RAW.get, _encoded(names)))
 
 
 @functools.lru_cache(maxsize=64)

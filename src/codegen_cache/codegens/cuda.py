@@ -25,9 +25,10 @@ from .._artifacts._cuda import (
 )
 from .._compat import IRModule, Module, Target
 from .._errors import CudaRuntimeUnavailableError
+from .._key import ToolchainParts
 from .._registry import DeviceCodegen
-from ._callbacks import callback_salts
-from ._common import env_salts
+from ._callbacks import callback_parts
+from ._common import env_salts, env_values
 from ._intrinsics import GET_CODEGEN, intrinsics_identity
 
 __all__ = ["CODEGENS", "build_cuda", "compile_cuda_payload", "cuda_source_module", "find_nvcc", "nvcc_path", "nvcc_version",
@@ -154,17 +155,35 @@ def build_cuda(mod: IRModule, target: Target) -> Module:
     return load_cuda_payload(payload)
 
 
-def _cuda_toolchain(target: Target, compile_device: bool) -> dict[str, str]:
-    # Computed on every key (a few microseconds, memoized per registered function): a hook
-    # registered a moment ago changes the source, so a cached answer could serve a stale entry.
-    salts = callback_salts(*CALLBACKS)
-    salts["cuda_intrinsics"] = intrinsics_identity(salts[f"callback:{GET_CODEGEN}"])
+def _cuda_toolchain(target: Target, compile_device: bool) -> ToolchainParts:
+    # Checked on every key: a hook registered a moment ago changes the source, so a cached
+    # answer could serve a stale entry. The answer is memoized per mode and reused while its
+    # inputs are the same: the callbacks' parts (the same tuple object while every function is
+    # the one they were computed from, callback_parts), the intrinsic table's identity, and
+    # the raw values of the variables the compiled mode reads (nvcc_path selects by CUDA_PATH
+    # and PATH); compute_key then reuses the encoded key tail as well.
+    callbacks = callback_parts(CALLBACKS)
+    intrinsics = intrinsics_identity(callbacks[_GET_CODEGEN_AT][1])
+    env = env_values(_READ_ENV) if compile_device else None
+    memo = _toolchain_memo.get(compile_device)
+    if memo is not None and memo[0] is callbacks and memo[1] == intrinsics and memo[2] == env:
+        return memo[3]
+    salts = dict(callbacks)
+    salts["cuda_intrinsics"] = intrinsics
     if compile_device:
         # The path as well as the build id: the headers and nvcc.profile beside it are inputs.
         salts["nvcc"] = nvcc_version()
         salts["nvcc_path"] = nvcc_path()
         salts.update(env_salts(COMPILE_ENV))
-    return salts
+    parts = ToolchainParts(salts)
+    _toolchain_memo[compile_device] = (callbacks, intrinsics, env, parts)
+    return parts
+
+
+_GET_CODEGEN_AT = CALLBACKS.index(GET_CODEGEN)
+_READ_ENV = (*COMPILE_ENV, "CUDA_PATH", "PATH")
+# compile_device -> (callback parts, intrinsics identity, raw env values, the toolchain part)
+_toolchain_memo: dict[bool, tuple] = {}
 
 
 CODEGENS = {
