@@ -125,6 +125,8 @@ class StatsRecorder:
     def __init__(self, directory: Path | None) -> None:
         self.table = CounterTable(directory) if directory is not None else None
         self._names: dict[tuple[str, str, str], str] = {}
+        # (codegen, mode, tier) -> the hit's count names: total, by codegen and mode, saved seconds by them
+        self._hit_names: dict[tuple[str, str, str], tuple[str, str, str]] = {}
 
     def add(self, name: str, amount: float = 1) -> None:
         """Count `amount` more of `name`."""
@@ -145,11 +147,15 @@ class StatsRecorder:
         """Count a hit served by `tier` and the build seconds it saved (one lock for the four counts)."""
         if self.table is None:
             return
-        name = f"hits_{tier}"
-        counts = [(name, 1), (self._by(codegen, mode, name), 1)]
+        names = self._hit_names.get((codegen, mode, tier))
+        if names is None:
+            name = f"hits_{tier}"
+            names = (name, self._by(codegen, mode, name), self._by(codegen, mode, "saved_seconds"))
+            self._hit_names[(codegen, mode, tier)] = names
         if saved:
-            counts += [("saved_seconds", saved), (self._by(codegen, mode, "saved_seconds"), saved)]
-        self.table.add_many(counts)
+            self.table.add_many(((names[0], 1), (names[1], 1), ("saved_seconds", saved), (names[2], saved)))
+        else:
+            self.table.add_many(((names[0], 1), (names[1], 1)))
 
     def _by(self, codegen: str, mode: str, name: str) -> str:
         memo = (codegen, mode, name)
