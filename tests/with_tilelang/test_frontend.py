@@ -119,3 +119,24 @@ def test_clear_removes_the_frontend_entries(fresh_cache):
     (cache.directory / "tilelang" / "notes.so").write_text("not ours")  # not an entry name: kept
     assert cache.clear() >= 1
     assert sorted(p.name for p in (cache.directory / "tilelang").iterdir()) == ["notes.so"]
+
+
+def test_the_cli_lists_verifies_and_prunes_a_real_frontend_entry(fresh_cache, capsys):
+    import json
+
+    from codegen_cache._cli import _main as _cli
+
+    cct.enable()
+    cache = fresh_cache()
+    with cc.use_cache(cache):
+        tilelang.compile(vadd(), target=SM80)
+    root = str(cache.directory)
+    assert _cli.main(["--dir", root, "ls", "--tilelang", "--json"]) == 0
+    (listed,) = json.loads(capsys.readouterr().out)
+    assert listed["codegen"] == "tilelang" and listed["functions"] == [str(vadd().attrs["global_symbol"])]
+    assert listed["target"].startswith("cuda sm_80")
+    assert _cli.main(["--dir", root, "verify", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["checked"] >= 1
+    assert _cli.main(["--dir", root, "prune", "--tilelang", "--max-size", "0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["keys"] == [listed["key"]]
+    assert not list((cache.directory / "tilelang").glob("*.so"))

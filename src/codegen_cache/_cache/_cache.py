@@ -19,7 +19,6 @@ from __future__ import annotations
 import difflib
 import logging
 import os
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,6 +39,7 @@ from .._storage._fsprobe import scratch_dir, warn_if_unsafe
 from .._storage._locks import KeyLocks
 from .._storage._memory import MemoryTier
 from .._storage._pending import PendingFiles
+from .._storage._plain import PlainFiles
 from .._targets import TargetLike, as_target
 from .._validate import check_bool, check_timeout
 from . import _upgrade
@@ -58,25 +58,8 @@ logger = logging.getLogger(__name__)
 ENTRY_STORES = ("compiled", "source")
 STORE_NAMES = ("compiled", "source", "failures", "builds")
 # Whole-kernel entries of frontends (codegen_cache.tilelang), one plain file each: `<key>.so`.
-FRONTEND_DIR = "tilelang"
-_FRONTEND_ENTRY = re.compile(r"^[0-9a-f]{32}\.so$")
+FRONTEND_DIR = "tilelang"  # a PlainFiles store (_storage/_plain.py)
 
-
-def _clear_plain_entries(directory: Path) -> int:
-    """Remove a frontend's entries (32-hex-digit names, regular files only: never through a link)."""
-    removed = 0
-    try:
-        with os.scandir(directory) as scan:
-            names = [e for e in scan if _FRONTEND_ENTRY.match(e.name) and e.is_file(follow_symlinks=False)]
-    except OSError:
-        return 0
-    for entry in names:
-        try:
-            os.unlink(entry.path)
-            removed += 1
-        except OSError:
-            pass  # another process removed it first
-    return removed
 _FORMAT = str(FORMAT_VERSION)
 _ENCODE_ERRORS = (ValueError, RuntimeError, OSError)
 # Bound of flush(): the background jobs are extras (every entry is staged on disk already).
@@ -524,7 +507,7 @@ class CodegenCache:
                 if name in self._staged:
                     removed += self._staged[name].clear()
         if builds:
-            removed += _clear_plain_entries(Path(self.directory) / FRONTEND_DIR)
+            removed += PlainFiles(Path(self.directory) / FRONTEND_DIR).clear()
         return removed
 
     def store(self, name: str) -> ArtifactStore:

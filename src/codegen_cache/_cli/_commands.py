@@ -121,8 +121,8 @@ def require_writable(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def chosen_stores(args: argparse.Namespace, default: tuple[str, ...]) -> tuple[str, ...]:
-    """The stores picked with --compiled/--source/--failures, else `default`."""
-    chosen = tuple(s for s in ("compiled", "source", "failures") if getattr(args, s, False))
+    """The stores picked with --compiled/--source/--failures/--tilelang, else `default`."""
+    chosen = tuple(s for s in ("compiled", "source", "failures", "tilelang") if getattr(args, s, False))
     return chosen or default
 
 
@@ -131,10 +131,10 @@ def chosen_stores(args: argparse.Namespace, default: tuple[str, ...]) -> tuple[s
 
 def cmd_ls(args: argparse.Namespace, settings: Settings) -> int:
     """Entries with codegen, target, mode, size, age and build time."""
-    from ._inventory import ENTRY_STORES, iter_entries
+    from ._inventory import LISTED_STORES, iter_entries
 
     cache = open_cache(settings)
-    entries = list(iter_entries(cache, chosen_stores(args, ENTRY_STORES)))
+    entries = list(iter_entries(cache, chosen_stores(args, LISTED_STORES)))
     cache.close()
     order: dict[str, Callable] = {
         "age": lambda e: -(e.created or 0.0), "size": lambda e: -e.size, "key": lambda e: e.key,
@@ -149,10 +149,10 @@ def cmd_ls(args: argparse.Namespace, settings: Settings) -> int:
     for e in entries:
         if e.store == "failures":
             error = f"{e.meta.get('error_type', '?')}: {e.meta.get('message', '')}".splitlines()[0]
-            failed.append([e.key[:16], e.store, str(e.meta.get("codegen", "?")), _clip(error, 60),
+            failed.append([e.key[:16], e.store, str(e.codegen or "?"), _clip(error, 60),
                            format_size(e.size), fmt_age(e.created)])
             continue
-        rows.append([e.key[:16], e.store, str(e.meta.get("codegen", "?")), e.target,
+        rows.append([e.key[:16], e.store, str(e.codegen or "?"), e.target,
                      _clip(",".join(e.functions) or "-", 32), format_size(e.size), fmt_age(e.created),
                      fmt_seconds(e.meta.get("build_seconds"))])
     if len(rows) > 1:
@@ -174,7 +174,7 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
     """One entry in full: metadata, key parts, integrity, and with --code its source."""
     from .._artifacts import unframe
     from .._errors import ArtifactError
-    from ._inventory import find_entries
+    from ._inventory import find_entries, open_store
 
     cache = open_cache(settings)
     found = find_entries(cache, args.key)
@@ -184,13 +184,15 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
         listed = "\n".join(f"  {e.key}  {e.store}" for e in found[:20])
         raise CommandError(f"{len(found)} entries match {args.key!r}; give more of the key:\n{listed}", EXIT_NOT_FOUND)
     entry = found[0]
-    blob = cache.store(entry.store).get(entry.key) or b""
-    cache.close()
+    store = open_store(cache, entry.store)
     try:
+        blob = (store.get(entry.key) if store is not None else None) or b""
         art = unframe(blob)
         integrity, code = "ok", _code_of(art)
     except ArtifactError as err:
         integrity, code = str(err), None
+    finally:
+        cache.close()
     data = {**entry.as_dict(), "integrity": integrity,
             **({"code": code} if args.code else {})}
     if args.json:
@@ -204,8 +206,10 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
         lines += [("codegen", str(entry.meta.get("codegen"))),
                   ("error", f"{entry.meta.get('error_type')}: {entry.meta.get('message')}")]
     else:
-        lines += [("codegen", f"{entry.meta.get('codegen')}  mode {entry.meta.get('mode')}  "
-                              f"module {entry.meta.get('module_kind')}"),
+        context = entry.meta.get("context") if isinstance(entry.meta.get("context"), dict) else {}
+        lines += [("codegen", f"{entry.codegen}  mode {entry.meta.get('mode')}  module {entry.meta.get('module_kind')}"
+                   if entry.store != "tilelang" else f"tilelang.compile  backend {context.get('backend')}  "
+                   f"execution backend {context.get('execution_backend')}"),
                   ("target", entry.target),
                   ("functions", ", ".join(entry.functions) or "-"),
                   ("build time", fmt_seconds(entry.meta.get("build_seconds")))]
@@ -229,6 +233,8 @@ def _code_of(art) -> str | None:
         return art.fields[0].decode(errors="replace")
     if art.codec == "cuda-bin":
         return art.fields[3].decode(errors="replace") or None
+    if art.codec == "tilelang-kernel" and len(art.fields) == 3:  # library, device source, host source
+        return bytes(art.fields[1]).decode(errors="replace") or None
     return None
 
 
@@ -250,12 +256,12 @@ def cmd_clear(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_prune(args: argparse.Namespace, settings: Settings) -> int:
-    """Remove entries older than an age, then the oldest until the stores fit a size."""
-    from ._inventory import ENTRY_STORES, prune
+    """Remove entries older than an age, then the oldest until the stores (together) fit a size."""
+    from ._inventory import LISTED_STORES, prune
 
     if args.max_size is None and args.older_than is None:
         raise CommandError("prune needs --max-size SIZE and/or --older-than AGE", EXIT_USAGE)
-    chosen = chosen_stores(args, ENTRY_STORES)
+    chosen = chosen_stores(args, LISTED_STORES)
     result = {"removed": 0, "expired": 0, "freed_bytes": 0, "bytes_before": 0, "bytes_after": 0, "keys": []}
     if settings.directory.exists():
         require_writable(args, settings)

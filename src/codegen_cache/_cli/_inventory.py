@@ -2,6 +2,8 @@
 
 Only the public ArtifactStore API and the frame reader are used; nothing here decodes a
 module, so listing and checking a cache of CUDA binaries works on a host without a GPU.
+Store 'tilelang' is the frontend's plain files (`<dir>/tilelang/<key>.so`, _storage/_plain.py):
+listed, checked and pruned here like the others, without tilelang installed.
 """
 
 from __future__ import annotations
@@ -15,19 +17,25 @@ from typing import Any
 from .._artifacts import CODECS, read_meta, unframe
 from .._errors import ArtifactError
 from .._key import PART_NAMES
+from .._cache._cache import FRONTEND_DIR
 from .._storage._disk import STORAGE_ERRORS, ArtifactStore
+from .._storage._plain import PlainFiles
+from ..tilelang._frontend import ENTRY_CODEC, entry_problem
 
-__all__ = ["ALL_STORES", "ENTRY_STORES", "Entry", "find_entries", "iter_entries", "prune", "target_summary",
-           "verify_entries"]
+__all__ = ["ALL_STORES", "ENTRY_STORES", "FRONTEND_STORE", "LISTED_STORES", "Entry", "find_entries", "iter_entries",
+           "open_store", "prune", "read_entry", "target_summary", "verify_entries"]
 
 ENTRY_STORES = ("compiled", "source")
 # TVM's symbol for function `name` in a host (llvm, c) module: the user knows it as `name`.
 _FFI_PREFIX = "__tvm_ffi_"
-ALL_STORES = ("compiled", "source", "failures", "builds")
+FRONTEND_STORE = "tilelang"  # tilelang.compile results, one plain file each
+ALL_STORES = ("compiled", "source", "failures", "builds", FRONTEND_STORE)
+# What ls and prune cover unless stores are picked: the entries of lowerings and of frontends.
+LISTED_STORES = (*ENTRY_STORES, FRONTEND_STORE)
 # The order of the key's parts (_key.compute_key); entry metadata is sorted JSON, so restore it.
 # Payload fields per codec, as the decoder expects them (checked without decoding).
 _CODEC_FIELDS = {**{codec: fields for codec, (fields, _decoder) in CODECS.items()}, "failure": 0,
-                 "build-index": 0}
+                 "build-index": 0, ENTRY_CODEC: 3}
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +65,11 @@ class Entry:
         return float(value) if isinstance(value, (int, float)) else None
 
     @property
+    def codegen(self) -> str | None:
+        """The codegen that made the entry ('tilelang' for the frontend's entries)."""
+        return self.meta.get("codegen") or (FRONTEND_STORE if self.store == FRONTEND_STORE else None)
+
+    @property
     def functions(self) -> list[str]:
         """The user's names of the entry's functions (an llvm symbol `__tvm_ffi_scale` is `scale`)."""
         names = self.meta.get("func_names") or []
@@ -65,7 +78,10 @@ class Entry:
     @property
     def target(self) -> str:
         """A short target description, e.g. 'cuda sm_90' or 'llvm'."""
-        return target_summary(self.parts.get("target")) or str(self.meta.get("target_kind", "?"))
+        context = self.meta.get("context")  # a frontend entry's resolved target
+        stored = context.get("target") if isinstance(context, dict) else None
+        return (target_summary(self.parts.get("target")) or target_summary(stored if isinstance(stored, str) else None)
+                or str(self.meta.get("target_kind", "?")))
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready description (key parts included)."""
@@ -75,7 +91,7 @@ class Entry:
             "store": self.store,
             "size": self.size,
             "codec": self.codec,
-            "codegen": self.meta.get("codegen"),
+            "codegen": self.codegen,
             "mode": self.meta.get("mode", self.store if self.store in ENTRY_STORES else None),
             "target": self.target if self.store != "failures" else None,
             "target_kind": self.meta.get("target_kind"),
@@ -110,11 +126,19 @@ def target_summary(canonical: str | None) -> str:
     return " ".join(words)
 
 
-def _open_stores(cache, names: Iterable[str]) -> Iterator[tuple[str, ArtifactStore]]:
+def open_store(cache, name: str) -> ArtifactStore | PlainFiles | None:
+    """The store `name` of the cache, or None when it was never written (looking creates nothing)."""
+    if name == FRONTEND_STORE:
+        directory = cache.directory / FRONTEND_DIR
+        return PlainFiles(directory) if directory.is_dir() else None
+    return cache.store(name) if (cache.directory / name).is_dir() else None
+
+
+def _open_stores(cache, names: Iterable[str]) -> Iterator[tuple[str, ArtifactStore | PlainFiles]]:
     for name in names:
-        # A store that was never written has no directory: do not create it by looking.
-        if (cache.directory / name).is_dir():
-            yield name, cache.store(name)
+        store = open_store(cache, name)
+        if store is not None:
+            yield name, store
 
 
 def _entry(name: str, key: str, blob: bytes) -> Entry:
@@ -125,13 +149,22 @@ def _entry(name: str, key: str, blob: bytes) -> Entry:
     return Entry(name, key, len(blob), codec, meta)
 
 
+def read_entry(store: ArtifactStore | PlainFiles, name: str, key: str) -> Entry | None:
+    """The entry under `key` (None: gone); one that cannot be read is an Entry with its error."""
+    try:
+        blob = store.get(key)
+    except (ArtifactError, *STORAGE_ERRORS) as err:
+        return Entry(name, key, 0, error=f"cannot be read ({type(err).__name__}: {err})")
+    return None if blob is None else _entry(name, key, blob)
+
+
 def iter_entries(cache, stores: Iterable[str] = ENTRY_STORES) -> Iterator[Entry]:
     """Every readable entry of the named stores (expired ones are skipped)."""
     for name, store in _open_stores(cache, stores):
         for key in list(store.keys()):
-            blob = store.get(key)
-            if blob is not None:
-                yield _entry(name, key, blob)
+            entry = read_entry(store, name, key)
+            if entry is not None:
+                yield entry
 
 
 def find_entries(cache, prefix: str, stores: Iterable[str] = ALL_STORES) -> list[Entry]:
@@ -141,9 +174,9 @@ def find_entries(cache, prefix: str, stores: Iterable[str] = ALL_STORES) -> list
     for name, store in _open_stores(cache, stores):
         for key in list(store.keys()):
             if key.startswith(prefix):
-                blob = store.get(key)
-                if blob is not None:
-                    found.append(_entry(name, key, blob))
+                entry = read_entry(store, name, key)
+                if entry is not None:
+                    found.append(entry)
     return found
 
 
@@ -156,6 +189,8 @@ def _problem(store: str, key: str, blob: bytes) -> str | None:
     expected = _CODEC_FIELDS.get(art.codec)
     if expected is None:
         return f"unknown codec {art.codec!r}"
+    if store == FRONTEND_STORE:
+        return entry_problem(art, key)  # what a hit checks
     if len(art.fields) != expected:
         return f"{art.codec} entry has {len(art.fields)} payload fields, expected {expected}"
     if art.meta.get("key") != key:
@@ -196,7 +231,11 @@ def _volume(cache, names: Iterable[str]) -> int:
 
 def prune(cache, *, max_size: int | None = None, older_than: float | None = None,
           stores: Iterable[str] = ENTRY_STORES, now: float | None = None) -> dict[str, Any]:
-    """Remove entries older than `older_than` seconds, then the oldest until the stores fit `max_size`."""
+    """Remove entries older than `older_than` seconds, then the oldest until the stores fit `max_size`.
+
+    `max_size` is one budget for the named stores together (by default the lowerings' entries and
+    the frontend's), the oldest entry of any of them going first.
+    """
     stores = tuple(stores)
     now = time.time() if now is None else now
     before = _volume(cache, stores)

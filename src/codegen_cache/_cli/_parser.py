@@ -71,11 +71,14 @@ def build_parser() -> argparse.ArgumentParser:
         return sub.add_parser(name, parents=[common], help=help_text, description=help_text, epilog=_epilog(),
                               formatter_class=argparse.RawDescriptionHelpFormatter)
 
-    def store_flags(p: argparse.ArgumentParser, failures: bool = True) -> None:
+    def store_flags(p: argparse.ArgumentParser, failures: bool = True, tilelang: bool = True) -> None:
         p.add_argument("--compiled", action="store_true", help="the compiled store (compile_device=True)")
         p.add_argument("--source", action="store_true", help="the source-only store (compile_device=False)")
         if failures:
             p.add_argument("--failures", action="store_true", help="the failure cache (codegen errors)")
+        if tilelang:
+            p.add_argument("--tilelang", action="store_true", help="tilelang.compile results "
+                           "(codegen_cache.tilelang's frontend entries)")
 
     p = add("stats", "entries and bytes per store, hits and misses per tier, errors, time saved")
     p.add_argument("--reset", action="store_true", help="zero the counters (entries stay)")
@@ -101,10 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "key and index) instead of one codegen lowering")
     p.add_argument("--limit", type=_count_arg(1), default=3, help="nearest entries to show (default 3)")
     p = add("clear", "remove every entry (of the chosen stores; all by default)")
-    store_flags(p)
+    store_flags(p, tilelang=False)
     p = add("prune", "remove old entries, or the oldest until the stores fit a size")
     p.add_argument("--max-size", type=_size_arg, metavar="SIZE", help="e.g. 2G: remove the oldest entries "
-                   "until the stores hold at most this")
+                   "until the stores together hold at most this")
     p.add_argument("--older-than", type=_age_arg, metavar="AGE", help="e.g. 30d: remove entries written "
                    "longer ago")
     store_flags(p, failures=False)

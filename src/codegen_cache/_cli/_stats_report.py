@@ -13,20 +13,19 @@ __all__ = ["cmd_stats"]
 
 def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     """Entries and bytes per store, hits and misses per tier, errors, time saved."""
-    from ._inventory import ALL_STORES
+    from ._inventory import ALL_STORES, open_store
 
     cache = open_cache(settings)
     if args.reset:
         require_writable(args, settings)
         cache.reset_stats()
     limits = {"compiled": settings.compiled_size_limit, "source": settings.source_size_limit, "failures": None,
-              "builds": None}
+              "builds": None, "tilelang": None}
     stores = {}
     for name in ALL_STORES:
-        present = (cache.directory / name).is_dir()
-        store = cache.store(name)
-        stores[name] = {"entries": len(store) if present else 0, "bytes": store.volume() if present else 0,
-                        "size_limit": limits[name]}
+        store = open_store(cache, name)
+        stores[name] = {"entries": len(store) if store is not None else 0,
+                        "bytes": store.volume() if store is not None else 0, "size_limit": limits[name]}
     stats = cache.stats().as_dict()
     lookups = stats["hits"] + stats["misses"]
     data = {"directory": str(cache.directory), "exists": cache.directory.is_dir(), "stores": stores,

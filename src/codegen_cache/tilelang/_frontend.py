@@ -45,7 +45,7 @@ from typing import Any
 import xxhash
 
 from .. import _compat
-from .._artifacts import frame, unframe
+from .._artifacts import Artifact, frame, unframe
 from .._cache import CodegenCache
 from .._cache._cache import FRONTEND_DIR
 from .._context import active_cache
@@ -53,10 +53,11 @@ from .._errors import ArtifactError
 from .._key import CacheKey, static_salts
 from .._log import warn_once
 from .._outcome import emit
+from .._storage._plain import PlainFiles
 from .._targets import canonical_target
 from . import _salts
 
-__all__ = ["ENTRY_CODEC", "FRONTEND_FORMAT", "install", "uninstall"]
+__all__ = ["ENTRY_CODEC", "FRONTEND_FORMAT", "entry_problem", "install", "uninstall"]
 
 logger = logging.getLogger(__name__)
 
@@ -143,37 +144,53 @@ def _entry_path(cache: CodegenCache, digest: str) -> Path:
     return Path(cache.directory) / FRONTEND_DIR / f"{digest}.so"
 
 
+def _names(func: Any) -> list[str]:
+    """The kernel's name (its global_symbol) for `codegen-cache ls`, if it has one."""
+    try:
+        name = func.attrs["global_symbol"] if func.attrs is not None and "global_symbol" in func.attrs else None
+    except (AttributeError, TypeError, KeyError):
+        return []
+    return [str(name)] if name is not None else []
+
+
 def _func_digest(func: Any) -> str:
     return xxhash.xxh3_128_hexdigest(_compat.save_json(func).encode())
 
 
+def entry_problem(art: Artifact, digest: str) -> str | None:
+    """Why an unframed entry cannot serve key `digest` (None: it can). The hit path and verify use it."""
+    if art.codec != ENTRY_CODEC:
+        return f"codec {art.codec!r}, expected {ENTRY_CODEC!r}"
+    if art.meta.get("key") != digest:
+        return f"entry is stored under {digest[:16]} but its metadata names key {str(art.meta.get('key'))[:16]}"
+    if len(art.fields) != 3:
+        return f"{ENTRY_CODEC} entry has {len(art.fields)} payload fields, expected 3"
+    if not isinstance(art.meta.get("params"), str):
+        return "its kernel parameters (params) are not a string"
+    return None
+
+
 def _read_entry(path: Path, key: CacheKey):
     """The entry's artifact, or None (missing, another key's, or corrupt: then removed)."""
+    store = PlainFiles(path.parent, max_bytes=_MAX_ENTRY)
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError:
-        return None
-    try:
-        with os.fdopen(fd, "rb") as handle:
-            blob = handle.read(_MAX_ENTRY + 1)
-        if len(blob) > _MAX_ENTRY:
-            raise ArtifactError(f"entry larger than {_MAX_ENTRY} bytes", kind=ENTRY_CODEC)
+        blob = store.get(key.digest)
+        if blob is None:
+            return None
         art = unframe(blob)
-        if art.codec != ENTRY_CODEC or art.meta.get("key") != key.digest or len(art.fields) != 3:
-            raise ArtifactError(f"codec {art.codec!r} for another key or with {len(art.fields)} fields", kind=ENTRY_CODEC)
-        if not isinstance(art.meta.get("params"), str):
-            raise ArtifactError("params is not a string", kind=ENTRY_CODEC)
+        problem = entry_problem(art, key.digest)
+        if problem is not None:
+            raise ArtifactError(problem, kind=ENTRY_CODEC)
         return art
     except (OSError, ArtifactError) as err:
         warn_once(logger, ("tilelang-entry", str(path.parent)), "codegen cache: dropping a bad tilelang entry "
                   "%s: %s", path.name, err)
-        with contextlib.suppress(OSError):
-            path.unlink()
+        store.delete(key.digest)
         return None
 
 
 def _write_entry(path: Path, blob: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+    tmp = path.with_name(f"cgc-{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # swept if left
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as handle:
@@ -256,7 +273,7 @@ def _store(cache: CodegenCache, key: CacheKey, func: Any, kernel: Any, call: dic
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     meta = {"key": key.digest, "parts": key.as_dict(), "params": dump_kernel_params(kernel.params),
-            "build_seconds": build_seconds, "created": time.time(),
+            "build_seconds": build_seconds, "created": time.time(), "func_names": _names(func),
             # The resolved backend context, so that a hit skips tilelang's target resolution.
             "context": {"backend": context.module.name, "target": canonical_target(context.target),
                         "target_host": canonical_target(context.target_host),
