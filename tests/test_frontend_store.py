@@ -67,7 +67,8 @@ def test_stats_ls_and_show_cover_frontend_entries(capsys, root):
     b = write_entry(root, "gemm", library=b"\x7fELF" + b"G" * 9000)
     sizes = {d: (root / "tilelang" / f"{d}.so").stat().st_size for d in (a, b)}
     _code, stats = run_json(capsys, "--dir", str(root), "stats")
-    assert stats["stores"]["tilelang"] == {"entries": 2, "bytes": sum(sizes.values()), "size_limit": None}
+    assert stats["stores"]["tilelang"] == {"entries": 2, "bytes": sum(sizes.values()),
+                                           "size_limit": cc.CodegenCache(root).settings.compiled_size_limit}
     assert "tilelang" in run(capsys, "--dir", str(root), "stats")[1]
     _code, listed = run_json(capsys, "--dir", str(root), "ls")
     assert [(e["key"], e["store"], e["codegen"], e["functions"], e["target"], e["size"]) for e in listed] == [
@@ -190,3 +191,17 @@ def test_reads_are_bounded(tmp_path):
         store.get("c" * 32)
     assert store.get("d" * 32) == b"x" * 100 and store.get("e" * 32) is None
     assert store.volume() == 201
+
+
+def test_cull_removes_the_least_recently_stored_until_the_store_fits(tmp_path):
+    store = PlainFiles(tmp_path)
+    keys = ["1" * 32, "2" * 32, "3" * 32]
+    for age, key in zip((300, 200, 100), keys):
+        path = tmp_path / f"{key}.so"
+        path.write_bytes(b"x" * 1000)
+        stamp = time.time() - age
+        os.utime(path, (stamp, stamp))
+    assert store.cull(5000) == 0 and len(store) == 3
+    assert store.cull(2000) == 1 and sorted(store.keys()) == keys[1:]
+    # The entry just written stays even when it alone is over the limit.
+    assert store.cull(0, keep=keys[1]) == 1 and store.keys() == [keys[1]]

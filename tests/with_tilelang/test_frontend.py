@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,16 @@ def test_the_cli_lists_verifies_and_prunes_a_real_frontend_entry(fresh_cache, ca
     assert _cli.main(["--dir", root, "prune", "--tilelang", "--max-size", "0", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["keys"] == [listed["key"]]
     assert not list((cache.directory / "tilelang").glob("*.so"))
+
+
+def test_the_frontend_store_is_bounded_by_the_compiled_size_limit(cache_dir):
+    cct.enable()
+    cache = cc.CodegenCache(cache_dir, compiled_size_limit=1)
+    with cc.use_cache(cache):
+        tilelang.compile(vadd(), target=SM80)
+        (first,) = (cache.directory / "tilelang").glob("*.so")
+        time.sleep(0.05)  # distinct file times
+        tilelang.compile(scale(), target=SM80)
+    # Each entry alone is over the limit: the newest is kept, the older culled.
+    (entry,) = (cache.directory / "tilelang").glob("*.so")
+    assert entry.name != first.name and entry.stat().st_size > 1

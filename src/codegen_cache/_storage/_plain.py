@@ -3,7 +3,7 @@
 Frontends keep whole-kernel entries this way (codegen_cache.tilelang: `<cache dir>/tilelang/
 <digest>.so`, a frame whose field 0 is the library tilelang loads in place). The cache and its
 tools reach them here, with the methods of ArtifactStore they use: keys, get, delete, volume,
-len, expire, clear.
+len, expire, clear; cull bounds the store's size as diskcache bounds its stores.
 
 Only names this store makes are listed, read or removed: entries match `<32 hex><suffix>`,
 must be regular files, are opened without following symlinks, and reads are bounded.
@@ -113,6 +113,26 @@ class PlainFiles:
         except OSError:
             return False  # absent, or another process removed it first
         return True
+
+    def cull(self, size_limit: int, keep: str | None = None) -> int:
+        """Remove the least recently stored entries (oldest file first) until the store holds at most
+        `size_limit` bytes, as diskcache culls its stores; never `keep` (the entry just written). How many went."""
+        found = []
+        for entry in self._scan():
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue  # removed meanwhile
+            found.append((info.st_mtime, info.st_size, entry.name[: len(entry.name) - len(self.suffix)]))
+        excess = sum(size for _mtime, size, _key in found) - size_limit
+        removed = 0
+        for _mtime, size, key in sorted(found):
+            if excess <= 0:
+                break
+            if key != keep and self.delete(key):
+                excess -= size
+                removed += 1
+        return removed
 
     def expire(self) -> int:
         """Sweep leftovers of killed writers (`cgc-*`, older than an hour); entries never expire."""

@@ -281,6 +281,8 @@ def _store(cache: CodegenCache, key: CacheKey, func: Any, kernel: Any, call: dic
     if cache.settings.verify:
         meta["ir_digest"] = _func_digest(func)
     _write_entry(_entry_path(cache, key.digest), frame(ENTRY_CODEC, meta, [library, device, host]))
+    # Bounded like compiled/ (the same limit, for this store on its own): oldest entries go first.
+    PlainFiles(root).cull(cache.settings.compiled_size_limit, keep=key.digest)
     return True
 
 
