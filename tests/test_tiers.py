@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
@@ -18,7 +21,7 @@ import pytest
 import codegen_cache as cc
 import kernels
 from codegen_cache._artifacts import frame, function_names, prepare
-from codegen_cache._cache._failures import FailureCache
+from codegen_cache._cache._failures import MARKER, FailureCache
 from codegen_cache._cache._guard import StorageGuard
 from codegen_cache._cache._tiers import COLLISION, DiskTier, Entry, Hit, MemoryTierView, Probe, RemoteTierView
 from codegen_cache._cache._writer import Writer
@@ -234,6 +237,42 @@ def test_a_failure_kept_with_an_ir_digest_is_raised_only_for_that_ir(tmp_path):
     failures.raise_if_failed(DIGEST, "cuda", ir_digest=lambda: "b" * 32)  # another module, same key
     with pytest.raises(CachedCodegenError):
         failures.raise_if_failed(DIGEST, "cuda", ir_digest=lambda: "a" * 32)
+
+
+REMEMBER_IN_ANOTHER_PROCESS = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from codegen_cache._cache._failures import FailureCache
+    from codegen_cache._cache._guard import StorageGuard
+    from codegen_cache._storage._disk import ArtifactStore
+
+    root = Path(sys.argv[1])
+    failures = FailureCache(ArtifactStore(root / "failures", size_limit=1 << 20), ttl=60,
+                            guard=StorageGuard(root, lambda _: None), count=lambda _: None)
+    failures.remember(sys.argv[2], "cuda", ValueError("bad tile size 9"))
+    """
+)
+
+
+@pytest.mark.timeout(180)
+def test_a_store_without_failures_is_not_read_and_one_another_process_writes_is(tmp_path, monkeypatch):
+    store = ArtifactStore(tmp_path / "failures", size_limit=1 << 20)
+    failures = FailureCache(store, ttl=60, guard=StorageGuard(tmp_path, lambda _: None), count=lambda _: None)
+    reads: list[str] = []
+    real_get = store.get
+    monkeypatch.setattr(store, "get", lambda digest: reads.append(digest) or real_get(digest))
+    failures.raise_if_failed(DIGEST, "cuda")
+    failures.raise_if_failed(DIGEST, "cuda")
+    assert reads == [] and not (tmp_path / "failures" / MARKER).exists()  # never written to: no SQLite read
+    done = subprocess.run([sys.executable, "-c", REMEMBER_IN_ANOTHER_PROCESS, str(tmp_path), DIGEST],
+                          capture_output=True, text=True, timeout=150, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "failures" / MARKER).is_file()
+    with pytest.raises(CachedCodegenError, match="ValueError: bad tile size 9"):
+        failures.raise_if_failed(DIGEST, "cuda")  # the very next lookup of this process
+    failures.raise_if_failed("f" * 32, "cuda")
+    assert reads == [DIGEST, "f" * 32]
 
 
 # ---- the read-only view -----------------------------------------------------------------------

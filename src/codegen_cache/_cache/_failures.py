@@ -4,19 +4,30 @@ Autotuners retry invalid configs; a remembered failure costs one read. The toolc
 the key, so a new compiler or flag tries again; entries expire after a TTL. With verify=True a
 failure is kept with the IRModule's exact digest and served only to the same IRModule, as hits
 are: a structural-hash collision never raises another kernel's error.
+
+Most directories never see a failure, and a miss should not pay a SQLite read for one: the
+first failure remembered in a store makes a marker file inside it (`MARKER`, before the
+entry is written), and a lookup reads the store only once the marker exists (one stat, until
+this process has seen it once). The marker lives and goes with the store's directory; a
+failure that is not found is only a codegen run again.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from collections.abc import Callable
 
 from .._artifacts import frame, unframe
 from .._errors import ArtifactError, CachedCodegenError, CudaRuntimeUnavailableError
 from .._storage._disk import ArtifactStore
+from .._storage._faults import FILE_MODE, ensure_dir, share_file_mode
 from ._guard import StorageGuard
 
-__all__ = ["CACHEABLE_FAILURES", "ENVIRONMENT_FAILURES", "FailureCache"]
+__all__ = ["CACHEABLE_FAILURES", "ENVIRONMENT_FAILURES", "MARKER", "FailureCache"]
+
+MARKER = ".remembered"  # in the failures store's directory, once a failure was written there
 
 # Errors a codegen raises for a bad kernel or config: remembered.
 CACHEABLE_FAILURES = (RuntimeError, ValueError, TypeError, AttributeError, IndexError, KeyError)
@@ -32,6 +43,8 @@ class FailureCache:
         self.ttl = ttl
         self._guard = guard
         self._count = count
+        self._marker = os.path.join(str(store.directory), MARKER)
+        self._seen = False  # the marker was found once: from then on every lookup reads the store
 
     def remember(self, digest: str, codegen: str, err: BaseException, *, ir_digest: str | None = None) -> None:
         """Keep `err` as the outcome of `digest` for ttl seconds (for `ir_digest` only, when given)."""
@@ -41,6 +54,7 @@ class FailureCache:
                 "message": str(err)[:20000], "created": time.time()}
         if ir_digest is not None:
             meta["ir_digest"] = ir_digest
+        self._mark()
         if self._guard("write", self.store.put, digest, frame("failure", meta, []), expire=self.ttl):
             self._count("failures_stored")
 
@@ -51,6 +65,10 @@ class FailureCache:
         """
         if self.ttl <= 0:
             return
+        if not self._seen:
+            if not os.path.exists(self._marker):
+                return  # no failure was ever written to this store
+            self._seen = True
         blob = self._guard("read", self.store.get, digest)
         if blob is None:
             return
@@ -63,3 +81,12 @@ class FailureCache:
             return  # another IRModule's failure (a hash collision), or recorded without verify
         self._count("failures_served")
         raise CachedCodegenError(codegen, digest, str(meta.get("error_type")), str(meta.get("message")))
+
+    def _mark(self) -> None:
+        # Before the entry, every time (the directory may have been made anew since): a reader
+        # that finds the entry has found the marker first.
+        with contextlib.suppress(OSError):  # then no lookup reads it: the codegen runs (and fails) again
+            ensure_dir(os.path.dirname(self._marker))
+            os.close(os.open(self._marker, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE))
+            share_file_mode(self._marker)
+            self._seen = True
