@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .. import _compat
@@ -27,7 +27,7 @@ from .._errors import ArtifactError, CudaRuntimeUnavailableError
 from . import _cuda, _llvm
 from ._frame import Artifact, frame, unframe
 
-__all__ = ["CODECS", "check", "decode", "encode_cuda_binary", "function_names", "prepare", "upgrade"]
+__all__ = ["CODECS", "check", "decode", "encode_cuda_binary", "function_names", "prepare", "symbol_names", "upgrade"]
 
 # The JSON type of each metadata field a hit reads; a checksum is not authentication, so a
 # well-framed entry may still hold anything there (a null build_seconds made lower() raise).
@@ -39,10 +39,15 @@ _SOURCE_FORMATS = {"cuda": "cu", "opencl": "cl", "metal": "metal", "webgpu": "wg
 
 def function_names(mod) -> list[str]:
     """The symbols of an IRModule's functions (global_symbol, else the name), sorted."""
+    return symbol_names((gv.name_hint, func) for gv, func in mod.functions.items())
+
+
+def symbol_names(named: Iterable[tuple[str, Any]]) -> list[str]:
+    """function_names of (name, function) pairs (a caller that has them saves a walk of the module)."""
     names = []
-    for gv, func in mod.functions.items():
+    for name, func in named:
         symbol = func.attrs.get("global_symbol") if func.attrs is not None else None
-        names.append(str(symbol) if symbol is not None else gv.name_hint)
+        names.append(str(symbol) if symbol is not None else name)
     return sorted(names)
 
 

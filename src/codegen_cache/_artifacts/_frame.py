@@ -52,16 +52,20 @@ class Artifact:
 def frame(codec: str, meta: Mapping[str, Any], fields: Sequence[bytes]) -> bytes:
     """Frame a codec's fields with metadata and a checksum."""
     name = codec.encode("ascii")
-    hot = json.dumps({k: v for k, v in meta.items() if k in HOT_META}, sort_keys=True, separators=(",", ":")).encode()
-    info = json.dumps({k: v for k, v in meta.items() if k not in HOT_META}, sort_keys=True,
-                      separators=(",", ":")).encode()
-    lengths = b"".join(_U64.pack(len(f)) for f in fields)
-    body = b"".join((*fields, hot, info, name, lengths))
-    payload_len = sum(len(f) for f in fields)
+    hot_meta, info_meta = {}, {}
+    for k, v in meta.items():
+        (hot_meta if k in HOT_META else info_meta)[k] = v
+    hot = json.dumps(hot_meta, sort_keys=True, separators=(",", ":")).encode()
+    info = json.dumps(info_meta, sort_keys=True, separators=(",", ":")).encode()
+    lengths = b"".join([_U64.pack(len(f)) for f in fields])
+    payload_len = sum([len(f) for f in fields])
     head = _FOOTER.pack(payload_len, len(hot), len(info), len(fields), len(name), 0, FORMAT_VERSION, 0, MAGIC)[:-12]
-    checksum = xxhash.xxh3_64(body)
-    checksum.update(head)
-    return body + head + _U64.pack(checksum.intdigest()) + MAGIC
+    parts = [*fields, hot, info, name, lengths, head]
+    checksum = xxhash.xxh3_64()
+    for part in parts:  # checksummed piece by piece: the payload is copied once, into the frame
+        checksum.update(part)
+    parts += (_U64.pack(checksum.intdigest()), MAGIC)
+    return b"".join(parts)
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import _context
-from .._artifacts import FORMAT_VERSION, frame, function_names, prepare
+from .._artifacts import FORMAT_VERSION, frame, prepare, symbol_names
 from .._compat import IRModule, Module, Target
 from .._config import ENV_VARS, Settings, settings_from_env, unknown_env_vars
 from .._errors import ConfigError, UncacheableError
@@ -350,8 +350,7 @@ class CodegenCache:
                                     ir_digest=probe.ir_digest if self.settings.verify else None)
             raise
         seconds = time.perf_counter() - t0
-        self._stats.add_for(entry.name, mode, "builds")
-        self._stats.add_for(entry.name, mode, "build_seconds", seconds)
+        self._stats.add_build(entry.name, mode, seconds)
         return module, seconds
 
     def _store(self, codegen: str, key: CacheKey, mode: str, module: Module, mod: IRModule, target: Target,
@@ -368,7 +367,7 @@ class CodegenCache:
         if self.settings.verify:
             meta["ir_digest"] = Probe(key.digest, mode, mod).ir_digest
         try:
-            codec, meta, fields = prepare(module, meta, func_names=function_names(mod))
+            codec, meta, fields = prepare(module, meta, func_names=symbol_names(before[2]))
             blob = frame(codec, meta, fields)
         except _ENCODE_ERRORS as err:
             self._stats.add("stores_skipped")

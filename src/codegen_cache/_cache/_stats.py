@@ -143,6 +143,12 @@ class StatsRecorder:
         if self.table is not None:
             self.table.add_many(((name, amount), (self._by(codegen, mode, name), amount)))
 
+    def add_build(self, codegen: str, mode: str, seconds: float) -> None:
+        """Count a build and its seconds (one lock for the four counts)."""
+        if self.table is not None:
+            self.table.add_many((("builds", 1), (self._by(codegen, mode, "builds"), 1),
+                                 ("build_seconds", seconds), (self._by(codegen, mode, "build_seconds"), seconds)))
+
     def add_hit(self, codegen: str, mode: str, tier: str, saved: float) -> None:
         """Count a hit served by `tier` and the build seconds it saved (one lock for the four counts)."""
         if self.table is None:
