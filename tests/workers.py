@@ -131,13 +131,21 @@ def mixer(args: dict) -> None:
     cache.close()
 
 
+def _rejects(mod, target):
+    raise ValueError("an invalid config")
+
+
 def populate(args: dict) -> None:
-    """For each [dir, umask]: under that umask, lower variant 0 both ways and flush stats there."""
+    """For each [dir, umask]: under that umask, lower variant 0 both ways, remember a failure, flush stats there."""
     for directory, umask in args["jobs"]:
         os.umask(umask)
         cache = cc.CodegenCache(directory, write_behind=False)
         for compiled in (True, False):
             cache.lower(*variant(0), compile_device=compiled)
+        try:  # a remembered failure: the failures store (and its marker) are made as a real one makes them
+            cache.lower(*variant(0), codegen=cc.DeviceCodegen("rejects", build=_rejects))
+        except ValueError:
+            pass
         len(cache.store("builds"))  # opened (so created) as codegen_cache.build would
         cache.reset_stats()  # makes stats.sqlite (live processes count in their own files)
         cache.close()

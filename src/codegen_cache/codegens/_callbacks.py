@@ -172,16 +172,48 @@ def declare_salt_of(name: str, salt: str) -> None:
         raise ValueError(f"No function is registered under {name!r}: register it first, then declare its salt.")
     # The Function is held, so its address (the memo key) is not reused while declared.
     _declared[func.__chandle__()] = (func, salt)
-    _generation[0] += 1  # the function is the same object: callback_parts' memo must not hold
 
 
 # handle -> (Function, salt) and handle -> (Function, identity, error, watch); the Function is
 # held so that no other function can be created at the same address while its entry exists.
-_declared: dict[int, tuple[Any, str]] = {}
+class _Declarations(dict):
+    """handle -> (Function, salt); every change bumps _generation (the function is the same
+    object, so callback_parts' memo must not hold across a declaration, or its removal)."""
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        _generation[0] += 1
+
+    def __delitem__(self, key):
+        super().__delitem__(key)
+        _generation[0] += 1
+
+    def pop(self, *args):
+        _generation[0] += 1
+        return super().pop(*args)
+
+    def popitem(self):
+        _generation[0] += 1
+        return super().popitem()
+
+    def clear(self):
+        _generation[0] += 1
+        super().clear()
+
+    def update(self, *args, **kwargs):
+        _generation[0] += 1
+        super().update(*args, **kwargs)
+
+    def setdefault(self, *args):
+        _generation[0] += 1
+        return super().setdefault(*args)
+
+
+_declared: dict[int, tuple[Any, str]] = _Declarations()
 _known: dict[int, tuple[Any, str, UncacheableError | None, tuple]] = {}
 # names -> (generation, ((Function or None, _known entry or None) per name), parts)
 _parts_memo: dict[tuple[str, ...], tuple[int, tuple, tuple[tuple[str, str], ...]]] = {}
-_generation = [0]  # bumped by every declared salt
+_generation = [0]  # bumped by every change of _declared
 
 
 def _identify(name: str, func: Any) -> tuple[Any, str, UncacheableError | None, tuple]:

@@ -96,12 +96,15 @@ def find_nvcc() -> str | None:
 
 def nvcc_path() -> str:
     """The nvcc compiled CUDA runs now (find_nvcc, memoized per CUDA_PATH and PATH), or 'none'."""
-    return _nvcc_path(os.environ.get("CUDA_PATH"), os.environ.get("PATH"))
+    return _nvcc_path(env_values(_NVCC_ENV))
+
+
+_NVCC_ENV = ("CUDA_PATH", "PATH")
 
 
 @functools.lru_cache(maxsize=16)
-def _nvcc_path(cuda_path: str | None, path: str | None) -> str:
-    # The arguments are the memo key: find_nvcc reads the same two variables.
+def _nvcc_path(values: tuple[object, ...]) -> str:
+    # The raw values of the two variables find_nvcc reads are the memo key.
     return find_nvcc() or "none"
 
 
@@ -160,29 +163,29 @@ def _cuda_toolchain(target: Target, compile_device: bool) -> ToolchainParts:
     # answer could serve a stale entry. The answer is memoized per mode and reused while its
     # inputs are the same: the callbacks' parts (the same tuple object while every function is
     # the one they were computed from, callback_parts), the intrinsic table's identity, and
-    # the raw values of the variables the compiled mode reads (nvcc_path selects by CUDA_PATH
-    # and PATH); compute_key then reuses the encoded key tail as well.
+    # for the compiled mode the nvcc found (path and build id, each memoized by what selects
+    # it) and the raw values of the variables nvcc reads; compute_key then reuses the encoded
+    # key tail as well.
     callbacks = callback_parts(CALLBACKS)
     intrinsics = intrinsics_identity(callbacks[_GET_CODEGEN_AT][1])
-    env = env_values(_READ_ENV) if compile_device else None
+    # The path as well as the build id: the headers and nvcc.profile beside it are inputs.
+    compiler = (nvcc_path(), nvcc_version(), env_values(COMPILE_ENV)) if compile_device else None
     memo = _toolchain_memo.get(compile_device)
-    if memo is not None and memo[0] is callbacks and memo[1] == intrinsics and memo[2] == env:
+    if memo is not None and memo[0] is callbacks and memo[1] == intrinsics and memo[2] == compiler:
         return memo[3]
     salts = dict(callbacks)
     salts["cuda_intrinsics"] = intrinsics
-    if compile_device:
-        # The path as well as the build id: the headers and nvcc.profile beside it are inputs.
-        salts["nvcc"] = nvcc_version()
-        salts["nvcc_path"] = nvcc_path()
+    if compiler is not None:
+        salts["nvcc"] = compiler[1]
+        salts["nvcc_path"] = compiler[0]
         salts.update(env_salts(COMPILE_ENV))
     parts = ToolchainParts(salts)
-    _toolchain_memo[compile_device] = (callbacks, intrinsics, env, parts)
+    _toolchain_memo[compile_device] = (callbacks, intrinsics, compiler, parts)
     return parts
 
 
 _GET_CODEGEN_AT = CALLBACKS.index(GET_CODEGEN)
-_READ_ENV = (*COMPILE_ENV, "CUDA_PATH", "PATH")
-# compile_device -> (callback parts, intrinsics identity, raw env values, the toolchain part)
+# compile_device -> (callback parts, intrinsics identity, (nvcc path, build id, raw env values), the part)
 _toolchain_memo: dict[bool, tuple] = {}
 
 
