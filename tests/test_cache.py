@@ -300,3 +300,30 @@ def test_an_llvm_disk_hit_maps_the_stored_library_where_it_lies(tmp_path, llvm_v
     assert outcome.tier == "disk" and module.implements_function("vadd")
     with open("/proc/self/maps") as f:
         assert row.path in f.read()  # no scratch copy: the value file itself is mapped
+
+
+def test_a_value_file_deleted_between_its_read_and_its_load_is_still_a_correct_hit(tmp_path, llvm_vadd, monkeypatch):
+    # Another process (clear, prune, a size cull) may delete an entry's value file right after
+    # this process read it: the library mapped in place is gone, the bytes read are whole.
+    from codegen_cache._storage._disk import ArtifactStore
+
+    writer = cc.CodegenCache(tmp_path, write_behind=False)
+    mod, target = llvm_vadd
+    expected = run_binary(writer.lower(mod, target))
+    assert writer.flush(upgrades=True, timeout=180)  # a shared library, mapped in place on a hit
+    writer.close()
+    read, deleted = ArtifactStore.read, []
+
+    def read_then_delete(store, digest):
+        row = read(store, digest)
+        if row is not None and row.path is not None:
+            os.unlink(row.path)
+            deleted.append(row.path)
+        return row
+
+    monkeypatch.setattr(ArtifactStore, "read", read_then_delete)
+    cache = cc.CodegenCache(tmp_path)
+    module, outcome = cache.lower_with_outcome(mod, target)
+    assert deleted and outcome.tier == "disk"
+    np.testing.assert_array_equal(run_binary(module), expected)
+    assert cache.stats(shared=False).corrupt == 0

@@ -195,7 +195,15 @@ def decode_entry(guard: StorageGuard, probe: Probe, blob: bytes, path: str | Non
     is kept for those who can use it.
     """
     try:
-        module, meta = decode(blob, scratch=scratch, path=path)
+        try:
+            module, meta = decode(blob, scratch=scratch, path=path)
+        except ArtifactError:
+            if path is None:
+                raise
+            # Loading the value file in place failed: it may have been deleted or replaced by
+            # another process (clear, prune, cull) after it was read. The bytes read are whole
+            # (checked above in decode): load them from a scratch copy instead.
+            module, meta = decode(blob, scratch=scratch, path=None)
     except ArtifactError as err:
         guard.count("corrupt")
         guard.warn("corrupt", "codegen cache: dropping a corrupt %s entry %s: %s", tier, probe.digest[:16], err)
