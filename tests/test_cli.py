@@ -16,6 +16,7 @@ import pytest
 from conftest import CUDA_TARGET, HAS_NVCC
 
 import codegen_cache as cc
+from codegen_cache._cache import _upgrade
 from codegen_cache._cli import _main as _cli
 from codegen_cache._artifacts import frame, read_meta
 from codegen_cache._key import CacheKey
@@ -498,6 +499,18 @@ def test_demo_cold_then_warm_without_nvcc(capsys, tmp_path):
         assert sweep["cold_hits"] == 0 and sweep["warm_hits"] == sweep["kernels"]
     assert data["sweeps"][1]["speedup"] > 1  # llvm; CUDA source codegen is about as cheap as a disk hit
     assert data["stats"]["hits_disk"] == 72
+
+
+def test_demo_in_its_temporary_directory_exits_cleanly_and_leaves_nothing_behind(tmp_path):
+    # README's first command: the llvm upgrader still links entries when the demo ends; the
+    # demo waits for it, so the directory is removed whole (not raced, not made again).
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    done = cli("demo", "--nvcc-configs", "0", "--no-progress", env={"TMPDIR": str(scratch)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "(temporary)" in done.stdout
+    time.sleep(_upgrade.IDLE_SECONDS + 1)  # an upgrader left running would have written by now
+    assert list(scratch.iterdir()) == []
 
 
 def test_config_shows_values_and_origins(capsys, monkeypatch, tmp_path):

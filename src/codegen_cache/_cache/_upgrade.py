@@ -29,7 +29,7 @@ from .._forksafe import on_fork_child
 from .._log import warn_once
 from .._storage._faults import FILE_MODE, ensure_dir
 
-__all__ = ["IDLE_SECONDS", "request", "wait_idle"]
+__all__ = ["IDLE_SECONDS", "request", "wait_exited", "wait_idle"]
 
 logger = logging.getLogger(__name__)
 
@@ -156,6 +156,30 @@ def wait_idle(directory: Path, timeout: float) -> bool:
             last_start = now
             _ensure_running(directory)
         time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+
+def wait_exited(directory: Path, timeout: float) -> bool:
+    """Until no upgrader holds `directory`'s upgrade lock (or `timeout`); True when none does.
+
+    For whoever removes a directory it made (a demo's temporary cache): an upgrader still
+    running would write into it, or make it again.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fd = os.open(_lock_path(directory), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return True  # no lock file: no upgrader ever ran here
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return True
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
 
 
 # ---- the upgrader program ------------------------------------------------------------------

@@ -119,11 +119,12 @@ def run_demo(directory: str | Path | None = None, *, nvcc_configs: int = DEFAULT
     Without `directory` the demo uses a temporary directory, removed at the end. Settings
     from the environment are not used: the demo shows the cache, not this host's configuration.
     """
+    from .._cache import _upgrade
     from .._cache._cache import CodegenCache
     from .._config import Settings
 
     emit = out or (lambda line: None)
-    with tempfile.TemporaryDirectory(prefix="codegen-cache-demo-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="codegen-cache-demo-", ignore_cleanup_errors=True) as tmp:
         root = Path(directory) if directory is not None else Path(tmp)
         sweeps, lowering, notes = _sweeps(nvcc_configs)
         emit("codegen-cache demo: an autotuning-style sweep, lowered cold and then warm through one cache")
@@ -156,6 +157,11 @@ def run_demo(directory: str | Path | None = None, *, nvcc_configs: int = DEFAULT
                      "process (memory tier) or as the input of a slower step.")
         for note in notes:
             emit(note)
+        if directory is None:
+            # The llvm upgrader (a helper process) may still link entries in the temporary
+            # directory: let it finish and exit before the directory is removed.
+            _upgrade.wait_idle(root, 120)
+            _upgrade.wait_exited(root, _upgrade.IDLE_SECONDS + 10)
         return {
             "directory": str(root) if directory is not None else None,
             "lowering_seconds": lowering,
