@@ -33,6 +33,10 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    # Tests set the settings they test: a developer's or CI's own CODEGEN_CACHE_* variables (a
+    # VERIFY, a REMOTE, a name the library would warn about) must not leak into them.
+    for name in [n for n in os.environ if n.startswith("CODEGEN_CACHE_") and n != "CODEGEN_CACHE_DIR"]:
+        del os.environ[name]
     # The default cache must never be the user's real one during tests.
     os.environ.setdefault("CODEGEN_CACHE_DIR", str(Path(config.rootpath) / ".pytest_cache" / "codegen-cache-default"))
 
