@@ -21,6 +21,7 @@ from codegen_cache._errors import ArtifactError
 from codegen_cache._key import CacheKey
 from codegen_cache._storage._plain import PlainFiles
 from codegen_cache.tilelang import _frontend
+from test_cli import run, run_json
 
 TARGET = json.dumps({"kind": "cuda", "arch": "sm_80"}, sort_keys=True)
 
@@ -41,18 +42,6 @@ def write_entry(root: Path, name: str, *, created: float | None = None, library:
     (root / "tilelang").mkdir(parents=True, exist_ok=True)
     (root / "tilelang" / f"{key.digest}.so").write_bytes(blob)
     return key.digest
-
-
-def run(capsys, *argv: str):
-    code = _cli.main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def run_json(capsys, *argv: str):
-    code, out, err = run(capsys, *argv, "--json")
-    assert code in (0, 1), err
-    return code, json.loads(out)
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ signals and real files; a hang fails the test by its timeout. Docs: docs/reliabi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -27,12 +28,29 @@ from workers import variant
 HERE = Path(__file__).parent
 
 
+def _environ(**extra: str) -> dict[str, str]:
+    """This process's environment with tests/ on PYTHONPATH (and `extra`), for a fresh interpreter."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]), **extra}
+
+
 def _python(script: str, *args: str, timeout: float = 120, env: dict | None = None, **kwargs):
     """Run `script` in a fresh interpreter (tests/ on the path); the CompletedProcess."""
-    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    environ.update(env or {})
     return subprocess.run([sys.executable, "-c", textwrap.dedent(script), *args], capture_output=True, text=True,
-                          timeout=timeout, env=environ, **kwargs)
+                          timeout=timeout, env=_environ(**(env or {})), **kwargs)
+
+
+@contextlib.contextmanager
+def _own_process_group(script: str, *args: str):
+    """`script` in a fresh interpreter leading a process group of its own (signals go to the group);
+    the group is SIGKILLed on the way out if it is still running."""
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_environ(), start_new_session=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 # ---- the llvm upgrader: one per directory ------------------------------------------------------
@@ -414,8 +432,7 @@ LOWER_AND_TIME = """
 @pytest.mark.timeout(300)
 def test_a_waiting_lower_resumes_right_after_the_builders_lower_returns(tmp_path):
     directory, log = tmp_path / "cache", tmp_path / "calls.log"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-           "SLOW_CODEGEN_LOG": str(log), "SLOW_CODEGEN_SECONDS": "2"}
+    env = _environ(SLOW_CODEGEN_LOG=str(log), SLOW_CODEGEN_SECONDS="2")
 
     def start(*args):
         return subprocess.Popen([sys.executable, "-c", textwrap.dedent(LOWER_AND_TIME), str(directory), *args],
@@ -499,19 +516,11 @@ LOWER_THEN_WAIT = """
 def test_sigint_to_the_process_group_loses_no_entry_and_the_upgrade_finishes(tmp_path):
     # What a Jupyter interrupt or Ctrl-C does: SIGINT to every process of the group.
     directory = tmp_path / "cache"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(LOWER_THEN_WAIT), str(directory)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    try:
+    with _own_process_group(LOWER_THEN_WAIT, str(directory)) as proc:
         assert proc.stdout.readline().strip() == "lowered", proc.stderr.read()[-3000:]
         time.sleep(0.3)
         os.killpg(proc.pid, signal.SIGINT)
         _out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
     assert proc.returncode != 0 and "KeyboardInterrupt" in err, err[-3000:]
     assert proc.returncode not in (-signal.SIGABRT, 134), err[-3000:]
     # The upgrader and its linker run in sessions of their own: the interrupt did not reach them.
@@ -557,11 +566,7 @@ EXIT_WITH_A_QUEUE = """
 @pytest.mark.parametrize("interrupts", [1, 2])
 def test_ctrl_c_while_exiting_with_a_queue_never_aborts_or_loses_entries(tmp_path, interrupts):
     directory = tmp_path / "cache"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(EXIT_WITH_A_QUEUE), str(directory)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    try:
+    with _own_process_group(EXIT_WITH_A_QUEUE, str(directory)) as proc:
         assert proc.stdout.readline().strip() == "exiting", proc.stderr.read()[-3000:]
         for _ in range(interrupts):
             time.sleep(0.3)
@@ -569,10 +574,6 @@ def test_ctrl_c_while_exiting_with_a_queue_never_aborts_or_loses_entries(tmp_pat
         start = time.monotonic()
         _out, err = proc.communicate(timeout=60)
         print(f"exit {proc.returncode} {time.monotonic() - start:.2f} s after the last Ctrl-C")
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
     assert proc.returncode not in (-signal.SIGABRT, 134) and "terminate called" not in err, err[-3000:]
     for i in range(12):
         assert lower_fresh(directory, i, True)[0] == "disk", i
