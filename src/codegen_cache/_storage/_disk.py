@@ -28,7 +28,7 @@ import diskcache
 
 from .._errors import ArtifactError, UnsafeEntryError
 from .._forksafe import on_fork_child, sqlite_gate
-from ._faults import ReadOnlyStoreError, share_file_mode, storage_fault, warn_read_only, writable
+from ._faults import READ_FLAGS, ReadOnlyStoreError, share_file_mode, storage_fault, warn_read_only, writable
 from ._readonly import ReadOnlyView
 
 __all__ = ["STORAGE_ERRORS", "ArtifactStore", "Row", "SafeDisk", "storage_fault"]
@@ -43,7 +43,6 @@ _VALUE_FILE = re.compile(r"^[0-9a-f]{2}[/\\][0-9a-f]{2}[/\\][0-9a-f]{28}\.val$")
 _DB_FILES = ("cache.db", "cache.db-wal", "cache.db-shm")
 _ELF = b"\x7fELF"  # a framed shared library starts with it (the frame puts the payload first)
 _SQLITE_CORRUPT, _SQLITE_NOTADB = 11, 26  # result codes (sqlite3 names them only from Python 3.11)
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _SELECT = ("SELECT mode, filename, value, size FROM Cache WHERE key = ? AND raw = 1 "
            "AND (expire_time IS NULL OR expire_time > ?)")
 
@@ -129,7 +128,7 @@ def _read_value_file(directory: str, filename: object, size: int | None) -> tupl
     if not _VALUE_FILE.match(str(filename)):
         raise UnsafeEntryError(f"refusing to read value file {str(filename)[:80]!r} (not a store file name)")
     path = os.path.join(directory, str(filename))
-    fd = os.open(path, _READ_FLAGS)  # a symlink fails here (ELOOP); a FIFO opens without blocking
+    fd = os.open(path, READ_FLAGS)  # a symlink fails here (ELOOP); a FIFO opens without blocking
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):

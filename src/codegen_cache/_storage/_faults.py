@@ -3,7 +3,9 @@
 - `storage_fault` names the faults that fail many operations at once (no space, read-only),
   so the cache warns once per fault rather than once per operation;
 - `share_file_mode` keeps a shared (team) cache writable by its group and never by the world;
-- `ensure_dir` makes the cache's own directories and refuses a symlink in their place.
+- `ensure_dir` makes the cache's own directories and refuses a symlink in their place;
+- `READ_FLAGS` and `read_whole` read a file the cache made without following a symlink, blocking
+  on a FIFO, or reading past a bound.
 """
 
 from __future__ import annotations
@@ -18,9 +20,30 @@ from pathlib import Path
 from .._errors import ReadOnlyStoreError
 from .._log import warn_once
 
-__all__ = ["DIR_MODE", "FILE_MODE", "ReadOnlyStoreError", "ensure_dir", "share_file_mode", "storage_fault", "warn_read_only", "writable"]
+__all__ = ["DIR_MODE", "FILE_MODE", "READ_FLAGS", "ReadOnlyStoreError", "ensure_dir", "read_whole", "share_file_mode", "storage_fault", "warn_read_only", "writable"]
 
 logger = logging.getLogger(__name__)
+
+# Opening an entry file: a symlink fails (ELOOP), a FIFO opens without blocking (read_whole refuses it).
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def read_whole(fd: int, max_bytes: int) -> bytes | None:
+    """All of the regular file open on `fd`; None when it is not a regular file, holds more than
+    `max_bytes`, or changed size while read (one byte past its size is asked for, so growth is seen)."""
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
+        return None
+    chunks, left = [], info.st_size + 1
+    while left > 0:
+        chunk = os.read(fd, min(left, 16 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    data = b"".join(chunks)
+    return data if len(data) == info.st_size else None
+
 
 # SQLite result codes (sqlite3 names them only from Python 3.11).
 _SQLITE_READONLY, _SQLITE_IOERR, _SQLITE_FULL, _SQLITE_CANTOPEN = 8, 10, 13, 14

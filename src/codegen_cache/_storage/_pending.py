@@ -24,7 +24,6 @@ import errno
 import logging
 import os
 import re
-import stat
 import threading
 import time
 import weakref
@@ -32,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .._forksafe import on_fork_child
-from ._faults import FILE_MODE, ensure_dir, share_file_mode
+from ._faults import FILE_MODE, READ_FLAGS, ensure_dir, read_whole, share_file_mode
 from ._fsprobe import sweep_leftovers
 
 __all__ = ["MAX_ENTRY_BYTES", "PendingFiles"]
@@ -42,7 +41,6 @@ logger = logging.getLogger(__name__)
 MAX_ENTRY_BYTES = 1 << 30  # no codegen result comes near this; a bigger file was planted
 _NAME = re.compile(r"^[0-9a-f]{32}$")
 _TMP_PREFIX = "cgc-"
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _SPARES = 2
 _SPARE_SECONDS = 60.0  # well under the sweep's hour: an older spare is dropped, not used
@@ -146,26 +144,19 @@ class PendingFiles:
     def read(self, digest: str, *, max_bytes: int = MAX_ENTRY_BYTES) -> bytes | None:
         """The staged bytes of `digest`, or None (absent, not a regular file, or too big)."""
         try:
-            fd = os.open(self.path(digest), _READ_FLAGS)
+            fd = os.open(self.path(digest), READ_FLAGS)
         except OSError as err:
             if err.errno not in (errno.ENOENT, errno.ENOTDIR):
                 logger.debug("codegen cache: cannot open staged entry %s: %s", digest[:16], err)
             return None
         try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
-                logger.warning("codegen cache: ignoring %s: not a regular file of at most %d bytes",
-                               self.path(digest), max_bytes)
-                return None
-            data = os.read(fd, info.st_size + 1)
-            while len(data) <= info.st_size:
-                more = os.read(fd, info.st_size + 1 - len(data))
-                if not more:
-                    break
-                data += more
-            return data if len(data) == info.st_size else None
+            data = read_whole(fd, max_bytes)
         finally:
             os.close(fd)
+        if data is None:
+            logger.warning("codegen cache: ignoring %s: not a regular file of at most %d bytes, or one "
+                           "that changed while read", self.path(digest), max_bytes)
+        return data
 
     def remove(self, digest: str, blob: bytes | None = None) -> None:
         """Remove the staged file of `digest` (only if it still holds `blob`, when given)."""

@@ -19,12 +19,12 @@ import stat
 from pathlib import Path
 
 from .._errors import ArtifactError
+from ._faults import READ_FLAGS, read_whole
 from ._fsprobe import sweep_leftovers
 
 __all__ = ["MAX_PLAIN_BYTES", "PlainFiles"]
 
 MAX_PLAIN_BYTES = 512 << 20  # a kernel library with its sources; a bigger file was planted
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _KEY = re.compile(r"^[0-9a-f]{32}$")
 
 
@@ -78,7 +78,7 @@ class PlainFiles:
     def get(self, key: str) -> bytes | None:
         """The entry's bytes; None when absent; ArtifactError when not a regular file or too big."""
         try:
-            fd = os.open(self.path(key), _READ_FLAGS)
+            fd = os.open(self.path(key), READ_FLAGS)
         except OSError as err:
             if err.errno in (errno.ENOENT, errno.ENOTDIR):
                 return None
@@ -86,22 +86,13 @@ class PlainFiles:
                 raise ArtifactError(f"{key}{self.suffix} is a symbolic link, not an entry") from None
             raise
         try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode) or info.st_size > self.max_bytes:
-                raise ArtifactError(f"{key}{self.suffix} is not a regular file of at most {self.max_bytes} bytes")
-            chunks, left = [], info.st_size + 1  # one byte more: a file that grew is seen
-            while left > 0:
-                chunk = os.read(fd, min(left, 16 << 20))
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                left -= len(chunk)
-            data = b"".join(chunks)
-            if len(data) > self.max_bytes:
-                raise ArtifactError(f"{key}{self.suffix} grew past {self.max_bytes} bytes while read")
-            return data
+            data = read_whole(fd, self.max_bytes)
         finally:
             os.close(fd)
+        if data is None:
+            raise ArtifactError(f"{key}{self.suffix} is not a regular file of at most {self.max_bytes} bytes "
+                                "(or it changed while read)")
+        return data
 
     def delete(self, key: str) -> bool:
         """Remove the entry (never through a symlink: unlink removes a link itself); whether it went."""
