@@ -42,11 +42,16 @@ __all__ = [
     "DeviceCodegenRegistry",
     "TargetPredicate",
     "allowed_device_codegens_for_target",
+    "call_codegen_function",
+    "codegen_function",
     "default_registry",
     "global_func_device_codegen",
+    "in_codegen_call",
     "register_device_codegen",
     "register_lazy_device_codegen",
     "resolve_device_codegen",
+    "route_global",
+    "unroute_global",
 ]
 
 logger = logging.getLogger(__name__)
@@ -62,6 +67,43 @@ def _add_note(err: BaseException, note: str) -> None:
         err.add_note(note)
 
 
+# While codegen_cache.enable() is on, TVM's `target.build.<kind>` names hold the switch's router,
+# which sends every call through the cache: name -> (router, the function it replaced). A codegen
+# that calls the name must reach the replaced function, or it would call itself through the cache.
+_routed: dict[str, tuple[Any, Any]] = {}
+# The global codegen functions this thread is calling for a codegen now: a router reached from
+# inside one (a user's function registered over the router, which calls the function it found
+# there) hands the call to TVM's function instead of going through the cache again.
+_calling = threading.local()
+
+
+def route_global(name: str, router: Any, replaced: Any) -> None:
+    """Record that `router` now stands under TVM global function `name` in place of `replaced`."""
+    _routed[name] = (router, replaced)
+
+
+def unroute_global(name: str) -> None:
+    """Forget the router of `name` (the switch put the replaced function back)."""
+    _routed.pop(name, None)
+
+
+def in_codegen_call(name: str) -> bool:
+    """Whether this thread is inside a codegen's call of the global function `name`."""
+    return name in getattr(_calling, "names", ())
+
+
+def codegen_function(name: str, *, missing_ok: bool = False) -> Any:
+    """The TVM global function `name` as a codegen must call it: what is registered, unless that is the switch's router.
+
+    A function registered over the router (a user's own target.build.llvm) is called as registered.
+    """
+    func = tvm_ffi.get_global_func(name, allow_missing=missing_ok)
+    routed = _routed.get(name)
+    if routed is not None and func is not None and func.__chandle__() == routed[0].__chandle__():
+        return routed[1]
+    return func
+
+
 def global_func_device_codegen(global_func_name: str) -> DeviceCodegenFunc:
     """Create a device codegen callback backed by a TVM global function."""
     if not isinstance(global_func_name, str) or not global_func_name:
@@ -72,14 +114,26 @@ def global_func_device_codegen(global_func_name: str) -> DeviceCodegenFunc:
         # Looked up on every call, as the original does: a function registered later is found,
         # and an unknown name raises tvm_ffi's own ValueError("Cannot find global function ...").
         try:
-            func = tvm_ffi.get_global_func(global_func_name)
+            func = codegen_function(global_func_name)
         except ValueError as err:
             names = sorted(n for n in tvm_ffi.registry.list_global_func_names() if n.startswith("target.build."))
             _add_note(err, f"Registered codegen functions in this TVM build: {names}.")
             raise
-        return func(mod, target)
+        return call_codegen_function(global_func_name, func, mod, target)
 
     return build
+
+
+def call_codegen_function(name: str, func: Any, mod: Any, target: Any) -> Any:
+    """func(mod, target), marked as this thread's codegen call of the global function `name`."""
+    calling = getattr(_calling, "names", None)
+    if calling is None:
+        calling = _calling.names = []
+    calling.append(name)
+    try:
+        return func(mod, target)
+    finally:
+        calling.pop()
 
 
 @dataclass(frozen=True, slots=True)

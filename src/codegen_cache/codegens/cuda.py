@@ -26,7 +26,7 @@ from .._artifacts._cuda import (
 from .._compat import IRModule, Module, Target
 from .._errors import CudaRuntimeUnavailableError
 from .._key import ToolchainParts
-from .._registry import DeviceCodegen
+from .._registry import DeviceCodegen, call_codegen_function, codegen_function
 from ._callbacks import callback_parts
 from ._common import env_salts, env_values
 from ._intrinsics import GET_CODEGEN, intrinsics_identity
@@ -62,14 +62,14 @@ _fallback_lock = threading.Lock()
 
 def cuda_source_module(mod: IRModule, target: Target) -> Module:
     """CUDA source as TVM's source-only (fallback) module, never compiled."""
-    build = _compat.global_func("target.build.cuda")
+    build = codegen_function("target.build.cuda")
     if not _compat.cuda_runtime_available():
-        return build(mod, target)
+        return call_codegen_function("target.build.cuda", build, mod, target)
     with _fallback_lock:
         previous = os.environ.get("TVM_COMPILE_FORCE_FALLBACK")
         os.environ["TVM_COMPILE_FORCE_FALLBACK"] = "1"
         try:
-            return build(mod, target)
+            return call_codegen_function("target.build.cuda", build, mod, target)
         finally:
             if previous is None:
                 del os.environ["TVM_COMPILE_FORCE_FALLBACK"]
