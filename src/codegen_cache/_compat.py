@@ -24,6 +24,7 @@ __all__ = [
     "Module",
     "PrimFunc",
     "Target",
+    "Tensor",
     "builtin_func",
     "cuda_runtime_available",
     "ffi_version",
@@ -81,6 +82,9 @@ from tvm.target import Target  # noqa: E402
 from tvm.tirx import PrimFunc  # noqa: E402
 from tvm.tirx.build import split_host_device_mods  # noqa: E402
 from tvm_ffi import DLDeviceType  # noqa: E402
+
+# The runtime tensor class (apache-tvm 0.27 names it Tensor; older TVMs NDArray).
+Tensor = getattr(tvm.runtime, "Tensor", None) or getattr(tvm.runtime, "NDArray")
 
 try:
     _hash = tvm_ffi.structural_hash

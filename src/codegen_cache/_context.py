@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["ActiveCache", "active_cache", "get_cache", "set_default_factory", "use_cache"]
+__all__ = ["ActiveCache", "active_cache", "get_cache", "pin_default", "set_default_factory", "use_cache"]
 
 
 @runtime_checkable
@@ -30,6 +30,8 @@ _factory: Callable[[], ActiveCache | None] | None = None
 _default: ActiveCache | None = None
 _made = False
 _lock = threading.Lock()
+# The cache codegen_cache.enable(cache=...) made the process default, in place of the factory's.
+_pinned: object = _UNSET
 
 
 def set_default_factory(factory: Callable[[], ActiveCache | None]) -> None:
@@ -52,8 +54,15 @@ def active_cache() -> ActiveCache | None:
     """The cache DeviceCodegen.lower consults now (None: caching is off)."""
     value = _active.get()
     if value is _UNSET:
-        return _default_cache()
+        pinned = _pinned
+        return _default_cache() if pinned is _UNSET else pinned  # type: ignore[return-value]
     return value  # type: ignore[return-value]
+
+
+def pin_default(cache: ActiveCache | None, *, unpin: bool = False) -> None:
+    """Make `cache` the default of every context without use_cache (unpin=True: the factory's again)."""
+    global _pinned
+    _pinned = _UNSET if unpin else cache
 
 
 def get_cache() -> ActiveCache | None:

@@ -13,8 +13,11 @@ the index reads those entries by digest; a build repeated in one process is one 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,11 +31,26 @@ from .._registry import DeviceCodegenRegistry, default_registry
 from ._index import BuildPart, compile_device, key_of, read_index, write_index
 from ._plan import Plan, lower_plan, plan
 
-__all__ = ["BuildPart", "BuildRecord", "build", "build_key", "build_with_record"]
+__all__ = ["BuildPart", "BuildRecord", "build", "build_key", "build_with_record", "capture_builds", "serve_parts"]
 
 logger = logging.getLogger(__name__)
 
 _MEMO_PREFIX = "build:"
+# Set by whoever needs to know which builds ran inside a call (the model-level cache of Relax
+# compiles: relax.build calls tvm.tirx.build for its library): each build appends (record, module).
+_captured: contextvars.ContextVar[list[tuple[BuildRecord, Module]] | None] = contextvars.ContextVar(
+    "codegen_cache_captured_builds", default=None)
+
+
+@contextlib.contextmanager
+def capture_builds() -> Iterator[list[tuple[BuildRecord, Module]]]:
+    """Collect (record, module) of every build_with_record call in this context inside the block."""
+    found: list[tuple[BuildRecord, Module]] = []
+    token = _captured.set(found)
+    try:
+        yield found
+    finally:
+        _captured.reset(token)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +75,15 @@ def build(mod: PrimFunc | IRModule, target: str | Target | None = None, pipeline
 def build_with_record(mod: PrimFunc | IRModule, target: str | Target | None = None,
                       pipeline: str | None = "default") -> tuple[Module, BuildRecord]:
     """Like build(), also returning how the module was served and the digests of its parts."""
+    module, record = _build_with_record(mod, target, pipeline)
+    captured = _captured.get()
+    if captured is not None:
+        captured.append((record, module))
+    return module, record
+
+
+def _build_with_record(mod: PrimFunc | IRModule, target: str | Target | None,
+                       pipeline: str | None) -> tuple[Module, BuildRecord]:
     start = time.perf_counter()
     planned = plan(mod, target, pipeline)
     cache = active_cache()
@@ -114,6 +141,17 @@ def _warm(cache: CodegenCache, key: CacheKey, planned: Plan, start: float) -> tu
     if index is None:
         return None
     host, devices, seconds = index
+    module = serve_parts(cache, host, devices)
+    if module is None:
+        return None
+    record = BuildRecord("disk", key, host, devices, seconds)
+    _remember(cache, key, module, planned, record)
+    _emit("disk", key, key_seconds, start, seconds)
+    return module, record
+
+
+def serve_parts(cache: CodegenCache, host: BuildPart, devices: tuple[BuildPart, ...]) -> Module | None:
+    """The module a build made, from its parts' entries (device modules imported), or None if one is missing."""
     modules = []
     for part in devices:
         found = cache.fetch(part.digest, part.mode, codegen=part.codegen)
@@ -127,10 +165,7 @@ def _warm(cache: CodegenCache, key: CacheKey, planned: Plan, start: float) -> tu
     module = found[0]
     for device_module in modules:
         module.import_module(device_module)
-    record = BuildRecord("disk", key, host, devices, seconds)
-    _remember(cache, key, module, planned, record)
-    _emit("disk", key, key_seconds, start, seconds)
-    return module, record
+    return module
 
 
 def _count_parts(cache: CodegenCache, counter: str, record: BuildRecord) -> None:

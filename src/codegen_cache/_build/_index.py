@@ -30,7 +30,8 @@ from .._storage._disk import STORAGE_ERRORS
 from .._targets import canonical_target
 from ._plan import Plan
 
-__all__ = ["INDEX_CODEC", "INDEX_FORMAT", "BuildPart", "compile_device", "key_of", "read_index", "write_index"]
+__all__ = ["INDEX_CODEC", "INDEX_ERRORS", "INDEX_FORMAT", "BuildPart", "codegens_json", "compile_device", "key_of",
+           "parse_part", "pass_context_part", "read_index", "write_index"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ INDEX_FORMAT = "2"
 INDEX_CODEC = "build-index"
 # Function targets of these kinds stay in the host module (tvm.tirx.build's is_host_func).
 _HOST_KINDS = frozenset({"llvm", "c", "cuda_host"})
-_INDEX_ERRORS = (*STORAGE_ERRORS, TypeError, ArtifactError)
+INDEX_ERRORS = (*STORAGE_ERRORS, TypeError, ArtifactError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +91,7 @@ def _jsonable(value: Any) -> Any:
 _last_context: list[tuple[object, str | None]] = []
 
 
-def _pass_context_part() -> str | None:
+def pass_context_part() -> str | None:
     """The PassContext as canonical JSON, or None when it has instruments (they must see passes)."""
     ctx = tvm.transform.PassContext.current()
     last = _last_context[0] if _last_context else None
@@ -118,6 +119,11 @@ def _codegens_part(plan: Plan, registry: DeviceCodegenRegistry) -> str:
     for candidate in (plan.bind, *plan.func_targets):
         if candidate.kind.name not in _HOST_KINDS:
             targets.append(candidate)
+    return codegens_json(targets, registry)
+
+
+def codegens_json(targets: Sequence[Target], registry: DeviceCodegenRegistry) -> str:
+    """The `codegens` key part: name, mode, toolchain and salt of the codegen of each target."""
     rows = set()
     for target in targets:
         entry = registry.resolve(target)
@@ -155,7 +161,7 @@ def _tail(bind: Target, pipeline_target: Target | None, pipeline: str | None, co
 
 def key_of(plan: Plan, registry: DeviceCodegenRegistry) -> CacheKey | None:
     """The build key of a planned build (see codegen_cache._build.build_key); None: not keyable."""
-    context = _pass_context_part()
+    context = pass_context_part()
     if context is None:
         return None
     if not plan.hashed:
@@ -191,7 +197,7 @@ def write_index(cache: CodegenCache, key: CacheKey, host: BuildPart, devices: Se
             "devices": [p.as_dict() for p in devices], "build_seconds": build_seconds, "created": time.time()}
     try:
         cache.store("builds").put(key.digest, frame(INDEX_CODEC, meta, []))
-    except _INDEX_ERRORS as err:
+    except INDEX_ERRORS as err:
         warn_once(logger, ("index-write", str(cache.directory)), "codegen_cache.build: cannot write the build "
                   "index (%s: %s); builds still work, warm builds lower again", type(err).__name__, err)
 
@@ -201,7 +207,7 @@ def read_index(cache: CodegenCache, key: CacheKey) -> tuple[BuildPart, tuple[Bui
     store = cache.store("builds")
     try:
         blob = store.get(key.digest)
-    except _INDEX_ERRORS as err:
+    except INDEX_ERRORS as err:
         warn_once(logger, ("index-read", str(cache.directory)), "codegen_cache.build: cannot read the build "
                   "index (%s: %s)", type(err).__name__, err)
         return None
@@ -211,28 +217,29 @@ def read_index(cache: CodegenCache, key: CacheKey) -> tuple[BuildPart, tuple[Bui
         art = unframe(blob)
         if art.codec != INDEX_CODEC or art.meta.get("key") != key.digest:
             raise ArtifactError(f"codec {art.codec!r} with key {str(art.meta.get('key'))[:16]}", kind=INDEX_CODEC)
-        host = _part(art.meta.get("host"))
+        host = parse_part(art.meta.get("host"))
         devices = art.meta.get("devices")
         seconds = art.meta.get("build_seconds", 0.0)
         if not isinstance(devices, list):
             raise ArtifactError("devices is not a list", kind=INDEX_CODEC)
         if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
             raise ArtifactError("build_seconds is not a number", kind=INDEX_CODEC)
-        return host, tuple(_part(d) for d in devices), float(seconds)
+        return host, tuple(parse_part(d) for d in devices), float(seconds)
     except ArtifactError as err:
         warn_once(logger, ("index-corrupt", str(cache.directory)), "codegen_cache.build: dropping a bad "
                   "build-index entry %s: %s", key.digest[:16], err)
         try:
             store.delete(key.digest)
-        except _INDEX_ERRORS:
+        except INDEX_ERRORS:
             pass  # a miss either way; the next cold build overwrites it
         return None
 
 
-def _part(value: object) -> BuildPart:
+def parse_part(value: object, codec: str = INDEX_CODEC) -> BuildPart:
+    """A BuildPart from an entry's JSON; ArtifactError naming `codec` when malformed."""
     fields = ("role", "kind", "codegen", "mode", "digest")
     if not isinstance(value, dict) or not all(isinstance(value.get(f), str) for f in fields):
-        raise ArtifactError(f"malformed part {str(value)[:80]}", kind=INDEX_CODEC)
+        raise ArtifactError(f"malformed part {str(value)[:80]}", kind=codec)
     if value["mode"] not in ("compiled", "source"):
-        raise ArtifactError(f"unknown mode {value['mode']!r}", kind=INDEX_CODEC)
+        raise ArtifactError(f"unknown mode {value['mode']!r}", kind=codec)
     return BuildPart(*(value[f] for f in fields))

@@ -1,0 +1,315 @@
+"""tvm.relax.build through the cache: a Relax model compiled before comes back without any pipeline.
+
+While codegen_cache.enable() is on, `tvm.relax.build` (and so `tvm.compile` of a Relax module)
+comes here. The *model key* is computed from what relax.build is given, before anything runs:
+
+    input          structural hash of the IRModule (map_free_vars=True); TVM's hash covers the
+                   bytes of every bound constant (relax.const, bound weights), so two models
+                   that differ in one weight never share a key (tests/test_relax_compile.py)
+    params         the names and structural hashes of the tensors passed as `params`
+    target         the target given, canonical, host included; Target.current() when none is
+    relax_pipeline, tir_pipeline, exec_mode, system_lib
+    pass_context   opt level, config, required and disabled passes (as codegen_cache.build)
+    tvm, tvm_ffi, llvm    the static salts
+    codegens       name, mode, toolchain and salt of each codegen the build may call
+    model_format
+
+An entry (codec "relax-executable", in the cache's builds store) holds the VMExecutable's own
+bytes (VM bytecode, constants, bound params: what its write_to_file writes, without imports)
+and names the parts of the build that made its library (device-level entries by digest). A hit
+loads the executable from those bytes, serves the library from its parts and imports it: no
+Relax pipeline, no TIR pipeline, no codegen. A re-run in one process is a memory hit, exact
+(the input is compared with the one compiled, structural_equal).
+
+Not keyable, so relax.build runs as TVM's own (its codegen calls still go through the cache): a
+pipeline given as a Pass or callable, a PassContext with instruments, params that are not
+tensors, a codegen that reads an input no key can hold. Not stored: an executable that
+imports other modules than the library its one build made (external BYOC modules).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from functools import lru_cache
+from typing import Any
+
+import xxhash
+
+from .. import _compat
+from .._artifacts import frame, unframe
+from .._cache import CodegenCache
+from .._compat import IRModule, Module, Target, tvm
+from .._errors import ArtifactError, UncacheableError
+from .._key import CacheKey, _encode_part, static_salts
+from .._log import warn_once
+from .._outcome import emit
+from .._registry import DeviceCodegenRegistry
+from .._targets import canonical_target
+from ._build import BuildPart, BuildRecord, capture_builds, serve_parts
+from ._index import INDEX_ERRORS, codegens_json, pass_context_part, parse_part
+
+__all__ = ["MODEL_CODEC", "MODEL_FORMAT", "model_key", "relax_build"]
+
+logger = logging.getLogger(__name__)
+
+# Bump when the entry's layout or the model key's parts change.
+MODEL_FORMAT = "1"
+MODEL_CODEC = "relax-executable"
+_MEMO_PREFIX = "relax:"
+_PIPELINE_TYPES = (str, type(None))
+
+
+def model_key(mod: IRModule, target: Target | None, params: Mapping[str, Any] | None, relax_pipeline: Any,
+              tir_pipeline: Any, exec_mode: str, system_lib: bool | None,
+              registry: DeviceCodegenRegistry) -> CacheKey | None:
+    """The model key of a relax.build call, or None when it cannot be keyed (see the module docstring)."""
+    if not isinstance(relax_pipeline, _PIPELINE_TYPES) or not isinstance(tir_pipeline, _PIPELINE_TYPES):
+        return None
+    if not isinstance(exec_mode, str) or not isinstance(system_lib, (bool, type(None))):
+        return None
+    context = pass_context_part()
+    if context is None:
+        return None
+    params_part = _params_part(params)
+    if params_part is None:
+        return None
+    scope = target if target is not None else Target.current()
+    try:
+        codegens = _codegens_part(scope, registry)
+        structural = _compat.structural_hash(mod)
+    except UncacheableError:
+        return None
+    except (TypeError, ValueError) as err:
+        warn_once(logger, "model-hash", "codegen cache: cannot key a relax.build input (%s); compiling it "
+                  "without the model-level cache", err)
+        return None
+    parts = (
+        ("input", f"{structural & 0xFFFFFFFFFFFFFFFF:016x}"),
+        ("params", params_part),
+        ("target", canonical_target(scope) if scope is not None else ""),
+        ("relax_pipeline", "<none>" if relax_pipeline is None else relax_pipeline),
+        ("tir_pipeline", "<default for target>" if tir_pipeline is None else tir_pipeline),
+        ("exec_mode", exec_mode),
+        ("system_lib", "auto" if system_lib is None else str(system_lib)),
+        ("pass_context", context),
+        *static_salts(),
+        ("codegens", codegens),
+        ("model_format", MODEL_FORMAT),
+    )
+    return CacheKey.from_parts(parts)
+
+
+def _params_part(params: Mapping[str, Any] | None) -> str | None:
+    if not params:
+        return ""
+    if not isinstance(params, Mapping):
+        return None
+    digest = xxhash.xxh3_128()
+    for name in sorted(params, key=str):
+        values = params[name]
+        values = values if isinstance(values, (list, tuple)) else [values]
+        digest.update(_encode_part(str(name), str(len(values))))
+        for value in values:
+            if not isinstance(value, _compat.Tensor):
+                return None  # a numpy array or another object: TVM converts it; no key here
+            digest.update(_encode_part("tensor", f"{_compat.structural_hash(value) & 0xFFFFFFFFFFFFFFFF:016x}"))
+    return digest.hexdigest()
+
+
+def _codegens_part(target: Target | None, registry: DeviceCodegenRegistry) -> str:
+    """The codegens this compile may call: the target's and its host's (the host llvm when none)."""
+    host = "llvm" if _compat.runtime_enabled("llvm") else "c"
+    targets = [_host_target(host)]
+    if target is not None:
+        targets.append(target)
+        if target.host is not None:
+            targets.append(target.host)
+    return codegens_json(targets, registry)
+
+
+@lru_cache(maxsize=4)
+def _host_target(kind: str) -> Target:
+    return Target(kind)
+
+
+# ---- the call -------------------------------------------------------------------------------
+
+
+def relax_build(original: Callable[..., Any], cache: CodegenCache, mod: Any, target: Any = None,
+                params: Any = None, relax_pipeline: Any = "default", tir_pipeline: Any = "default",
+                exec_mode: str = "bytecode", *, system_lib: bool | None = None) -> Any:
+    """tvm.relax.build(mod, ...) through `cache`; `original` is TVM's relax.build (called on a miss)."""
+    start = time.perf_counter()
+    call = dict(params=params, relax_pipeline=relax_pipeline, tir_pipeline=tir_pipeline, exec_mode=exec_mode,
+                system_lib=system_lib)
+    key = None
+    if isinstance(mod, IRModule):
+        as_target = Target(target) if isinstance(target, str) else target
+        if as_target is None or isinstance(as_target, Target):
+            key = model_key(mod, as_target, params, relax_pipeline, tir_pipeline, exec_mode, system_lib,
+                            cache.registry)
+    if key is None:
+        return original(mod, target, **call)
+    key_seconds = time.perf_counter() - start
+    served = _warm(cache, key, mod, key_seconds, start)
+    if served is not None:
+        return served
+    snapshot = mod.clone() if hasattr(mod, "clone") else mod  # the pipeline may not change the caller's module
+    with capture_builds() as builds:
+        executable = original(mod, target, **call)
+    seconds = sum(record.build_seconds for record, _module in builds)
+    stored = _store(cache, key, executable, builds, snapshot, seconds)
+    total = time.perf_counter() - start
+    emit("built", key.digest, "relax.build", "model", key_seconds, 0.0, seconds, total, stored)
+    return executable
+
+
+def _warm(cache: CodegenCache, key: CacheKey, mod: IRModule, key_seconds: float, start: float) -> Any:
+    memo = cache.fetch(_MEMO_PREFIX + key.digest, None, ir=mod, count=False)
+    if memo is not None:
+        meta = memo[1]
+        executable = _executable(meta["executable"], memo[0])
+        _count(cache, "hits_memory", meta["record"])
+        _emit("memory", key, key_seconds, start, meta["record"].build_seconds)
+        return executable
+    entry = _read(cache, key)
+    if entry is None:
+        return None
+    data, record = entry
+    library = serve_parts(cache, record.host, record.devices) if record is not None else None
+    if record is not None and library is None:
+        return None  # a part was evicted: compile again (and store it anew)
+    executable = _executable(data, library)
+    _remember(cache, key, mod.clone(), data, library, record)
+    _count(cache, "hits_disk", record)
+    _emit("disk", key, key_seconds, start, record.build_seconds if record is not None else 0.0)
+    return executable
+
+
+def _executable(data: bytes, library: Module | None) -> Any:
+    """A VMExecutable from its own bytes, importing `library` as relax.build's VMLink does."""
+    module = _compat.builtin_func("ffi.Module.load_from_bytes.relax.VMExecutable")(data)
+    if library is not None:
+        module.import_module(library)
+    return tvm.relax.VMExecutable(module)
+
+
+def _count(cache: CodegenCache, counter: str, record: BuildRecord | None) -> None:
+    stats = cache._stats  # noqa: SLF001 - the build layer counts into its cache's counters
+    stats.add_for("relax.build", "model", counter)
+    if record is not None:
+        for part in (*record.devices, record.host):
+            stats.add_for(part.codegen, part.mode, counter)
+        stats.add("saved_seconds", record.build_seconds)
+
+
+def _emit(tier: str, key: CacheKey, key_seconds: float, start: float, saved: float) -> None:
+    total = time.perf_counter() - start
+    emit(tier, key.digest, "relax.build", "model", key_seconds, total - key_seconds, saved, total, None)
+
+
+# ---- entries ----------------------------------------------------------------------------------
+
+
+def _store(cache: CodegenCache, key: CacheKey, executable: Any, builds: list[tuple[BuildRecord, Module]],
+           snapshot: IRModule, seconds: float) -> bool:
+    """Store the model entry of a fresh executable, where its library is what one stored build made."""
+    module = getattr(executable, "mod", None)
+    if not isinstance(module, Module) or module.kind != "relax.VMExecutable":
+        return False
+    imports = module.imports
+    record = None
+    if builds or len(imports):
+        if len(builds) != 1 or len(imports) != 1:
+            return False  # external modules beside the library, or a build this entry cannot name
+        record, library = builds[0]
+        if imports[0].__chandle__() != library.__chandle__() or len(library.imports) != len(record.devices):
+            return False  # relax.build imported modules of its own into the library
+        if record.key is None or not all(p.digest is not None for p in (record.host, *record.devices)):
+            return False  # a part was not stored
+        record = BuildRecord("built", record.key, record.host, record.devices, seconds)
+    data = _executable_bytes(module, cache)
+    if data is None:
+        return False
+    meta = {"key": key.digest, "parts": key.as_dict(), "build_seconds": seconds, "created": time.time(),
+            "library": None if record is None else {"build_key": record.key.digest,
+                                                    "host": record.host.as_dict(),
+                                                    "devices": [p.as_dict() for p in record.devices]}}
+    try:
+        cache.store("builds").put(key.digest, frame(MODEL_CODEC, meta, [data]))
+    except INDEX_ERRORS as err:
+        warn_once(logger, ("model-write", str(cache.directory)), "codegen cache: cannot store a compiled "
+                  "model (%s: %s); compiles still work, warm ones run the pipelines again", type(err).__name__, err)
+        return False
+    _remember(cache, key, snapshot, data, imports[0] if len(imports) else None, record)
+    return True
+
+
+def _executable_bytes(module: Module, cache: CodegenCache) -> bytes | None:
+    """The VMExecutable's own serialization (its write_to_file; imports are not included)."""
+    fd, path = tempfile.mkstemp(prefix="cgc-", suffix=".vmexec", dir=cache._scratch())  # noqa: SLF001
+    os.close(fd)
+    try:
+        module.write_to_file(path)
+        with open(path, "rb") as f:
+            return f.read()
+    except (OSError, RuntimeError) as err:
+        warn_once(logger, "model-serialize", "codegen cache: cannot serialize a VMExecutable (%s); not storing "
+                  "compiled models", err)
+        return None
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def _read(cache: CodegenCache, key: CacheKey) -> tuple[bytes, BuildRecord | None] | None:
+    store = cache.store("builds")
+    try:
+        blob = store.get(key.digest)
+    except INDEX_ERRORS as err:
+        warn_once(logger, ("model-read", str(cache.directory)), "codegen cache: cannot read compiled models "
+                  "(%s: %s)", type(err).__name__, err)
+        return None
+    if blob is None:
+        return None
+    try:
+        art = unframe(blob)
+        if art.codec != MODEL_CODEC or art.meta.get("key") != key.digest or len(art.fields) != 1:
+            raise ArtifactError(f"codec {art.codec!r} with key {str(art.meta.get('key'))[:16]}", kind=MODEL_CODEC)
+        library = art.meta.get("library")
+        seconds = art.meta.get("build_seconds", 0.0)
+        if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
+            raise ArtifactError("build_seconds is not a number", kind=MODEL_CODEC)
+        if library is None:
+            return bytes(art.fields[0]), None
+        if not isinstance(library, dict) or not isinstance(library.get("devices"), list) \
+                or not isinstance(library.get("build_key"), str):
+            raise ArtifactError("malformed library", kind=MODEL_CODEC)
+        host = parse_part(library.get("host"), MODEL_CODEC)
+        devices = tuple(parse_part(d, MODEL_CODEC) for d in library["devices"])
+        build_key = CacheKey((("build", library["build_key"]),), library["build_key"])
+        return bytes(art.fields[0]), BuildRecord("disk", build_key, host, devices, float(seconds))
+    except ArtifactError as err:
+        warn_once(logger, ("model-corrupt", str(cache.directory)), "codegen cache: dropping a bad compiled-model "
+                  "entry %s: %s", key.digest[:16], err)
+        try:
+            store.delete(key.digest)
+        except INDEX_ERRORS:
+            pass  # a miss either way; the next compile overwrites it
+        return None
+
+
+def _remember(cache: CodegenCache, key: CacheKey, mod: IRModule, data: bytes, library: Module | None,
+              record: BuildRecord | None) -> None:
+    # In-process only: the meta holds the record object and the executable's bytes, never serialized.
+    record = record if record is not None else BuildRecord("built", None, BuildPart("host", "", "", "source", None), ())
+    cache.keep(_MEMO_PREFIX + key.digest, library, mod, {"key": key.digest, "executable": data, "record": record},
+               nbytes=len(data) + (1 << 16))
+
+
