@@ -43,6 +43,7 @@ from ._registry import (
 from ._storage._fsprobe import FsReport
 from ._storage._fsprobe import probe as probe_filesystem
 from ._storage._remote import RedisTier
+from ._switch import disable, enable, is_enabled
 from ._version import __version__ as __version__
 from .codegens import install_builtins as _install_builtin_codegens
 from .codegens._callbacks import callback_salts, declare_callback_salt
@@ -81,8 +82,11 @@ __all__ = [
     "callback_salts",
     "declare_callback_salt",
     "default_registry",
+    "disable",
+    "enable",
     "get_cache",
     "global_func_device_codegen",
+    "is_enabled",
     "last_outcome",
     "lower_for_codegen",
     "lower_kernel",

@@ -225,6 +225,7 @@ class Settings:
     """Every setting of the cache, with its default."""
 
     directory: Path = dataclasses.field(default_factory=default_directory)
+    enable: bool = False
     disable: bool = False
     recache: bool = False
     compiled_size_limit: int = 4 << 30
@@ -245,7 +246,9 @@ class Settings:
 # name -> (Settings field, parser, one-line description); docs/configuration.md lists them all.
 ENV_VARS: dict[str, tuple[str, object, str]] = {
     "CODEGEN_CACHE_DIR": ("directory", _parse_dir, "cache directory"),
-    "CODEGEN_CACHE_DISABLE": ("disable", parse_bool, "1 turns caching off: lower() calls the codegen"),
+    "CODEGEN_CACHE_ENABLE": ("enable", parse_bool, "1 routes every TVM compile of every Python process through the "
+                             "cache, from its first import of tvm (codegen_cache.enable())"),
+    "CODEGEN_CACHE_DISABLE": ("disable", parse_bool, "1 turns caching off: lower() calls the codegen (wins over ENABLE)"),
     "CODEGEN_CACHE_RECACHE": ("recache", parse_bool, "1 rebuilds every kernel and overwrites its entry"),
     "CODEGEN_CACHE_COMPILED_SIZE_LIMIT": ("compiled_size_limit", parse_size, "size limit of compiled/"),
     "CODEGEN_CACHE_SOURCE_SIZE_LIMIT": ("source_size_limit", parse_size, "size limit of source/"),

@@ -124,12 +124,14 @@ def _ensure_running(directory: Path) -> bool:
 def _spawn(directory: Path, lock_fd: int) -> bool:
     if not sys.executable:
         return False
+    # The upgrader compiles nothing through TVM's entry points: the switch stays off there.
+    env = {name: value for name, value in os.environ.items() if name != "CODEGEN_CACHE_ENABLE"}
     try:
         # The launcher forks the upgrader and exits at once; waiting for it reaps it.
         launcher = subprocess.run(
             [sys.executable, "-c", _BOOTSTRAP, str(directory), str(lock_fd)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, close_fds=True, pass_fds=(lock_fd,), timeout=60, check=False,
+            start_new_session=True, close_fds=True, pass_fds=(lock_fd,), timeout=60, check=False, env=env,
         )
     except (OSError, subprocess.SubprocessError) as err:
         warn_once(logger, ("upgrader", str(directory)), "codegen cache: cannot start the llvm upgrader "

@@ -1,0 +1,75 @@
+"""Interpreter start-up hook of tvm-codegen-cache: with CODEGEN_CACHE_ENABLE set, enable() once tvm is imported.
+
+`codegen_cache_enable.pth` (installed beside the package) imports this module only when the
+variable is set to something other than an explicit "off"; it costs a process nothing else.
+The hook is a meta-path finder that waits for the `tvm` package to finish importing, then
+calls codegen_cache's enable_from_environment(). Where tvm is imported from inside another
+watched package's import (tilelang imports its own TVM first; codegen_cache imports TVM), it
+waits for the outermost of them to finish. Nothing is imported before that: a Python process
+that never imports TVM never imports codegen_cache.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import sys
+
+_WATCHED = ("tvm", "tilelang", "codegen_cache")
+
+
+class _EnableAfterImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: wraps the loader of `tvm`/`tilelang` so that enable() runs after it."""
+
+    def __init__(self) -> None:
+        self.busy = False
+        self.running: set[str] = set()  # the watched packages whose import is under way
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in _WATCHED or self.busy:
+            return None
+        self.busy = True  # the other finders are asked below; they must not find this one again
+        try:
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+            else:
+                return None
+        finally:
+            self.busy = False
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run = loader.exec_module
+
+        def exec_module(module):
+            self.running.add(fullname)
+            try:
+                run(module)
+            finally:
+                self.running.discard(fullname)
+            if self.running or "tvm" not in sys.modules:
+                return  # inside another watched import (or before tvm): enable when it is complete
+            _uninstall()
+            from codegen_cache._switch import enable_from_environment
+
+            enable_from_environment()
+
+        loader.exec_module = exec_module
+        return spec
+
+
+_finder = _EnableAfterImport()
+
+
+def _uninstall() -> None:
+    if _finder in sys.meta_path:
+        sys.meta_path.remove(_finder)
+
+
+def install() -> None:
+    """Put the hook first on sys.meta_path (once): enable() runs when tvm has been imported."""
+    if _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
