@@ -1,0 +1,40 @@
+"""Fresh interpreters for tests: this process's environment with tests/ importable, output captured."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import textwrap
+from pathlib import Path
+
+HERE = Path(__file__).parent
+START_UP_HOOK = Path(sysconfig.get_paths()["purelib"]) / "codegen_cache_enable.pth"
+
+
+def environ(**extra: str | None) -> dict[str, str]:
+    """This process's environment with tests/ on PYTHONPATH and `extra` set (None: removed)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    for name, value in extra.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env
+
+
+def python(script: str, *args: str, timeout: float = 240, env: dict[str, str | None] | None = None,
+           check: bool = True) -> subprocess.CompletedProcess:
+    """Run `script` (dedented) in a fresh interpreter; with check, fail naming its stderr when it fails."""
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(script), *args], capture_output=True, text=True,
+                          timeout=timeout, env=environ(**(env or {})))
+    if check and done.returncode != 0:
+        raise AssertionError(f"the script exited {done.returncode}:\n{done.stderr[-4000:]}")
+    return done
+
+
+def python_json(script: str, *args: str, **kwargs) -> object:
+    """python(), then the JSON its last output line holds."""
+    return json.loads(python(script, *args, **kwargs).stdout.strip().splitlines()[-1])
