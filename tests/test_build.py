@@ -120,6 +120,15 @@ def test_bad_arguments_raise_like_tvm_build_but_with_a_clear_type():
         cc.build(kernels.vadd, "llvm", pipeline="no-such-pipeline")
 
 
+def test_a_relax_module_is_pointed_at_tvm_compile_and_the_switch():
+    import relax_models
+
+    mod, _params = relax_models.mlp()
+    with pytest.raises(TypeError, match=r"builds TIR, as tvm.tirx.build does; this IRModule also has \['forward'\]"
+                                        r".*tvm.compile after codegen_cache.enable\(\)"):
+        cc.build(mod, "llvm")
+
+
 def test_disable_assert_config_is_honoured_and_keyed(cache):
     with cc.use_cache(cache):
         plain = _build.build_with_record(kernels.vadd, "llvm")[1]

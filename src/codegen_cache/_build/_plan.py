@@ -59,6 +59,11 @@ def _input(mod: PrimFunc | IRModule) -> tuple[IRModule, PrimFunc | IRModule, tup
         return memo[1], mod, memo[2], memo[3]
     if not isinstance(mod, IRModule):
         raise TypeError(f"build expects a tvm.tirx.PrimFunc or a tvm.IRModule, got {type(mod).__name__}")
+    others = sorted(gv.name_hint for gv, func in mod.functions.items() if not isinstance(func, PrimFunc))
+    if others:
+        raise TypeError(f"codegen_cache.build builds TIR, as tvm.tirx.build does; this IRModule also has "
+                        f"{others} (Relax functions?). Compile it with tvm.compile after codegen_cache.enable(): "
+                        "the whole model is then cached (docs/tvm.md)")
     return mod, mod, _func_targets(mod), []
 
 

@@ -199,12 +199,13 @@ def _executable(data: bytes, library: Module | None) -> Any:
 
 
 def _count(cache: CodegenCache, counter: str, record: BuildRecord | None) -> None:
+    """A model served whole counts a hit per codegen result it holds, as codegen_cache.build does."""
+    if record is None:
+        return
     stats = cache._stats  # noqa: SLF001 - the build layer counts into its cache's counters
-    stats.add_for("relax.build", "model", counter)
-    if record is not None:
-        for part in (*record.devices, record.host):
-            stats.add_for(part.codegen, part.mode, counter)
-        stats.add("saved_seconds", record.build_seconds)
+    for part in (*record.devices, record.host):
+        stats.add_for(part.codegen, part.mode, counter)
+    stats.add("saved_seconds", record.build_seconds)
 
 
 def _emit(tier: str, key: CacheKey, key_seconds: float, start: float, saved: float) -> None:

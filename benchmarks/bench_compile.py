@@ -1,0 +1,191 @@
+"""tvm.compile of a Llama-style Relax model: plain TVM against the same compile with codegen_cache.enable().
+
+    python benchmarks/bench_compile.py [--layers 4] [--rounds 5] [--targets llvm cuda] [--json out.json]
+    python benchmarks/bench_compile.py --import-rounds 15     # what the start-up hook costs `import tvm`
+
+Every measurement is a fresh interpreter that builds the model (tests/relax_models.llama: RMSNorm,
+q/k/v/o projections, softmax attention, SwiGLU; hidden 256, seq 32) and times tvm.compile alone.
+Per round, in rotated order:
+
+- plain: TVM as installed, the switch off;
+- cold: enable() on an empty cache directory (the model and all its codegen results are stored);
+- warm: enable() on a directory a cold run filled (its llvm entries linked, as they are once the
+  upgrader ran): a fresh process's compile is a model-level disk hit;
+- in the warm process, the same compile again (a re-run notebook cell: the same IRModule object,
+  then a structurally equal one built anew) — a memory hit.
+
+`cuda` is {"kind": "cuda", "arch": "sm_90"}: without a CUDA driver (these machines) TVM makes
+source-only CUDA. After each cold run the benchmark waits, untimed, for the upgrader it started.
+Goals (issue 22): warm >= 20x plain, a re-run in one process >= 100x, cold within 5% of plain.
+
+--import-rounds times `import tvm` in fresh interpreters with the variable unset, with the
+package's .pth processed as usual against the same start-up with that one .pth file skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+TESTS = HERE.parent / "tests"
+sys.path.insert(0, str(HERE))
+
+from timing import fmt_ratio, fmt_time  # noqa: E402
+
+TARGETS = {"llvm": "llvm", "cuda": '{"kind": "cuda", "arch": "sm_90"}'}
+
+CHILD = r"""
+import json, sys, time
+import tvm
+import relax_models
+mode, target, layers, directory = sys.argv[1], tvm.target.Target(json.loads(sys.argv[2]) if sys.argv[2].startswith("{") else sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+mod, _ = relax_models.llama(layers=layers)
+if mode != "plain":
+    import codegen_cache as cc
+    cc.enable(cc.CodegenCache(directory), children=False)
+t0 = time.perf_counter()
+tvm.compile(mod, target)
+found = {"compile": time.perf_counter() - t0}
+if mode != "plain":
+    from codegen_cache._outcome import last_outcome
+    found["tier"] = last_outcome().tier
+if mode == "warm":
+    t0 = time.perf_counter()
+    tvm.compile(mod, target)
+    found["same_object"] = time.perf_counter() - t0
+    again, _ = relax_models.llama(layers=layers)
+    t0 = time.perf_counter()
+    tvm.compile(again, target)
+    found["equal_module"] = time.perf_counter() - t0
+print(json.dumps(found))
+"""
+
+IMPORT_CHILD = r"""
+import sys, time
+if sys.argv[1] == "skip":
+    import site
+    add = site.addpackage
+    site.addpackage = lambda sitedir, name, known: known if name == "codegen_cache_enable.pth" else add(sitedir, name, known)
+    site.main()
+t0 = time.perf_counter()
+import tvm
+print(time.perf_counter() - t0)
+"""
+
+
+def _child(mode: str, target: str, layers: int, directory: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CODEGEN_CACHE_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, "-c", CHILD, mode, target, str(layers), directory], capture_output=True,
+                         text=True, env=env, timeout=900, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"{mode} {target} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _settle(directory: str) -> None:
+    """Wait (untimed) for the upgrader a cold run started: its linking must not share the next run's cores."""
+    import codegen_cache as cc
+    from codegen_cache._cache import _upgrade
+
+    cache = cc.CodegenCache(directory)
+    cache.flush(upgrades=True, timeout=300)
+    cache.close()
+    _upgrade.wait_exited(Path(directory), 60)
+
+
+def bench_target(name: str, layers: int, rounds: int, scratch: Path) -> dict:
+    target = TARGETS[name]
+    warm_dir = str(scratch / f"warm-{name}")
+    _child("cold", target, layers, warm_dir)
+    _settle(warm_dir)
+    samples: dict[str, list[float]] = {k: [] for k in ("plain", "cold", "warm", "same_object", "equal_module")}
+    tiers = set()
+    order = ["plain", "cold", "warm"]
+    for r in range(rounds):
+        for mode in order[r % 3:] + order[:r % 3]:
+            directory = str(scratch / f"cold-{name}-{r}") if mode == "cold" else warm_dir
+            found = _child(mode, target, layers, directory)
+            samples[mode].append(found["compile"])
+            if mode == "warm":
+                samples["same_object"].append(found["same_object"])
+                samples["equal_module"].append(found["equal_module"])
+                tiers.add(found["tier"])
+            if mode == "cold":
+                _settle(directory)
+                shutil.rmtree(directory, ignore_errors=True)
+    medians = {k: statistics.median(v) for k, v in samples.items()}
+    return {"target": name, "layers": layers, "rounds": rounds, "medians": medians, "samples": samples,
+            "warm_tiers": sorted(tiers),
+            "ratios": {"warm_speedup": medians["plain"] / medians["warm"],
+                       "same_object_speedup": medians["plain"] / medians["same_object"],
+                       "equal_module_speedup": medians["plain"] / medians["equal_module"],
+                       "cold_overhead": medians["cold"] / medians["plain"] - 1}}
+
+
+def bench_import(rounds: int) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "CODEGEN_CACHE_ENABLE"}
+    hook = Path(sysconfig.get_paths()["purelib"]) / "codegen_cache_enable.pth"
+    samples: dict[str, list[float]] = {"with_hook_file": [], "hook_file_skipped": []}
+    for r in range(rounds):
+        for variant in (["as_installed", "skip"] if r % 2 == 0 else ["skip", "as_installed"]):
+            cmd = [sys.executable, "-S", "-c", IMPORT_CHILD, variant] if variant == "skip" else \
+                [sys.executable, "-c", IMPORT_CHILD, variant]
+            out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120, check=True)
+            key = "hook_file_skipped" if variant == "skip" else "with_hook_file"
+            samples[key].append(float(out.stdout.strip().splitlines()[-1]))
+    medians = {k: statistics.median(v) for k, v in samples.items()}
+    return {"hook_installed": hook.exists(), "rounds": rounds, "medians": medians, "samples": samples,
+            "difference": medians["with_hook_file"] - medians["hook_file_skipped"],
+            "spread": statistics.pstdev(samples["hook_file_skipped"])}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--targets", nargs="+", choices=sorted(TARGETS), default=["llvm", "cuda"])
+    parser.add_argument("--import-rounds", type=int, default=0, help="time import tvm instead (fresh interpreters)")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    if args.import_rounds:
+        found = bench_import(args.import_rounds)
+        m = found["medians"]
+        print(f"import tvm, CODEGEN_CACHE_ENABLE unset (hook file installed: {found['hook_installed']}), "
+              f"{args.import_rounds} fresh interpreters each, interleaved:")
+        print(f"  with the .pth processed {fmt_time(m['with_hook_file'])}   .pth skipped "
+              f"{fmt_time(m['hook_file_skipped'])}   difference {found['difference'] * 1e3:+.1f} ms "
+              f"(spread of one variant {found['spread'] * 1e3:.1f} ms)")
+        results: object = found
+    else:
+        results = []
+        with tempfile.TemporaryDirectory(prefix="bench-compile-") as scratch:
+            for name in args.targets:
+                found = bench_target(name, args.layers, args.rounds, Path(scratch))
+                results.append(found)
+                m, r = found["medians"], found["ratios"]
+                print(f"{name}, {args.layers} layers, medians of {args.rounds} fresh processes "
+                      f"(warm served from {', '.join(found['warm_tiers'])}):")
+                print(f"  plain tvm.compile {fmt_time(m['plain'])}   cold through the cache {fmt_time(m['cold'])} "
+                      f"({r['cold_overhead'] * 100:+.1f}%, goal within 5%)")
+                print(f"  warm, fresh process {fmt_time(m['warm'])}: {fmt_ratio(r['warm_speedup'])} faster "
+                      f"(goal >= 20x)")
+                print(f"  again in that process: same module {fmt_time(m['same_object'])} "
+                      f"({fmt_ratio(r['same_object_speedup'])}), an equal one built anew "
+                      f"{fmt_time(m['equal_module'])} ({fmt_ratio(r['equal_module_speedup'])}; goal >= 100x)")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
