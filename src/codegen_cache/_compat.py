@@ -83,8 +83,8 @@ from tvm.tirx import PrimFunc  # noqa: E402
 from tvm.tirx.build import split_host_device_mods  # noqa: E402
 from tvm_ffi import DLDeviceType  # noqa: E402
 
-# The runtime tensor class (apache-tvm 0.27 names it Tensor; older TVMs NDArray).
-Tensor = getattr(tvm.runtime, "Tensor", None) or getattr(tvm.runtime, "NDArray")
+# The runtime tensor class (apache-tvm 0.27 names it Tensor; older TVMs NDArray; None: neither).
+Tensor = getattr(tvm.runtime, "Tensor", None) or getattr(tvm.runtime, "NDArray", None)
 
 try:
     _hash = tvm_ffi.structural_hash

@@ -114,7 +114,7 @@ def _params_part(params: Mapping[str, Any] | None) -> str | None:
         values = values if isinstance(values, (list, tuple)) else [values]
         digest.update(_encode_part(str(name), str(len(values))))
         for value in values:
-            if not isinstance(value, _compat.Tensor):
+            if _compat.Tensor is None or not isinstance(value, _compat.Tensor):
                 return None  # a numpy array or another object: TVM converts it; no key here
             digest.update(_encode_part("tensor", f"{_compat.structural_hash(value) & 0xFFFFFFFFFFFFFFFF:016x}"))
     return digest.hexdigest()
