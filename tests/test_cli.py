@@ -501,16 +501,21 @@ def test_demo_cold_then_warm_without_nvcc(capsys, tmp_path):
     assert data["stats"]["hits_disk"] == 72
 
 
-def test_demo_in_its_temporary_directory_exits_cleanly_and_leaves_nothing_behind(tmp_path):
-    # README's first command: the llvm upgrader still links entries when the demo ends; the
-    # demo waits for it, so the directory is removed whole (not raced, not made again).
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
-    done = cli("demo", "--nvcc-configs", "0", "--no-progress", env={"TMPDIR": str(scratch)})
+def test_the_demo_says_where_its_cache_is_and_the_command_it_suggests_shows_its_numbers(tmp_path):
+    # README's first command, as a newcomer runs it: no --dir, no CODEGEN_CACHE_DIR.
+    env = {"XDG_CACHE_HOME": str(tmp_path / "xdg"), "CODEGEN_CACHE_DIR": ""}
+    done = cli("demo", "--nvcc-configs", "0", "--no-progress", env=env)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "(temporary)" in done.stdout
-    time.sleep(_upgrade.IDLE_SECONDS + 1)  # an upgrader left running would have written by now
-    assert list(scratch.iterdir()) == []
+    root = tmp_path / "xdg" / "codegen-cache-demo"
+    assert f"cache directory: {root}" in done.stdout
+    suggested = [line.split("#")[0].split() for line in done.stdout.splitlines() if "stats -v" in line]
+    assert suggested == [["codegen-cache", "--dir", str(root), "stats", "-v"]]
+    stats = cli(*suggested[0][1:4], "--json", env=env)
+    assert stats.returncode == 0, stats.stderr
+    assert json.loads(stats.stdout)["counters"]["hits_disk"] == 72
+    again = cli("demo", "--nvcc-configs", "0", "--no-progress", env=env)  # emptied first: the same numbers
+    assert again.returncode == 0
+    assert json.loads(cli(*suggested[0][1:4], "--json", env=env).stdout)["counters"]["hits_disk"] == 72
 
 
 def test_config_shows_values_and_origins(capsys, monkeypatch, tmp_path):

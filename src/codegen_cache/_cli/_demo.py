@@ -5,20 +5,24 @@ them compiled with nvcc where nvcc exists (on a host without a CUDA driver throu
 `precompile_cuda`, which fills the compiled store for GPU hosts), and 18 llvm matmul
 schedules. The cold run uses a fresh cache object on an empty directory; the warm run a new
 cache object on the same directory, so its hits come from disk as in a new process.
+
+The directory is the demo's own (`demo_directory()`, beside the default cache), emptied at the
+start of each run and left in place, so that the commands the demo prints at the end show
+its entries and its numbers.
 """
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_NVCC_CONFIGS", "run_demo"]
+__all__ = ["DEFAULT_NVCC_CONFIGS", "demo_directory", "run_demo"]
 
 DEFAULT_NVCC_CONFIGS = 18
 CUDA_TARGET = {"kind": "cuda", "arch": "sm_90"}
@@ -112,68 +116,77 @@ def _table(sweeps: list[_Sweep]) -> list[str]:
     return lines
 
 
+def demo_directory() -> Path:
+    """Where the demo keeps its cache unless told otherwise: beside the default cache, `<it>-demo`."""
+    from .._config import default_directory
+
+    default = default_directory()
+    return default.with_name(default.name + "-demo")
+
+
 def run_demo(directory: str | Path | None = None, *, nvcc_configs: int = DEFAULT_NVCC_CONFIGS,
              progress: bool | None = None, out: Callable[[str], None] | None = print) -> dict[str, Any]:
     """Run the sweeps cold, then warm from a new cache object; print a table, return the figures.
 
-    Without `directory` the demo uses a temporary directory, removed at the end. Settings
+    `directory` (default: demo_directory()) is emptied of entries and counts first. Settings
     from the environment are not used: the demo shows the cache, not this host's configuration.
     """
-    from .._cache import _upgrade
     from .._cache._cache import CodegenCache
     from .._config import Settings
 
     emit = out or (lambda line: None)
-    with tempfile.TemporaryDirectory(prefix="codegen-cache-demo-", ignore_cleanup_errors=True) as tmp:
-        root = Path(directory) if directory is not None else Path(tmp)
-        sweeps, lowering, notes = _sweeps(nvcc_configs)
-        emit("codegen-cache demo: an autotuning-style sweep, lowered cold and then warm through one cache")
-        emit(f"  cache directory: {root}" + ("" if directory is not None else " (temporary)"))
-        emit(f"  TVM's TIR pipeline lowered the {sum(len(s.items) for s in sweeps)} kernels once beforehand "
-             f"in {lowering:.2f} s (lowering is not cached; the codegen after it is)")
-        cold_cache = CodegenCache(settings=Settings(directory=root), write_behind=False)
-        t0 = time.perf_counter()
-        _run(cold_cache, sweeps, "cold", progress)
-        cold_wall = time.perf_counter() - t0
-        cold_cache.close()
-        # A new object: nothing in its memory tier, so every hit comes from disk, as in a new process.
-        warm_cache = CodegenCache(settings=Settings(directory=root), write_behind=False)
-        t0 = time.perf_counter()
-        _run(warm_cache, sweeps, "warm", progress)
-        warm_wall = time.perf_counter() - t0
-        stats = warm_cache.stats()
-        warm_cache.close()
-        emit("")
-        for line in _table(sweeps):
-            emit(line)
-        emit("")
-        emit("codegen: the codegen's (or nvcc's) own time in the cold run.")
-        emit("cold: wall time on an empty directory: key, codegen, and writing each entry.")
-        emit("warm: wall time of a new cache object on the same directory: key, read and decode from disk.")
-        for s in sweeps:
-            if s.warm > s.codegen > 0:
-                emit(f"{s.name}: the codegen alone ({s.codegen * 1e3 / len(s.items):.2f} ms a kernel) is cheaper "
-                     f"than a disk hit ({s.warm * 1e3 / len(s.items):.2f} ms); caching it pays only inside a "
-                     "process (memory tier) or as the input of a slower step.")
-        for note in notes:
-            emit(note)
-        if directory is None:
-            # The llvm upgrader (a helper process) may still link entries in the temporary
-            # directory: let it finish and exit before the directory is removed.
-            _upgrade.wait_idle(root, 120)
-            _upgrade.wait_exited(root, _upgrade.IDLE_SECONDS + 10)
-        return {
-            "directory": str(root) if directory is not None else None,
-            "lowering_seconds": lowering,
-            "cold_seconds": cold_wall,
-            "warm_seconds": warm_wall,
-            "sweeps": [
-                {"name": s.name, "kernels": len(s.items), "codegen_seconds": s.codegen,
-                 "cold_seconds": s.cold, "warm_seconds": s.warm,
-                 "cold_hits": s.cold_hits, "warm_hits": s.warm_hits,
-                 "speedup": s.cold / s.warm if s.warm > 0 else None}
-                for s in sweeps
-            ],
-            "stats": stats.as_dict(),
-            "notes": notes,
-        }
+    root = Path(directory) if directory is not None else demo_directory()
+    sweeps, lowering, notes = _sweeps(nvcc_configs)
+    emit("codegen-cache demo: an autotuning-style sweep, lowered cold and then warm through one cache")
+    emit(f"  cache directory: {root} (the demo's own: emptied first, kept afterwards)")
+    emit(f"  TVM's TIR pipeline lowered the {sum(len(s.items) for s in sweeps)} kernels once beforehand "
+         f"in {lowering:.2f} s (lowering is not cached; the codegen after it is)")
+    cold_cache = CodegenCache(settings=Settings(directory=root), write_behind=False)
+    cold_cache.clear()
+    cold_cache.reset_stats()
+    t0 = time.perf_counter()
+    _run(cold_cache, sweeps, "cold", progress)
+    cold_wall = time.perf_counter() - t0
+    cold_cache.close()
+    # A new object: nothing in its memory tier, so every hit comes from disk, as in a new process.
+    warm_cache = CodegenCache(settings=Settings(directory=root), write_behind=False)
+    t0 = time.perf_counter()
+    _run(warm_cache, sweeps, "warm", progress)
+    warm_wall = time.perf_counter() - t0
+    stats = warm_cache.stats()
+    warm_cache.close()
+    emit("")
+    for line in _table(sweeps):
+        emit(line)
+    emit("")
+    emit("codegen: the codegen's (or nvcc's) own time in the cold run.")
+    emit("cold: wall time on an empty directory: key, codegen, and writing each entry.")
+    emit("warm: wall time of a new cache object on the same directory: key, read and decode from disk.")
+    for s in sweeps:
+        if s.warm > s.codegen > 0:
+            emit(f"{s.name}: the codegen alone ({s.codegen * 1e3 / len(s.items):.2f} ms a kernel) is cheaper "
+                 f"than a disk hit ({s.warm * 1e3 / len(s.items):.2f} ms); caching it pays only inside a "
+                 "process (memory tier) or as the input of a slower step.")
+    for note in notes:
+        emit(note)
+    where = shlex.quote(str(root))
+    emit("")
+    emit("Next: the demo's cache from the shell (docs/cli.md):")
+    emit(f"  codegen-cache --dir {where} stats -v     # these hits and misses, per codegen and mode")
+    emit(f"  codegen-cache --dir {where} ls           # its entries")
+    emit("Your own TVM compiles: codegen_cache.enable(), or CODEGEN_CACHE_ENABLE=1 (docs/tvm.md).")
+    return {
+        "directory": str(root),
+        "lowering_seconds": lowering,
+        "cold_seconds": cold_wall,
+        "warm_seconds": warm_wall,
+        "sweeps": [
+            {"name": s.name, "kernels": len(s.items), "codegen_seconds": s.codegen,
+             "cold_seconds": s.cold, "warm_seconds": s.warm,
+             "cold_hits": s.cold_hits, "warm_hits": s.warm_hits,
+             "speedup": s.cold / s.warm if s.warm > 0 else None}
+            for s in sweeps
+        ],
+        "stats": stats.as_dict(),
+        "notes": notes,
+    }
