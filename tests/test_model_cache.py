@@ -233,3 +233,21 @@ def test_a_model_with_a_symbolic_sequence_length_hits_in_a_fresh_process(tmp_pat
     runs = [python_json(script, str(tmp_path / "cache")) for _ in range(3)]
     assert [run["tiers"] for run in runs] == [["built"], ["disk"], ["disk"]]
     assert runs[0]["out"] == runs[1]["out"] == runs[2]["out"]
+
+
+def test_the_codegens_of_a_modules_virtual_devices_are_in_its_key():
+    from tvm.script import ir as I
+
+    mod, _ = relax_models.mlp()
+    mod = tvm.IRModule(mod.functions, attrs=mod.attrs,
+                       global_infos={"vdevice": [I.vdevice({"kind": "cuda", "arch": "sm_80"}, 0)]})
+
+    def registry(salt: str) -> cc.DeviceCodegenRegistry:
+        found = cc.DeviceCodegenRegistry()
+        source = cc.global_func_device_codegen("target.build.cuda")
+        found.register("cuda", cc.DeviceCodegen("cuda", build_without_compile=source, salt=salt))
+        found.register("llvm", cc.resolve_device_codegen("llvm"))
+        return found
+
+    first, second = (_key(mod, target=None, registry=registry(salt)) for salt in ("one", "two"))
+    assert first is not None and first.digest != second.digest  # no target given: the vdevice's codegen counts

@@ -34,6 +34,7 @@ from ._build._relax import relax_build
 from ._cache import CodegenCache
 from ._compat import IRModule, PrimFunc, tvm_ffi
 from ._config import settings_from_env
+from ._forksafe import on_fork_child
 
 __all__ = ["disable", "enable", "enable_from_environment", "is_enabled"]
 
@@ -56,6 +57,16 @@ _lock = threading.RLock()
 # functions (name -> (router Function, TVM's Function)), the environment values enable() set
 # (name -> the value before), and whether tilelang's switch is the one on.
 _state: dict[str, Any] = {"on": False, "attributes": {}, "globals": {}, "environ": {}, "tilelang": False}
+
+
+def _after_fork() -> None:
+    # Another thread of the parent may have held the lock at the fork; the state itself holds
+    # (a forked worker is as enabled as its parent).
+    global _lock
+    _lock = threading.RLock()
+
+
+on_fork_child(_after_fork)
 
 
 def is_enabled() -> bool:

@@ -79,7 +79,7 @@ def model_key(mod: IRModule, target: Target | None, params: Mapping[str, Any] | 
         return None
     scope = target if target is not None else Target.current()
     try:
-        codegens = _codegens_part(scope, registry)
+        codegens = _codegens_part(scope, _vdevice_targets(mod), registry)
         structural = _compat.structural_hash(mod)
     except UncacheableError:
         return None
@@ -120,15 +120,22 @@ def _params_part(params: Mapping[str, Any] | None) -> str | None:
     return digest.hexdigest()
 
 
-def _codegens_part(target: Target | None, registry: DeviceCodegenRegistry) -> str:
-    """The codegens this compile may call: the target's and its host's (the host llvm when none)."""
+def _codegens_part(target: Target | None, vdevices: list[Target], registry: DeviceCodegenRegistry) -> str:
+    """The codegens this compile may call: for the target, its host (llvm when none) and the module's vdevices."""
     host = "llvm" if _compat.runtime_enabled("llvm") else "c"
-    targets = [_host_target(host)]
+    targets = [_host_target(host), *vdevices]
     if target is not None:
         targets.append(target)
-        if target.host is not None:
-            targets.append(target.host)
+    for found in list(targets):
+        if found.host is not None:
+            targets.append(found.host)
     return codegens_json(targets, registry)
+
+
+def _vdevice_targets(mod: IRModule) -> list[Target]:
+    """The targets of the module's virtual devices (a multi-target Relax module names them there)."""
+    infos = mod.global_infos.get("vdevice", None) if mod.global_infos is not None else None
+    return [v.target for v in infos or () if isinstance(getattr(v, "target", None), Target)]
 
 
 @lru_cache(maxsize=4)
