@@ -24,9 +24,10 @@ from typing import Any
 from .._compat import tvm, IRModule, Module, PrimFunc, Target
 
 from .._cache import CodegenCache
+from .._cache._cache import fresh_results_are_the_callers
 from .._context import active_cache
 from .._key import CacheKey
-from .._outcome import emit
+from .._outcome import emit, last_outcome
 from .._registry import DeviceCodegenRegistry, default_registry
 from ._index import BuildPart, compile_device, key_of, read_index, write_index
 from ._plan import Plan, lower_plan, plan
@@ -201,12 +202,19 @@ def _cold(cache: CodegenCache | None, registry: DeviceCodegenRegistry, planned: 
         device_modules.append(module)
         device_parts.append(part)
         seconds += spent
-    host_module, host_part, spent = _codegen(cache, registry, host_all, planned.host, "host")
+    if device_modules and cache is not None:
+        # The host module gets the device modules as imports: a miss's fresh module is ours alone.
+        with fresh_results_are_the_callers():
+            host_module, host_part, spent = _codegen(cache, registry, host_all, planned.host, "host")
+        fresh = last_outcome().tier in ("built", "uncached")
+    else:
+        host_module, host_part, spent = _codegen(cache, registry, host_all, planned.host, "host")
+        fresh = True
     seconds += spent
-    if device_modules:
+    if device_modules and not fresh:
         host_module = _private_host(cache, registry, host_module, host_part, host_all, planned.host)
-        for device_module in device_modules:
-            host_module.import_module(device_module)
+    for device_module in device_modules:
+        host_module.import_module(device_module)
     return host_module, host_part, tuple(device_parts), seconds
 
 

@@ -16,11 +16,13 @@ entries into shared libraries. The directory holds:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import difflib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +53,7 @@ from ._stats import CacheStats, StatsRecorder
 from ._tiers import COLLISION, DiskTier, Entry, Hit, MemoryTierView, Probe, RemoteTierView, TierChain
 from ._writer import writer
 
-__all__ = ["STORE_NAMES", "CodegenCache"]
+__all__ = ["STORE_NAMES", "CodegenCache", "fresh_results_are_the_callers"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +63,19 @@ STORE_NAMES = ("compiled", "source", "failures", "builds")
 FRONTEND_DIR = "tilelang"  # a PlainFiles store (_storage/_plain.py)
 
 _FORMAT = str(FORMAT_VERSION)
+# Set while a caller takes the fresh module of a miss as its own (codegen_cache.build imports its
+# device modules into the host module it built): the memory tier must not hand that object out.
+_caller_keeps: contextvars.ContextVar[bool] = contextvars.ContextVar("codegen_cache_caller_keeps", default=False)
+
+
+@contextlib.contextmanager
+def fresh_results_are_the_callers() -> Iterator[None]:
+    """Inside the block, a miss's fresh module is not kept in the memory tier (its caller changes it)."""
+    token = _caller_keeps.set(True)
+    try:
+        yield
+    finally:
+        _caller_keeps.reset(token)
 _ENCODE_ERRORS = (ValueError, RuntimeError, OSError)
 # Bound of flush(): the background jobs are extras (every entry is staged on disk already).
 FLUSH_SECONDS = 30.0
@@ -373,7 +388,8 @@ class CodegenCache:
             self._stats.add("stores_skipped")
             self._guard.error("encode", err)
             return None
-        self._memory_view.put(Entry(key.digest, mode, module, mod, meta, blob))
+        if not _caller_keeps.get():
+            self._memory_view.put(Entry(key.digest, mode, module, mod, meta, blob))
         return self._stage(codegen, mode, key.digest, blob)
 
     def _stage(self, codegen: str, mode: str, digest: str, blob: bytes) -> Callable[[], None] | None:
