@@ -75,7 +75,7 @@ class Record:
 
     def query(self, name: str) -> Any:
         """What the built module's function `name` (one of LLVM_QUERIES) returned."""
-        if name in self.queries:
+        if name in self.queries and _answer_type_ok(name, self.queries[name]):
             return self.queries[name]
         if name == "get_func_names" and self.func_names:
             return [_FFI_PREFIX + n for n in self.func_names]
@@ -89,6 +89,15 @@ class Record:
     def nbytes(self) -> int:
         """The stored bytes the record keeps alive."""
         return len(self.ir) + (len(self.library) if self.library is not None else 0)
+
+
+def _answer_type_ok(name: str, value: Any) -> bool:
+    # A checksum is not authentication: a stored answer is used only if it has the built one's type.
+    if name == "get_func_names":
+        return isinstance(value, list) and all(isinstance(n, str) for n in value)
+    if name == "__tvm_is_system_module":
+        return isinstance(value, bool)
+    return value is None or isinstance(value, str)
 
 
 _lock = threading.Lock()

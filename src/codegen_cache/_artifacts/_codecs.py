@@ -113,10 +113,8 @@ def _jsonable(value: Any) -> Any:
 
 
 def _queries(meta) -> dict:
-    # Only answers of the types the built module gives; anything else is asked of the IR again.
-    found = meta.get("llvm_queries") or {}
-    return {k: v for k, v in found.items() if k in _llvm.LLVM_QUERIES and
-            (v is None or isinstance(v, (bool, str)) or (isinstance(v, list) and all(isinstance(n, str) for n in v)))}
+    found = meta.get("llvm_queries")
+    return found if isinstance(found, dict) else {}  # each answer's type is checked when it is asked for
 
 
 def _llvm_ir(fields, meta, path, scratch) -> Module:

@@ -10,6 +10,7 @@ object file, so that step never runs in the user's process.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shlex
@@ -65,8 +66,11 @@ def runs_here(triple: object) -> bool:
     Unknown (None, '': an entry stored before triples were recorded) counts as this host's, as
     before; a vendor (`pc`, `unknown`, `conda`) or environment (`gnu`) part does not matter.
     """
-    if not isinstance(triple, str) or not triple:
-        return True
+    return not isinstance(triple, str) or not triple or _runs_here(triple)
+
+
+@functools.lru_cache(maxsize=64)
+def _runs_here(triple: str) -> bool:
     host = _compat.host_llvm_triple()
     return not host or _arch_and_os(triple) == _arch_and_os(host)
 

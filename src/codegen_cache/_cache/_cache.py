@@ -337,7 +337,8 @@ class CodegenCache:
         saved = float(hit.entry.meta.get("build_seconds", 0.0))
         self._stats.add_hit(codegen, mode, hit.tier, saved)
         emit(hit.tier, digest, codegen, mode, key_seconds, hit.load_seconds, saved, time.perf_counter() - start)
-        keep_answering(hit.entry.module)  # a memory hit's module is registered again as the newest
+        if hit.tier == "memory":
+            keep_answering(hit.entry.module)  # registered again as the newest (a decoded one is already)
         return hit.entry.module
 
     def _build(self, entry: Any, digest: str, mod: IRModule, target: Target, compile_device: bool,
