@@ -19,3 +19,10 @@ from warm_scenarios import SCENARIOS
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_a_warm_cache_gives_what_tvm_alone_gives(tmp_path, scenario):
     assert_same(three_ways(scenario, tmp_path))
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("scenario", ["relax_vm", "tir_llvm", "tir_system_lib"])
+def test_a_warm_cache_whose_llvm_entries_are_still_ir_gives_what_tvm_alone_gives(tmp_path, scenario):
+    """Between a cold build and the link of its entry, hits are llvm modules parsed from the IR."""
+    assert_same(three_ways(scenario, tmp_path, warm_form="ir"))

@@ -26,8 +26,32 @@ def _python(args: list[str], env: dict[str, str], timeout: float) -> None:
     assert done.returncode == 0, f"{args}: exit {done.returncode}\n{done.stderr[-4000:]}"
 
 
-def three_ways(name: str, tmp_path: Path, *, timeout: float = 240, env: dict[str, str] | None = None) -> dict:
-    """{condition: {"seen": ..., "loaded": ..., "tiers": ...}} of scenario `name`."""
+def as_llvm_ir(directory: Path) -> int:
+    """Turn every llvm shared-library entry of `directory` back into its LLVM IR form; how many.
+
+    What a process finds between a cold build and the upgrader's link of its entry: hits are
+    llvm modules parsed from the IR (CachedIRModule), not loaded libraries.
+    """
+    import codegen_cache as cc
+    from codegen_cache._artifacts import frame, unframe
+
+    cache = cc.CodegenCache(directory, write_behind=False)
+    store, turned = cache.store("compiled"), 0
+    for digest in list(store.keys()):
+        art = unframe(store.get(digest))
+        if art.codec == "llvm-so":
+            store.put(digest, frame("llvm-ir", art.meta, [art.fields[1]]))
+            turned += 1
+    cache.close()
+    return turned
+
+
+def three_ways(name: str, tmp_path: Path, *, timeout: float = 240, env: dict[str, str] | None = None,
+               warm_form: str = "library") -> dict:
+    """{condition: {"seen": ..., "loaded": ..., "tiers": ...}} of scenario `name`.
+
+    warm_form "ir": the warm run finds the llvm entries as LLVM IR (not linked yet), not libraries.
+    """
     base = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
             "CODEGEN_CACHE_DIR": str(tmp_path / "cache"), **(env or {})}
     base.pop("CODEGEN_CACHE_DISABLE", None)
@@ -40,6 +64,8 @@ def three_ways(name: str, tmp_path: Path, *, timeout: float = 240, env: dict[str
         observed = json.loads((out / "observed.json").read_text())
         observed["loaded"] = json.loads((out / "loaded.json").read_text())
         results[condition] = observed
+        if condition == "empty" and warm_form == "ir":
+            assert as_llvm_ir(tmp_path / "cache") > 0
     return results
 
 

@@ -242,8 +242,25 @@ def cross_target(out: str, jobs: list) -> dict:
     return seen
 
 
-SCENARIOS = {f.__name__: f for f in (tir_llvm, tir_system_lib, relax_vm, relax_system_lib, codegen_errors,
-                                     cross_target)}
+def relax_dynamic(out: str, jobs: list) -> dict:
+    """Relax models with symbolic shapes (TVMScript and emit_te): run at two sizes, exported, loaded."""
+    from key_inputs_script import RelaxDynamic, _emit_te
+
+    seen = {}
+    for name, mod in (("script", RelaxDynamic), ("emit_te", _emit_te(False))):
+        ex = relax.build(mod, tvm.target.Target("llvm", host="llvm"))
+        vm = relax.VirtualMachine(ex, tvm.cpu())
+        for n in (3, 17):
+            x = tvm.runtime.tensor(np.linspace(0, 1, n, dtype="float32"))
+            seen[f"{name} run n={n}"] = _digest(np.round(vm["main"](x, x).numpy(), 5).tobytes())
+        path = os.path.join(out, f"{name}.so")
+        seen[f"{name} export"] = _error(lambda: ex.export_library(path))["type"]
+        jobs.append({"load": "vm_dynamic", "path": path})
+    return seen
+
+
+SCENARIOS = {f.__name__: f for f in (tir_llvm, tir_system_lib, relax_vm, relax_system_lib, relax_dynamic,
+                                     codegen_errors, cross_target)}
 
 
 # ---- loading what was exported, in a process that built nothing ---------------------------------
@@ -258,6 +275,10 @@ def load_and_run(job: dict):
         return _run_vadd(tvm.runtime.system_lib(), job["func"])
     if job["load"] == "vm":
         return _run_vm(relax.VirtualMachine(tvm.runtime.load_module(job["path"]), tvm.cpu()))
+    if job["load"] == "vm_dynamic":
+        vm = relax.VirtualMachine(tvm.runtime.load_module(job["path"]), tvm.cpu())
+        x = tvm.runtime.tensor(np.linspace(0, 1, 17, dtype="float32"))
+        return _digest(np.round(vm["main"](x, x).numpy(), 5).tobytes())
     if job["load"] == "system_vm":
         ctypes.CDLL(job["path"])
         vm = relax.VirtualMachine(tvm.runtime.system_lib(job["prefix"]), tvm.cpu())

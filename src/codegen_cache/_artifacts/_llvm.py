@@ -22,7 +22,8 @@ from typing import Any
 
 from .. import _compat
 from .._compat import Module
-from ._as_built import LLVM_QUERIES, SCRATCH_PREFIX, Record, parse_ir, register
+from ._as_built import LLVM_QUERIES, SCRATCH_PREFIX, Record, parse_ir
+from ._module_methods import answer_as_built
 
 __all__ = [
     "SCRATCH_PREFIX",
@@ -129,7 +130,7 @@ def load_ir(llvm_ir: str, scratch: str, func_names: Sequence[str] = (),
     cached = CachedIRModule.__new__(CachedIRModule)
     cached.__move_handle_from__(parse_ir(llvm_ir, scratch))
     cached._cgc_record = Record(llvm_ir, None, tuple(func_names), dict(queries or {}))
-    register(cached, cached._cgc_record)
+    answer_as_built(cached, cached._cgc_record)
     return cached
 
 
@@ -167,11 +168,11 @@ def load_library(library: bytes | memoryview, llvm_ir: str | bytes | memoryview,
     if mask is not None:
         record.mask = mask
     cached._cgc_record = record
-    register(cached, record)
+    answer_as_built(cached, record)
     return cached
 
 
 def keep_answering(module: Any) -> None:
     """A cached llvm module handed out again (a memory hit): registered again, as the newest."""
     if type(module) in (CachedLibraryModule, CachedIRModule):
-        register(module, module._cgc_record)
+        answer_as_built(module, module._cgc_record)
