@@ -3,14 +3,18 @@
 | codec     | fields                                  | a hit returns                                |
 | --------- | --------------------------------------- | -------------------------------------------- |
 | llvm-ir   | LLVM IR text (the raw form)             | an llvm module parsed from it                |
-| llvm-so   | shared library, LLVM IR text            | the library mapped in place (exports, runs)  |
+| llvm-so   | shared library, LLVM IR text            | the library mapped in place, answering as    |
+|           |                                         | the built llvm module (_module_methods)      |
 | cuda-bin  | fmt, function map, binary, CUDA source  | TVM's CUDA module (needs TVM's CUDA runtime) |
 | cuda-module | fmt, function map, data, sources (JSON) | the same CUDA module, sources included (ffi.Module.create.cuda) |
 | c         | C source                                | a C source module with the function names    |
 | source    | source text (CUDA, OpenCL, Metal, ...)  | runtime.SourceModuleCreate(text, format)     |
 
 `prepare` runs on the caller's thread and only copies what the module holds (microseconds to a
-millisecond); `upgrade` turns an llvm-ir entry into llvm-so in a helper process. Nothing here
+millisecond), and for llvm what the built module answers (target string, system-lib flag and
+prefix, function names, property mask) and the IR's target triple; `upgrade` turns an llvm-ir
+entry into llvm-so in a helper process, for this host's CPU and OS only (LLVM IR for another
+target stays IR: no compiler here can link it). Nothing here
 pickles or unpickles.
 """
 
@@ -62,7 +66,12 @@ def prepare(module: Module, meta: Mapping[str, Any], *, func_names: Sequence[str
     if kind == "llvm":
         ir = module.inspect_source("ll")
         # What a hit answers as the built module (no JIT: TVM answers these from the IR).
-        queries = {name: _jsonable(module.get_function(name)()) for name in _llvm.LLVM_QUERIES}
+        queries = {}
+        for name in _llvm.LLVM_QUERIES:
+            try:
+                queries[name] = _jsonable(module.get_function(name)())
+            except AttributeError:  # a TVM whose llvm module lacks one: the hit asks the parsed IR
+                pass
         meta = {**meta, "llvm_queries": queries, "property_mask": int(module.get_property_mask()),
                 "triple": _llvm.ir_triple(ir)}
         return "llvm-ir", meta, [ir.encode()]
