@@ -5,6 +5,7 @@ Run by tests/test_key_stability.py in fresh processes over one cache directory (
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 
@@ -84,9 +85,10 @@ def _emit_te(two_vars: bool):
 
 
 def _signature(mod) -> str:
-    """The TIR functions' parameters in order (what a call passes them)."""
-    return ";".join(f"{gv.name_hint}({','.join(p.name for p in f.params)})" for gv, f in
-                    sorted(mod.functions.items(), key=lambda kv: kv[0].name_hint) if isinstance(f, tirx.PrimFunc))
+    """The TIR functions' parameters in order (what a call passes them), and a digest of the module's text."""
+    params = ";".join(f"{gv.name_hint}({','.join(p.name for p in f.params)})" for gv, f in
+                      sorted(mod.functions.items(), key=lambda kv: kv[0].name_hint) if isinstance(f, tirx.PrimFunc))
+    return f"{params} {hashlib.sha256(mod.script().encode()).hexdigest()[:12]}"
 
 
 INPUTS = {
