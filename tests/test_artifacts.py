@@ -36,11 +36,14 @@ def test_round_trip_keeps_source_and_functions(blobs):
         loaded, meta = decode(blob, scratch=scratch)
         assert meta["key"] == "k" and meta["module_kind"] == module.kind
         if module.kind == "llvm":
-            # The raw form (LLVM IR) loads back as an llvm module; its upgrade as a library.
+            # The raw form (LLVM IR) loads back as an llvm module; its upgrade as a library that
+            # answers as the built llvm module (kind, properties, source).
             assert loaded.kind == "llvm" and loaded.implements_function("vadd")
             assert loaded.inspect_source("ll") == module.inspect_source("ll")
             upgraded, _ = decode(upgrade(blob, scratch), scratch=scratch)
-            assert upgraded.kind == "library" and upgraded.implements_function("vadd")
+            assert upgraded.kind == "llvm" and upgraded.implements_function("vadd")
+            assert upgraded.get_property_mask() == module.get_property_mask()
+            assert upgraded.inspect_source("ll") == module.inspect_source("ll")
             assert isinstance(upgraded, CachedLibraryModule)
         else:
             assert loaded.inspect_source("") == module.inspect_source(""), kind

@@ -116,7 +116,7 @@ def test_cached_export_writes_modules_served_from_ir_and_from_the_library(tmp_pa
     _check_vadd(cached_export(raw))
     assert hook.cache().flush(upgrades=True, timeout=300)
     library = CachedBuild(tmp_path / "cache", cache_options={"memory_entries": 0})(_vadd_main(), LLVM, None)
-    assert library.kind == "library"
+    assert isinstance(library, cc._artifacts.CachedLibraryModule) and library.kind == "llvm"
     path = cached_export(library)
     assert path.endswith(".so")
     _check_vadd(path)

@@ -13,6 +13,7 @@ names from this module (tests/test_compat.py checks that no other module imports
 
 from __future__ import annotations
 
+import builtins
 import functools
 import importlib.util
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 __all__ = [
     "DISTRIBUTION",
     "DLDeviceType",
+    "ModuleMethods",
     "IRModule",
     "Module",
     "PrimFunc",
@@ -27,9 +29,14 @@ __all__ = [
     "Tensor",
     "builtin_func",
     "cuda_runtime_available",
+    "error_class",
+    "error_identity",
+    "host_llvm_triple",
     "ffi_version",
     "global_func",
     "llvm_version_major",
+    "ffi_function",
+    "module_property_mask",
     "runtime_enabled",
     "save_json",
     "script_tirx",
@@ -194,3 +201,94 @@ def llvm_version_major() -> str:
 def save_json(obj: Any) -> str:
     """TVM's JSON serialization of an object (exact, slow: 20x the structural hash)."""
     return tvm.ir.save_json(obj)
+
+
+# ---- errors: the classes a remembered codegen failure is raised as again -------------------
+
+
+def _registered_errors() -> tuple[dict, dict]:
+    """tvm-ffi's tables of registered error classes: (name -> class, class -> name)."""
+    core = getattr(tvm_ffi, "core", None)
+    return getattr(core, "ERROR_NAME_TO_TYPE", {}), getattr(core, "ERROR_TYPE_TO_NAME", {})
+
+
+def error_identity(cls: type) -> str | None:
+    """A name error_class() turns back into `cls`, or None when it cannot (a user's own class).
+
+    `ffi:<name>` for a class registered with tvm-ffi (TVM's InternalError, ...), `builtins:<name>`
+    for a builtin exception; nothing else, so that no name read from a cache is ever imported.
+    """
+    name = _registered_errors()[1].get(cls)
+    if isinstance(name, str):
+        return f"ffi:{name}"
+    if cls.__module__ == "builtins" and getattr(builtins, cls.__name__, None) is cls:
+        return f"builtins:{cls.__name__}"
+    return None
+
+
+def error_class(identity: object) -> type | None:
+    """The exception class error_identity() named, looked up in the two tables only; else None."""
+    if not isinstance(identity, str):
+        return None
+    table, _, name = identity.partition(":")
+    if table == "ffi":
+        found = _registered_errors()[0].get(name)
+    elif table == "builtins":
+        found = getattr(builtins, name, None)
+    else:
+        return None
+    return found if isinstance(found, type) and issubclass(found, BaseException) else None
+
+
+# ---- runtime modules: what the cache's llvm hits need to answer as built modules --------------
+
+
+@functools.lru_cache(maxsize=1)
+def host_llvm_triple() -> str:
+    """The triple LLVM builds for on this host by default (what `Target("llvm")` gets), or ''."""
+    try:
+        return str(tvm.target.codegen.llvm_get_system_triple())
+    except (AttributeError, RuntimeError, ValueError):
+        return ""
+
+
+def module_property_mask(*, runnable: bool, exportable: bool, serializable: bool) -> int:
+    """A runtime module property mask (tvm-ffi's ModulePropertyMask bits)."""
+    return (1 if serializable else 0) | (2 if runnable else 0) | (4 if exportable else 0)
+
+
+def ffi_function(func):
+    """A Python callable as a TVM packed function (what Module.get_function returns)."""
+    return tvm_ffi.convert(func)
+
+
+class ModuleMethods:
+    """The methods of tvm.runtime.Module the cache answers for its own llvm hits.
+
+    `install(replacements)` sets each named attribute once, keeping the original (TVM's own)
+    in `original`; names this TVM does not have are left out (`missing` lists them), so a TVM
+    without one degrades to its own behaviour for that method.
+    """
+
+    NAMES = ("kind", "get_property_mask", "is_binary_serializable", "is_runnable", "is_compilation_exportable",
+             "inspect_source", "write_to_file", "get_function", "implements_function", "export_library")
+
+    def __init__(self) -> None:
+        self.original: dict[str, Any] = {}
+        self.missing: list[str] = []
+
+    def install(self, replacements: dict[str, Any]) -> None:
+        """Put `replacements` (name -> function taking the original) on tvm.runtime.Module, once."""
+        if self.original or self.missing:
+            return
+        for name in self.NAMES:
+            current = None
+            for klass in Module.__mro__:  # the class that defines it (tvm's Module or tvm-ffi's)
+                if name in vars(klass):
+                    current = vars(klass)[name]
+                    break
+            if current is None or name not in replacements:
+                self.missing.append(name)
+                continue
+            self.original[name] = current
+            setattr(Module, name, replacements[name](current))

@@ -11,14 +11,17 @@ __all__ = [
     "CodegenCacheError",
     "CommandError",
     "ConfigError",
+    "ExportError",
     "CudaRuntimeUnavailableError",
     "KernelSourceError",
     "LoweringError",
     "ReadOnlyStoreError",
+    "ReentrantLoweringError",
     "RemoteReplyError",
     "RemoteValueTooLargeError",
     "UncacheableError",
     "UnsafeEntryError",
+    "remembered_error",
 ]
 
 
@@ -102,6 +105,90 @@ class CachedCodegenError(CodegenCacheError, RuntimeError):
 
     def __reduce__(self):
         return (CachedCodegenError, (self.codegen, self.key, self.error_type, self.message))
+
+
+# A remembered failure is raised as the class the codegen raised (tvm.error.InternalError, a
+# ValueError, ...) so that `except` clauses written for the codegen catch it, warm or cold. The
+# class raised is made once per original class: a subclass of both the original and
+# CachedCodegenError (so `except CachedCodegenError` still tells a remembered failure apart).
+_REMEMBERED: dict[type, type] = {}
+
+
+def _remembered_init(self, codegen: str, key: str, error_type: str, message: str) -> None:
+    BaseException.__init__(self, message)  # args as the codegen's own error has them: (message,)
+    self.codegen = codegen
+    self.key = key
+    self.error_type = error_type
+    self.message = message
+
+
+def _remembered_str(self) -> str:
+    # The codegen's message first, as a cold run prints it; then where this one came from.
+    return (f"{self.message}\n(remembered by the codegen cache: device codegen {self.codegen!r} failed "
+            f"with this {self.error_type} for key {self.key[:16]}; clear it with `codegen-cache clear --failures`)")
+
+
+def _remembered_reduce(self):
+    return (remembered_error, (type(self).__bases__[0], self.codegen, self.key, self.error_type, self.message))
+
+
+def remembered_error(original: type, codegen: str, key: str, error_type: str, message: str) -> CachedCodegenError:
+    """The error a remembered failure of class `original` is raised as: an instance of both.
+
+    Where no such class can be made (an exception class that refuses subclasses), a plain
+    CachedCodegenError naming the original type.
+    """
+    made = _REMEMBERED.get(original)
+    if made is None:
+        try:
+            made = type(original.__name__, (original, CachedCodegenError), {
+                "__module__": original.__module__, "__qualname__": original.__qualname__,
+                "__doc__": f"A remembered {original.__name__} of a device codegen (see CachedCodegenError).",
+                "__init__": _remembered_init, "__str__": _remembered_str, "__reduce__": _remembered_reduce,
+            })
+        except TypeError:  # final classes, incompatible layouts
+            made = CachedCodegenError
+        _REMEMBERED[original] = made
+    return made(codegen, key, error_type, message)
+
+
+class ExportError(CodegenCacheError, RuntimeError):
+    """A module tree holding a cached llvm library cannot be exported: a node of it cannot be copied."""
+
+    def __init__(self, kind: str, reason: str = "") -> None:
+        super().__init__(kind, reason)
+        self.kind = kind
+        self.reason = reason
+
+    def __str__(self) -> str:
+        why = f" ({self.reason})" if self.reason else ""
+        return (f"cannot export a {self.kind!r} module that imports a cached llvm library: it cannot be copied "
+                f"to import the library's llvm module in its place{why}; build it inside "
+                "`with codegen_cache.use_cache(None):` to export it")
+
+    def __reduce__(self):
+        return (ExportError, (self.kind, self.reason))
+
+
+class ReentrantLoweringError(CodegenCacheError, RecursionError):
+    """A codegen asked the cache for the key its own thread is building (it would wait on itself).
+
+    A RecursionError, which is what the same codegen raises without a cache.
+    """
+
+    def __init__(self, codegen: str, key: str) -> None:
+        super().__init__(codegen, key)
+        self.codegen = codegen
+        self.key = key
+
+    def __str__(self) -> str:
+        return (f"device codegen {self.codegen!r} re-entered the codegen cache for key {self.key[:16]}, which "
+                "this thread is building: the codegen lowers its own input again (e.g. an override of "
+                "target.build.<kind> that calls resolve_device_codegen(target).lower(...)); call the "
+                "original codegen function instead, or lower inside `with codegen_cache.use_cache(None):`")
+
+    def __reduce__(self):
+        return (ReentrantLoweringError, (self.codegen, self.key))
 
 
 class UnsafeEntryError(ArtifactError):

@@ -1,9 +1,10 @@
 """Artifact bytes: the frame, one codec per module kind, the CUDA payload; nothing here pickles."""
 
-from ._codecs import CODECS, check, decode, encode_cuda_binary, function_names, prepare, symbol_names, upgrade
+from ._codecs import (CODECS, check, decode, encode_cuda_binary, function_names, needs_upgrade, prepare, symbol_names,
+                      upgradable, upgrade)
 from ._cuda import CudaPayload
 from ._frame import FORMAT_VERSION, HOT_META, Artifact, frame, read_meta, unframe
-from ._llvm import SCRATCH_PREFIX, CachedIRModule, CachedLibraryModule, compiler_command
+from ._llvm import SCRATCH_PREFIX, CachedIRModule, CachedLibraryModule, compiler_command, keep_answering
 
 __all__ = [
     "CODECS",
@@ -21,10 +22,13 @@ __all__ = [
     "encode_cuda_binary",
     "frame",
     "function_names",
+    "keep_answering",
+    "needs_upgrade",
     "prepare",
     "read_meta",
     "symbol_names",
     "unframe",
+    "upgradable",
     "upgrade",
 ]
 

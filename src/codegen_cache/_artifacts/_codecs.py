@@ -3,14 +3,18 @@
 | codec     | fields                                  | a hit returns                                |
 | --------- | --------------------------------------- | -------------------------------------------- |
 | llvm-ir   | LLVM IR text (the raw form)             | an llvm module parsed from it                |
-| llvm-so   | shared library, LLVM IR text            | the library mapped in place (exports, runs)  |
+| llvm-so   | shared library, LLVM IR text            | the library mapped in place, answering as    |
+|           |                                         | the built llvm module (_module_methods)      |
 | cuda-bin  | fmt, function map, binary, CUDA source  | TVM's CUDA module (needs TVM's CUDA runtime) |
 | cuda-module | fmt, function map, data, sources (JSON) | the same CUDA module, sources included (ffi.Module.create.cuda) |
 | c         | C source                                | a C source module with the function names    |
 | source    | source text (CUDA, OpenCL, Metal, ...)  | runtime.SourceModuleCreate(text, format)     |
 
 `prepare` runs on the caller's thread and only copies what the module holds (microseconds to a
-millisecond); `upgrade` turns an llvm-ir entry into llvm-so in a helper process. Nothing here
+millisecond), and for llvm what the built module answers (target string, system-lib flag and
+prefix, function names, property mask) and the IR's target triple; `upgrade` turns an llvm-ir
+entry into llvm-so in a helper process, for this host's CPU and OS only (LLVM IR for another
+target stays IR: no compiler here can link it). Nothing here
 pickles or unpickles.
 """
 
@@ -27,12 +31,14 @@ from .._errors import ArtifactError, CudaRuntimeUnavailableError
 from . import _cuda, _llvm
 from ._frame import Artifact, frame, unframe
 
-__all__ = ["CODECS", "check", "decode", "encode_cuda_binary", "function_names", "prepare", "symbol_names", "upgrade"]
+__all__ = ["CODECS", "check", "decode", "encode_cuda_binary", "function_names", "needs_upgrade", "prepare",
+           "symbol_names", "upgradable", "upgrade"]
 
 # The JSON type of each metadata field a hit reads; a checksum is not authentication, so a
 # well-framed entry may still hold anything there (a null build_seconds made lower() raise).
 _HOT_TYPES = {"key": str, "build_seconds": (int, float), "source_format": str, "c_func_names": list,
-              "func_names": list, "module_kind": str, "ir_digest": str}
+              "func_names": list, "module_kind": str, "ir_digest": str, "llvm_queries": dict, "property_mask": int,
+              "triple": str}
 # Formats that runtime.SourceModuleCreate is given per fallback module kind.
 _SOURCE_FORMATS = {"cuda": "cu", "opencl": "cl", "metal": "metal", "webgpu": "wgsl", "source": ""}
 
@@ -58,7 +64,17 @@ def prepare(module: Module, meta: Mapping[str, Any], *, func_names: Sequence[str
     kind = module.kind
     meta = {**meta, "module_kind": kind, "func_names": list(func_names)}
     if kind == "llvm":
-        return "llvm-ir", meta, [module.inspect_source("ll").encode()]
+        ir = module.inspect_source("ll")
+        # What a hit answers as the built module (no JIT: TVM answers these from the IR).
+        queries = {}
+        for name in _llvm.LLVM_QUERIES:
+            try:
+                queries[name] = _jsonable(module.get_function(name)())
+            except AttributeError:  # a TVM whose llvm module lacks one: the hit asks the parsed IR
+                pass
+        meta = {**meta, "llvm_queries": queries, "property_mask": int(module.get_property_mask()),
+                "triple": _llvm.ir_triple(ir)}
+        return "llvm-ir", meta, [ir.encode()]
     if kind == "cuda":
         payload = _cuda.module_payload(module)
         if payload.fmt == "cuda":
@@ -99,12 +115,27 @@ def encode_cuda_binary(payload: _cuda.CudaPayload, source: str, meta: Mapping[st
 # one without a copy; bytes(view) copies what must outlive or be parsed apart from the blob.
 
 
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    return [str(v) for v in value]  # get_func_names: an Array of names
+
+
+def _queries(meta) -> dict:
+    found = meta.get("llvm_queries")
+    return found if isinstance(found, dict) else {}  # each answer's type is checked when it is asked for
+
+
 def _llvm_ir(fields, meta, path, scratch) -> Module:
-    return _llvm.load_ir(str(fields[0], "utf-8"), scratch, meta.get("func_names", ()))
+    return _llvm.load_ir(str(fields[0], "utf-8"), scratch, meta.get("func_names", ()), _queries(meta))
 
 
 def _llvm_so(fields, meta, path, scratch) -> Module:
-    return _llvm.load_library(fields[0], fields[1], path=path, scratch=scratch)
+    if not _llvm.runs_here(meta.get("triple")):
+        # Linked on a host of another kind (a shared remote): this one parses its IR instead.
+        return _llvm.load_ir(str(fields[1], "utf-8"), scratch, meta.get("func_names", ()), _queries(meta))
+    return _llvm.load_library(fields[0], fields[1], path=path, scratch=scratch, func_names=meta.get("func_names", ()),
+                              queries=_queries(meta), mask=meta.get("property_mask"))
 
 
 def _cuda_bin(fields, meta, path, scratch) -> Module:
@@ -189,11 +220,29 @@ def decode(blob: bytes | memoryview, *, scratch: str, path: str | None = None) -
         raise ArtifactError(f"TVM could not load the payload ({first[0][:200]})", kind=art.codec) from None
 
 
+def upgradable(codec: str, meta: Mapping[str, Any]) -> bool:
+    """Whether an entry has a faster form this host can make: LLVM IR for this host's kind of CPU and OS.
+
+    LLVM IR for another target (aarch64, ARM, RISC-V on an x86 host) stays IR: a hit parses it
+    into a real llvm module that exports with a cross toolchain; no compiler links it here.
+    """
+    return codec == "llvm-ir" and _llvm.runs_here(meta.get("triple"))
+
+
+def needs_upgrade(module: Module, meta: Mapping[str, Any]) -> bool:
+    """Whether a hit was served from LLVM IR that this host can link into a shared library."""
+    if not isinstance(module, _llvm.CachedIRModule):
+        return False
+    return _llvm.runs_here(meta.get("triple") or _llvm.ir_triple(module._cgc_record.ir_text()))
+
+
 def upgrade(blob: bytes, scratch: str) -> bytes | None:
-    """The fast form of an entry (llvm-ir -> llvm-so), or None when it has none."""
+    """The fast form of an entry (llvm-ir -> llvm-so), or None when it has none here."""
     art = unframe(blob)
     check(art)
     if art.codec != "llvm-ir":
         return None
     ir = art.fields[0]
+    if not _llvm.runs_here(art.meta.get("triple", _llvm.ir_triple(bytes(ir[:4096]).decode("utf-8", "replace")))):
+        return None  # another target's code (an entry stored before its triple was recorded)
     return frame("llvm-so", art.meta, [_llvm.shared_library_from_ir(ir.decode(), scratch), ir])

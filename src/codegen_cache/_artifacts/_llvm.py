@@ -10,31 +10,70 @@ object file, so that step never runs in the user's process.
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from .. import _compat
-from .._compat import Module, tvm
+from .._compat import Module
+from ._as_built import LLVM_QUERIES, SCRATCH_PREFIX, Record, parse_ir
+from ._module_methods import answer_as_built
 
 __all__ = [
     "SCRATCH_PREFIX",
     "CachedIRModule",
     "CachedLibraryModule",
+    "LLVM_QUERIES",
     "compiler_command",
+    "ir_triple",
+    "keep_answering",
     "load_ir",
     "load_library",
+    "runs_here",
     "shared_library_from_ir",
 ]
 
-# Every scratch file and directory the cache makes starts with this: the sweep of leftovers
-# removes only names with it, so files the cache did not create are never touched.
-SCRATCH_PREFIX = "cgc-"
 _COMPILERS = ("g++", "gcc", "clang++", "clang", "c++", "cc")  # tvm.support.cc.get_cc's order
-_FFI_PREFIX = "__tvm_ffi_"
+
+
+_TRIPLE = re.compile(r'^target triple = "([^"]*)"', re.MULTILINE)
+_ARCH_ALIASES = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64", "i386": "x86", "i686": "x86"}
+_OSES = ("linux", "darwin", "macos", "ios", "windows", "freebsd", "netbsd", "openbsd", "android", "wasi",
+         "emscripten", "none")
+
+
+def ir_triple(llvm_ir: str) -> str:
+    """The `target triple` LLVM IR text declares ('' when it declares none)."""
+    found = _TRIPLE.search(llvm_ir, 0, 1 << 16)  # near the top, after the data layout
+    return found.group(1) if found else ""
+
+
+def _arch_and_os(triple: str) -> tuple[str, str]:
+    parts = triple.lower().split("-")
+    arch = _ARCH_ALIASES.get(parts[0], parts[0])
+    system = next((p for p in parts[1:] for o in _OSES if p.startswith(o)), "")
+    return arch, next((o for o in _OSES if system.startswith(o)), system)
+
+
+def runs_here(triple: object) -> bool:
+    """Whether code for LLVM `triple` runs on this host: the same CPU architecture and OS.
+
+    Unknown (None, '': an entry stored before triples were recorded) counts as this host's, as
+    before; a vendor (`pc`, `unknown`, `conda`) or environment (`gnu`) part does not matter.
+    """
+    return not isinstance(triple, str) or not triple or _runs_here(triple)
+
+
+@functools.lru_cache(maxsize=64)
+def _runs_here(triple: str) -> bool:
+    host = _compat.host_llvm_triple()
+    return not host or _arch_and_os(triple) == _arch_and_os(host)
 
 
 def compiler_command(environ: dict[str, str] | None = None) -> list[str]:
@@ -76,88 +115,37 @@ def shared_library_from_ir(llvm_ir: str, scratch: str, *, compiler: list[str] | 
             return f.read()
 
 
-class CachedIRModule(tvm.runtime.Module):
-    """An llvm module parsed from cached LLVM IR: it runs and exports as the built one.
+class CachedIRModule(Module):
+    """An llvm module parsed from cached LLVM IR: it runs (JIT-compiled on first use) and exports.
 
-    TVM's module from IR text does not know its functions' names until it compiles them, so
-    `implements_function` answers from the symbols recorded with the entry, by TVM's rule for
-    llvm modules (function `name` is the symbol `__tvm_ffi_<name>`).
+    TVM's module from IR text does not know its functions' names until it compiles them, and
+    prints the IR it parsed with another module name: registered (`_as_built`), every handle of
+    it answers `implements_function`, `get_func_names` and `inspect_source("ll")` as built.
     """
 
-    def implements_function(self, name, query_imports=False):
-        """Whether the module (or, with query_imports, an import) has function `name`."""
-        if _FFI_PREFIX + name in self._cgc_names:
-            return True
-        return super().implements_function(name, query_imports)
 
-    def inspect_source(self, fmt=""):
-        """The source in `fmt`; LLVM IR ("ll") is the stored text, the built module's byte for byte."""
-        if fmt == "ll":
-            return self._cgc_ir  # printing the parsed module reorders comments and renames it
-        return super().inspect_source(fmt)
-
-
-def load_ir(llvm_ir: str, scratch: str, func_names: Sequence[str] = ()) -> CachedIRModule:
-    """An LLVM module from IR text (TVM parses it again; functions are JIT-compiled on first use)."""
-    fd, path = tempfile.mkstemp(prefix=SCRATCH_PREFIX, suffix=".ll", dir=scratch)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(llvm_ir)
-        module = _compat.builtin_func("ffi.Module.load_from_file.ll")(path, "ll")
-    finally:
-        os.unlink(path)
+def load_ir(llvm_ir: str, scratch: str, func_names: Sequence[str] = (),
+            queries: Mapping[str, Any] | None = None) -> CachedIRModule:
+    """An llvm module from cached IR text (TVM parses it again), answering as the built one."""
     cached = CachedIRModule.__new__(CachedIRModule)
-    cached.__move_handle_from__(module)
-    cached._cgc_names = frozenset(func_names)
-    cached._cgc_ir = llvm_ir
+    cached.__move_handle_from__(parse_ir(llvm_ir, scratch))
+    cached._cgc_record = Record(llvm_ir, None, tuple(func_names), dict(queries or {}))
+    answer_as_built(cached, cached._cgc_record)
     return cached
 
 
-class CachedLibraryModule(tvm.runtime.Module):
-    """A module mapped from a cached shared library: runs like the built one, and exports.
+class CachedLibraryModule(Module):
+    """A module mapped from a cached shared library: runs like the built llvm module, and exports.
 
-    `export_library` writes the stored library itself where that is what TVM would write (no
-    imports, default options); otherwise it rebuilds the LLVM module from the stored IR and
-    lets TVM export that, so the result is what a fresh build's export gives.
+    Registered (`_as_built`): it, and every handle of it inside another module's import tree
+    (a Relax executable), reports kind `llvm` and the built module's properties, and exports as
+    the built module does (from its stored IR; alone with default options, the stored library).
     """
-
-    def export_library(self, file_name, *, fcompile=None, fpack_imports=None, addons=None, workspace_dir=None,
-                       **kwargs):
-        """Export as TVM does for a freshly built llvm module (see tvm.runtime.Module.export_library)."""
-        name = os.fspath(file_name)
-        plain = not (fcompile or fpack_imports or addons or kwargs or len(self.imports))
-        if plain and not name.endswith((".tar", ".wasm")) and self._cgc_library is not None:
-            with open(name, "wb") as f:
-                f.write(self._cgc_library)
-            return None
-        rebuilt = self._rebuilt()
-        for imported in self.imports:
-            rebuilt.import_module(imported)
-        return rebuilt.export_library(name, fcompile=fcompile, fpack_imports=fpack_imports, addons=addons,
-                                      workspace_dir=workspace_dir, **kwargs)
-
-    def inspect_source(self, fmt=""):
-        """The source in `fmt`, as the built llvm module gives it (LLVM IR: the stored text)."""
-        if fmt == "ll":
-            return self._ir_text()
-        return self._rebuilt().inspect_source(fmt)
-
-    def write_to_file(self, file_name, fmt=""):
-        """Write the module as the built llvm module would (object file, assembly, IR)."""
-        return self._rebuilt().write_to_file(file_name, fmt)
-
-    def _ir_text(self) -> str:
-        # Kept as the stored bytes, decoded when first asked for: most hits never need it.
-        if not isinstance(self._cgc_ir, str):
-            self._cgc_ir = str(self._cgc_ir, "utf-8")
-        return self._cgc_ir
-
-    def _rebuilt(self) -> Module:
-        return load_ir(self._ir_text(), tempfile.gettempdir())
 
 
 def load_library(library: bytes | memoryview, llvm_ir: str | bytes | memoryview, *, path: str | None, scratch: str,
-                 loader: Callable[[str], Module] | None = None) -> CachedLibraryModule:
+                 loader: Callable[[str], Module] | None = None, func_names: Sequence[str] = (),
+                 queries: Mapping[str, Any] | None = None, mask: int | None = None) -> CachedLibraryModule:
     """Map a stored shared library: in place from `path` when given, else from a scratch copy.
 
     `llvm_ir` may be its UTF-8 bytes (or a view of them): decoded when first asked for.
@@ -176,6 +164,15 @@ def load_library(library: bytes | memoryview, llvm_ir: str | bytes | memoryview,
             os.unlink(copy)
     cached = CachedLibraryModule.__new__(CachedLibraryModule)
     cached.__move_handle_from__(module)
-    cached._cgc_library = library
-    cached._cgc_ir = llvm_ir
+    record = Record(llvm_ir, library, tuple(func_names), dict(queries or {}))
+    if mask is not None:
+        record.mask = mask
+    cached._cgc_record = record
+    answer_as_built(cached, record)
     return cached
+
+
+def keep_answering(module: Any) -> None:
+    """A cached llvm module handed out again (a memory hit): registered again, as the newest."""
+    if type(module) in (CachedLibraryModule, CachedIRModule):
+        answer_as_built(module, module._cgc_record)

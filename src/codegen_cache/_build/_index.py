@@ -23,7 +23,7 @@ from .. import _compat
 from .._artifacts import frame, unframe
 from .._cache import CodegenCache
 from .._errors import ArtifactError, UncacheableError
-from .._key import CacheKey, _encode_part, ir_hash, static_salts
+from .._key import CacheKey, _encode_part, input_hash, static_salts
 from .._log import warn_once
 from .._registry import DeviceCodegenRegistry
 from .._storage._disk import STORAGE_ERRORS
@@ -166,7 +166,7 @@ def key_of(plan: Plan, registry: DeviceCodegenRegistry) -> CacheKey | None:
         return None
     if not plan.hashed:
         try:
-            plan.hashed.append(ir_hash(plan.mod))
+            plan.hashed.append(input_hash(plan.mod))
         except (TypeError, ValueError) as err:
             warn_once(logger, "build-hash", "codegen_cache.build: cannot hash the input module (%s); "
                       "building without the index", err)

@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import _context
-from .._artifacts import FORMAT_VERSION, frame, prepare, symbol_names
+from .._artifacts import FORMAT_VERSION, frame, keep_answering, prepare, read_meta, symbol_names, upgradable
 from .._compat import IRModule, Module, Target
 from .._config import ENV_VARS, Settings, settings_from_env, unknown_env_vars
-from .._errors import ConfigError, UncacheableError
+from .._errors import ArtifactError, ConfigError, ReentrantLoweringError, UncacheableError
 from .._log import warn_once
 from .._key import CacheKey, compute_key, ir_hash
 from .._outcome import emit, run_uncached
@@ -265,6 +265,7 @@ class CodegenCache:
                 saved = float(kept.meta.get("build_seconds", 0.0))
                 self._stats.add_hit(entry.name, mode, "memory", saved)
                 emit("memory", key.digest, entry.name, mode, key_seconds, 0.0, saved, time.perf_counter() - start)
+                keep_answering(kept.module)
                 return kept.module
         probe = Probe(key.digest, mode, mod, self.settings.verify)
         found = None if self.settings.recache else self._chain.lookup(probe)
@@ -317,7 +318,8 @@ class CodegenCache:
         if not collision and not self.settings.recache:
             # The recheck reads this directory only: the remote was asked a moment ago, and a
             # lock holder sharing this directory stages its entry here first.
-            held, found = self._flight.begin(key.digest, lambda: self._chain.lookup(probe, start=1, stop=2))
+            held, found = self._flight.begin(key.digest, lambda: self._chain.lookup(probe, start=1, stop=2),
+                                               codegen=entry.name)
             if isinstance(found, Hit):
                 # Built by another process while we waited: a hit, not a miss.
                 self._stats.add_for(entry.name, mode, "misses", -1)
@@ -350,6 +352,8 @@ class CodegenCache:
         saved = float(hit.entry.meta.get("build_seconds", 0.0))
         self._stats.add_hit(codegen, mode, hit.tier, saved)
         emit(hit.tier, digest, codegen, mode, key_seconds, hit.load_seconds, saved, time.perf_counter() - start)
+        if hit.tier == "memory":
+            keep_answering(hit.entry.module)  # registered again as the newest (a decoded one is already)
         return hit.entry.module
 
     def _build(self, entry: Any, digest: str, mod: IRModule, target: Target, compile_device: bool,
@@ -361,6 +365,8 @@ class CodegenCache:
         except ENVIRONMENT_FAILURES:
             raise
         except CACHEABLE_FAILURES as err:
+            if self._flight.reentered(digest):
+                raise ReentrantLoweringError(entry.name, digest) from err  # the codegen's misuse: not remembered
             self._failures.remember(digest, entry.name, err,
                                     ir_digest=probe.ir_digest if self.settings.verify else None)
             raise
@@ -437,7 +443,8 @@ class CodegenCache:
         # The job holds what it needs, not the cache: it runs even if the cache object is gone.
         store, staged, guard, directory = self._stores[mode], self._staged[mode], self._guard, self.directory
         remote_tier = self._remote if remote else None
-        raw_llvm = mode == "compiled" and b"llvm-ir" in blob[-64:]
+        # llvm-ir entries get a shared library, unless the IR is another target's (cross-compiled).
+        raw_llvm = mode == "compiled" and b"llvm-ir" in blob[-64:] and _native_llvm(blob)
         spare = self.write_behind  # on this thread, a spare file would cost the caller what it saves
 
         def promote() -> None:
@@ -603,6 +610,7 @@ class CodegenCache:
             else:
                 self._stats.add(f"hits_{hit.tier}")
                 self._stats.add("saved_seconds", saved)
+        keep_answering(hit.entry.module)
         return hit.entry.module, hit.entry.meta
 
     def keep(self, digest: str, module: Module, ir: Any, meta: dict[str, Any], nbytes: int = 1 << 16) -> None:
@@ -621,6 +629,13 @@ class CodegenCache:
         self._stats.add("collisions")
         self._guard.warn("collision", "codegen cache: two different IRModules share key %s "
                          "(64-bit structural hash collision); building without caching", digest[:16])
+
+
+def _native_llvm(blob: bytes) -> bool:
+    try:
+        return upgradable(*read_meta(blob))
+    except ArtifactError:
+        return False
 
 
 def _check_mode(compile_device: object) -> None:

@@ -19,8 +19,9 @@ import os
 import time
 from collections.abc import Callable
 
+from .. import _compat
 from .._artifacts import frame, unframe
-from .._errors import ArtifactError, CachedCodegenError, CudaRuntimeUnavailableError
+from .._errors import ArtifactError, CachedCodegenError, CudaRuntimeUnavailableError, remembered_error
 from .._storage._disk import ArtifactStore
 from .._storage._faults import FILE_MODE, ensure_dir, share_file_mode
 from ._guard import StorageGuard
@@ -31,8 +32,9 @@ MARKER = ".remembered"  # in the failures store's directory, once a failure was 
 
 # Errors a codegen raises for a bad kernel or config: remembered.
 CACHEABLE_FAILURES = (RuntimeError, ValueError, TypeError, AttributeError, IndexError, KeyError)
-# Errors of the environment, not the kernel: never remembered.
-ENVIRONMENT_FAILURES = (CudaRuntimeUnavailableError, CachedCodegenError, OSError, MemoryError)
+# Errors of the environment, not the kernel: never remembered. A RecursionError depends on how
+# deep the caller's stack was (and a re-entered cache raises one, ReentrantLoweringError).
+ENVIRONMENT_FAILURES = (CudaRuntimeUnavailableError, CachedCodegenError, RecursionError, OSError, MemoryError)
 
 
 class FailureCache:
@@ -52,6 +54,9 @@ class FailureCache:
             return
         meta = {"key": digest, "codegen": codegen, "error_type": type(err).__name__,
                 "message": str(err)[:20000], "created": time.time()}
+        identity = _compat.error_identity(type(err))
+        if identity is not None:
+            meta["error_class"] = identity  # raised as this class again (a builtin or TVM's own)
         if ir_digest is not None:
             meta["ir_digest"] = ir_digest
         self._mark()
@@ -59,7 +64,10 @@ class FailureCache:
             self._count("failures_stored")
 
     def raise_if_failed(self, digest: str, codegen: str, *, ir_digest: Callable[[], str] | None = None) -> None:
-        """Raise CachedCodegenError when `digest` failed within the last ttl seconds.
+        """Raise the remembered failure when `digest` failed within the last ttl seconds.
+
+        It is raised as the class the codegen raised (a builtin or a TVM error class) that is
+        also a CachedCodegenError; a class that cannot be named safely gives a CachedCodegenError.
 
         With `ir_digest` (verify=True), only a failure recorded for that exact IRModule counts.
         """
@@ -80,7 +88,11 @@ class FailureCache:
         if ir_digest is not None and meta.get("ir_digest") != ir_digest():
             return  # another IRModule's failure (a hash collision), or recorded without verify
         self._count("failures_served")
-        raise CachedCodegenError(codegen, digest, str(meta.get("error_type")), str(meta.get("message")))
+        error_type, message = str(meta.get("error_type")), str(meta.get("message"))
+        original = _compat.error_class(meta.get("error_class"))
+        if original is None:
+            raise CachedCodegenError(codegen, digest, error_type, message)
+        raise remembered_error(original, codegen, digest, error_type, message)
 
     def _mark(self) -> None:
         # Before the entry, every time (the directory may have been made anew since): a reader

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import xxhash
 
 from .. import _compat
-from .._artifacts import CachedIRModule, decode
+from .._artifacts import decode, needs_upgrade
 from .._compat import IRModule, Module
 from .._errors import ArtifactError, CudaRuntimeUnavailableError
 from .._storage._disk import STORAGE_ERRORS, ArtifactStore
@@ -149,7 +149,7 @@ class DiskTier:
             return found
         if staged:
             self.on_staged_hit(probe.mode, probe.digest, blob)
-        if isinstance(found.module, CachedIRModule):
+        if needs_upgrade(found.module, found.meta):
             self.on_raw_hit(probe.mode, probe.digest)  # served from LLVM IR: not upgraded yet
         found.blob = blob
         return Hit("disk", found, time.perf_counter() - t0)

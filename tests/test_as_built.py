@@ -1,0 +1,99 @@
+"""Cached llvm hits answer as the built llvm module, also where TVM hands them out as plain Modules.
+
+A hit runs from a loaded shared library (kind `library` to TVM); registered by handle, it and
+every handle of it in another module's import tree answer `kind`, the properties, sources and
+`export_library` as the built module does (src/codegen_cache/_artifacts/_as_built.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import codegen_cache as cc
+import kernels
+from codegen_cache._artifacts import CachedLibraryModule, _as_built
+from conftest import run_binary
+from warm_scenarios import _Relax
+
+
+@pytest.fixture
+def warm(tmp_path):
+    """(a cache whose vadd entry is a shared library, the lowered vadd)."""
+    mod, target = cc.lower_for_codegen(kernels.vadd, "llvm")
+    cache = cc.CodegenCache(tmp_path / "cache", write_behind=False)
+    cache.lower(mod, target)
+    assert cache.flush(upgrades=True, timeout=240)
+    return tmp_path / "cache", mod, target
+
+
+def _library_hit(directory, mod, target):
+    module, outcome = cc.CodegenCache(directory, memory_entries=0).lower_with_outcome(mod, target)
+    assert outcome.tier == "disk" and isinstance(module, CachedLibraryModule)
+    return module
+
+
+def test_a_library_hit_answers_as_the_built_module(warm):
+    directory, mod, target = warm
+    built = tvm.get_global_func("target.build.llvm")(mod, target)
+    hit = _library_hit(directory, mod, target)
+    for check in (lambda m: m.kind, lambda m: m.get_property_mask(), lambda m: m.is_runnable(),
+                  lambda m: m.is_binary_serializable(), lambda m: m.is_compilation_exportable(),
+                  lambda m: m.inspect_source("ll"), lambda m: list(m.get_function("get_func_names")()),
+                  lambda m: m.get_function("__tvm_is_system_module")(), lambda m: m.implements_function("vadd"),
+                  lambda m: m.get_function("_get_target_string")()):
+        assert check(hit) == check(built)
+    assert np.array_equal(run_binary(hit), run_binary(built))
+
+
+def test_a_handle_tvm_hands_back_answers_as_the_hit_does(warm):
+    directory, mod, target = warm
+    hit = _library_hit(directory, mod, target)
+    holder = tvm.get_global_func("runtime.SourceModuleCreate")("", "c")  # any module that can import one
+    holder.import_module(hit)
+    plain = holder.imports[0]
+    assert type(plain) is tvm.runtime.Module and plain.same_as(hit)
+    assert (plain.kind, plain.is_compilation_exportable()) == ("llvm", True)
+
+
+def test_other_modules_keep_their_own_answers(warm, tmp_path):
+    directory, mod, target = warm
+    _library_hit(directory, mod, target)  # the methods are installed now
+    built = tvm.tirx.build(kernels.vadd, "llvm")
+    built.export_library(str(tmp_path / "user.so"))
+    loaded = tvm.runtime.load_module(str(tmp_path / "user.so"))
+    assert (loaded.kind, loaded.is_compilation_exportable(), loaded.is_binary_serializable()) == ("library", False, True)
+    assert built.kind == "llvm"
+
+
+@pytest.mark.timeout(300)
+def test_exporting_a_relax_executable_of_a_hit_leaves_the_callers_tree_as_it_was(tmp_path, monkeypatch):
+    import routing
+
+    monkeypatch.setattr(tvm.tirx, "build", tvm.tirx.build)  # undone at the end of the test
+    routing.route()
+    cache = cc.CodegenCache(tmp_path / "cache", write_behind=False)
+    with cc.use_cache(cache):
+        relax.build(_Relax, "llvm")
+    assert cache.flush(upgrades=True, timeout=240)
+    with cc.use_cache(cc.CodegenCache(tmp_path / "cache", memory_entries=0)):
+        ex = relax.build(_Relax, "llvm")
+    before = [m.__chandle__() for m in ex.mod.imports]
+    ex.export_library(str(tmp_path / "model.so"))
+    assert [m.__chandle__() for m in ex.mod.imports] == before
+    x = tvm.runtime.tensor(np.arange(64, dtype="float32"))
+    loaded = relax.VirtualMachine(tvm.runtime.load_module(str(tmp_path / "model.so")), tvm.cpu())
+    assert np.array_equal(loaded["main"](x, x).numpy(), relax.VirtualMachine(ex, tvm.cpu())["main"](x, x).numpy())
+
+
+def test_the_registry_is_bounded_and_a_module_handed_out_again_is_registered_again(warm, monkeypatch):
+    directory, mod, target = warm
+    monkeypatch.setattr(_as_built, "MAX_MODULES", 2)
+    cache = cc.CodegenCache(directory)
+    first = cache.lower(mod, target)  # a disk hit, kept in the memory tier
+    others = [_library_hit(directory, mod, target) for _ in range(2)]
+    assert _as_built.record_of(first) is None and first.kind == "library"  # dropped: the oldest
+    assert cache.lower(mod, target) is first and first.kind == "llvm"  # a memory hit registers it again
+    assert all(_as_built.record_of(o) is not None for o in others[1:])

@@ -1,0 +1,28 @@
+"""Warm = cold: what TVM's own tests do gives the same outcome with no cache, an empty one, and a warm one.
+
+Each scenario (tests/warm_scenarios.py: properties, sources, running, timing, export alone and in
+a Relax executable, system libraries, cross-target code, codegen errors) runs in a fresh process
+with TVM alone, then through an empty cache, then through the same cache, warm, in another fresh
+process; the files each run exported are loaded and run in yet another. Every observation must
+be the same (tests/warm_cold.py), and the warm run served by the cache.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from warm_cold import assert_same, three_ways
+from warm_scenarios import SCENARIOS
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_a_warm_cache_gives_what_tvm_alone_gives(tmp_path, scenario):
+    assert_same(three_ways(scenario, tmp_path))
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("scenario", ["relax_vm", "tir_llvm", "tir_system_lib"])
+def test_a_warm_cache_whose_llvm_entries_are_still_ir_gives_what_tvm_alone_gives(tmp_path, scenario):
+    """Between a cold build and the link of its entry, hits are llvm modules parsed from the IR."""
+    assert_same(three_ways(scenario, tmp_path, warm_form="ir"))
