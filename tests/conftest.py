@@ -50,6 +50,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _switch_left_off():
+    """Every test ends with codegen_cache's switch off (a test that turned it on and failed must not
+    route the next tests, or leave CODEGEN_CACHE_ENABLE for their child processes)."""
+    yield
+    if cc.is_enabled():
+        cc.disable()
+
+
 def counting_codegen(name="llvm", kind="llvm"):
     """A DeviceCodegen wrapping `target.build.<kind>` that records each call; (codegen, calls)."""
     calls = []

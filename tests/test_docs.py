@@ -104,7 +104,9 @@ class Page:
         # The commands the docs name run this interpreter and these sources, installed or not.
         (bin_dir / "codegen-cache").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m codegen_cache "$@"\n')
         (bin_dir / "codegen-cache").chmod(0o755)
-        (bin_dir / "python").symlink_to(sys.executable)
+        # A shim, not a symlink: Python finds its virtual environment next to the path it was started by.
+        (bin_dir / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+        (bin_dir / "python").chmod(0o755)
         self.env = {**os.environ, "CODEGEN_CACHE_DIR": str(root / "cache"),
                     "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
                     "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), str(self.cwd),
