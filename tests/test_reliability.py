@@ -567,10 +567,13 @@ def test_file_modes_fit_a_shared_cache_and_are_never_world_writable(populated_un
     assert len(databases) == 5  # compiled, source, failures, builds, stats
     value_files = {p: m for p, m in modes.items() if p.endswith(".val")}
     assert value_files
+    # An entry's file is never changed once written (a rebuild writes a new one): nobody may write it.
+    assert not {p: oct(m) for p, m in value_files.items() if m & 0o222}
     if umask in (0o002, 0o000):
-        # A team cache: every member of the group can write every database, file and directory
-        # (SQLite alone would create its databases 0644 whatever the umask).
-        assert all(m & stat.S_IWGRP for m in (*databases.values(), *value_files.values())), databases
+        # A team cache: every member of the group can write every database and directory and
+        # read every entry (SQLite alone would create its databases 0644 whatever the umask).
+        assert all(m & stat.S_IWGRP for m in databases.values()), databases
+        assert all(m & stat.S_IRGRP for m in value_files.values()), value_files
         assert all(m & stat.S_IWGRP for p, m in modes.items() if (directory / p).is_dir())
     if umask == 0o077:
         assert all(m & 0o077 == 0 for m in modes.values()), modes

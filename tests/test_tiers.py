@@ -70,7 +70,7 @@ class _Tiers:
                 staged[mode].remove(digest, blob)
                 promoted.append(digest)
 
-            tier = DiskTier(stores, staged, self.guard, lambda: str(self.root), lambda mode: True, promote,
+            tier = DiskTier(stores, staged, self.guard, lambda: str(self.root), promote,
                             lambda mode, digest: None)
             tier.promoted = promoted
             return tier

@@ -12,6 +12,7 @@ __all__ = [
     "CommandError",
     "ConfigError",
     "CudaRuntimeUnavailableError",
+    "EntryKeyError",
     "KernelSourceError",
     "LoweringError",
     "ReadOnlyStoreError",
@@ -44,6 +45,18 @@ class ArtifactError(CodegenCacheError, ValueError):
 
 def _rebuild_artifact_error(reason: str, kind: str | None) -> ArtifactError:
     return ArtifactError(reason, kind=kind)
+
+
+class EntryKeyError(ArtifactError):
+    """A well-framed entry whose metadata names another key than the one it is stored under."""
+
+    def __init__(self, expected: str, found: object, kind: str | None = None) -> None:
+        super().__init__(f"stored under key {expected[:16]}, its metadata names key {str(found)[:16]}", kind=kind)
+        self.expected = expected
+        self.found = found
+
+    def __reduce__(self):
+        return (EntryKeyError, (self.expected, self.found, self.kind))
 
 
 class ConfigError(CodegenCacheError, ValueError):

@@ -23,7 +23,7 @@ from typing import Any
 
 from .. import _compat
 from .._compat import Module
-from .._errors import ArtifactError, CudaRuntimeUnavailableError
+from .._errors import ArtifactError, CudaRuntimeUnavailableError, EntryKeyError
 from . import _cuda, _llvm
 from ._frame import Artifact, frame, unframe
 
@@ -170,14 +170,19 @@ def check(art: Artifact) -> None:
         raise ArtifactError(f"{len(art.fields)} payload fields, expected {expected}", kind=art.codec)
 
 
-def decode(blob: bytes | memoryview, *, scratch: str, path: str | None = None) -> tuple[Module, dict[str, Any]]:
+def decode(blob: bytes | memoryview, *, scratch: str, path: str | None = None,
+           key: str | None = None) -> tuple[Module, dict[str, Any]]:
     """Rebuild the runtime module of a framed artifact; ArtifactError when malformed.
 
-    `path`: the file that holds exactly `blob`, when the loader may map it in place (a shared
-    library). The returned metadata holds what a hit needs (key, build_seconds, ...).
+    `key`: the digest the entry must be stored under; EntryKeyError when its metadata names
+    another, raised before the codec runs (a shared library's constructors run when it loads).
+    `path`: the file `blob` was read from (never opened again: what is loaded is `blob`). The
+    returned metadata holds what a hit needs (key, build_seconds, ...).
     """
     art = unframe(blob, info=False, views=True)
     check(art)
+    if key is not None and art.meta.get("key") != key:
+        raise EntryKeyError(key, art.meta.get("key"), art.codec)
     try:
         return CODECS[art.codec][1](art.fields, art.meta, path, scratch), art.meta
     except (ArtifactError, CudaRuntimeUnavailableError):

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 
 from .. import _compat
 from .._compat import Module, tvm
+from ._private import SCRATCH_PREFIX, load_private_copy
 
 __all__ = [
     "SCRATCH_PREFIX",
@@ -30,9 +31,6 @@ __all__ = [
     "shared_library_from_ir",
 ]
 
-# Every scratch file and directory the cache makes starts with this: the sweep of leftovers
-# removes only names with it, so files the cache did not create are never touched.
-SCRATCH_PREFIX = "cgc-"
 _COMPILERS = ("g++", "gcc", "clang++", "clang", "c++", "cc")  # tvm.support.cc.get_cc's order
 _FFI_PREFIX = "__tvm_ffi_"
 
@@ -158,22 +156,14 @@ class CachedLibraryModule(tvm.runtime.Module):
 
 def load_library(library: bytes | memoryview, llvm_ir: str | bytes | memoryview, *, path: str | None, scratch: str,
                  loader: Callable[[str], Module] | None = None) -> CachedLibraryModule:
-    """Map a stored shared library: in place from `path` when given, else from a scratch copy.
+    """Map a stored shared library from a private copy of `library`, the bytes that were checked.
 
-    `llvm_ir` may be its UTF-8 bytes (or a view of them): decoded when first asked for.
+    `path`, the value file the bytes were read from, is never opened again (_private.py says
+    why). `llvm_ir` may be its UTF-8 bytes (or a view of them): decoded when first asked for.
     """
+    del path  # deliberately unused: loading by path would load what the file holds by then
     load = loader or _compat.builtin_func("ffi.Module.load_from_file.so")
-    if path is not None:
-        module = load(path, "so")
-    else:
-        # dlopen needs a file; it stays mapped after the unlink.
-        fd, copy = tempfile.mkstemp(prefix=SCRATCH_PREFIX, suffix=".so", dir=scratch)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(library)
-            module = load(copy, "so")
-        finally:
-            os.unlink(copy)
+    module = load_private_copy(library, scratch, lambda where: load(where, "so"))
     cached = CachedLibraryModule.__new__(CachedLibraryModule)
     cached.__move_handle_from__(module)
     cached._cgc_library = library

@@ -34,7 +34,6 @@ from .._key import CacheKey, compute_key, ir_hash
 from .._outcome import emit, run_uncached
 from .._registry import DeviceCodegen, DeviceCodegenRegistry, default_registry
 from .._storage._disk import ArtifactStore
-from .._storage._fsprobe import probe as probe_filesystem
 from .._storage._fsprobe import scratch_dir, warn_if_unsafe
 from .._storage._locks import KeyLocks
 from .._storage._memory import MemoryTier
@@ -140,12 +139,11 @@ class CodegenCache:
                                   on_evict=lambda: self._stats.add("evictions_memory"))
         self._remote = self._make_remote(remote, self.settings)
         self._scratch_dir: tuple[int, str] | None = None
-        self._in_place: dict[str, bool] = {}
         self._resolved: dict[Target, tuple[int, Any]] = {}  # resolve() per target and registry version
         self._upgrades_asked: set[str] = set()
         self._memory_view = MemoryTierView(self._memory)
-        self._disk = DiskTier(self._stores, self._staged, self._guard, self._scratch, self._may_map_in_place,
-                              self._promote_later, self._ask_upgrade)
+        self._disk = DiskTier(self._stores, self._staged, self._guard, self._scratch, self._promote_later,
+                              self._ask_upgrade)
         tiers: list = [self._memory_view, self._disk]
         if self._remote is not None:
             tiers.append(RemoteTierView(self._remote, self._guard, self._scratch))
@@ -453,13 +451,6 @@ class CodegenCache:
             for staged in self._staged.values():  # and what writers killed mid-write left there
                 staged.sweep()
         return self._scratch_dir[1]
-
-    def _may_map_in_place(self, mode: str) -> bool:
-        """Whether a value file of `mode`'s store can be dlopen-ed where it lies (not noexec)."""
-        found = self._in_place.get(mode)
-        if found is None:
-            found = self._in_place[mode] = not probe_filesystem(self.directory / mode).noexec
-        return found
 
     # ---- maintenance ------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ import diskcache
 
 from .._errors import ArtifactError, UnsafeEntryError
 from .._forksafe import on_fork_child, sqlite_gate
-from ._faults import READ_FLAGS, ReadOnlyStoreError, share_file_mode, storage_fault, warn_read_only, writable
+from ._faults import READ_FLAGS, ReadOnlyStoreError, freeze_file_mode, share_file_mode, storage_fault, warn_read_only, writable
 from ._readonly import ReadOnlyView
 
 __all__ = ["STORAGE_ERRORS", "ArtifactStore", "Row", "SafeDisk", "storage_fault"]
@@ -41,7 +41,6 @@ STORAGE_ERRORS = (sqlite3.Error, OSError, diskcache.Timeout)
 # planted, and following it would read or delete files outside the store.
 _VALUE_FILE = re.compile(r"^[0-9a-f]{2}[/\\][0-9a-f]{2}[/\\][0-9a-f]{28}\.val$")
 _DB_FILES = ("cache.db", "cache.db-wal", "cache.db-shm")
-_ELF = b"\x7fELF"  # a framed shared library starts with it (the frame puts the payload first)
 _SQLITE_CORRUPT, _SQLITE_NOTADB = 11, 26  # result codes (sqlite3 names them only from Python 3.11)
 _SELECT = ("SELECT mode, filename, value, size FROM Cache WHERE key = ? AND raw = 1 "
            "AND (expire_time IS NULL OR expire_time > ?)")
@@ -72,12 +71,8 @@ class SafeDisk(diskcache.Disk):
     def store(self, value, read, key=diskcache.core.UNKNOWN):
         if type(value) is not bytes:
             raise TypeError(f"store values must be bytes, got {type(value).__name__}")
-        if value[:4] == _ELF and len(value) < self.min_file_size:
-            # A shared library is mapped where its value file lies; kept in the database
-            # (diskcache does that below 32 KiB) every hit would first copy it to a scratch file.
-            filename, full_path = self.filename(key, value)
-            self._write(full_path, io.BytesIO(value), "xb")
-            return len(value), diskcache.core.MODE_BINARY, filename, None
+        # A small shared library stays in the database like any small value: a hit loads a
+        # private copy of the bytes it read (never the value file), and a row is cheaper to read.
         return super().store(value, read, key=key)
 
     def fetch(self, mode, filename, value, read):
@@ -120,6 +115,7 @@ class SafeDisk(diskcache.Disk):
         subdir = os.path.dirname(full_path)
         for path in (full_path, subdir, os.path.dirname(subdir)):
             share_file_mode(path)
+        freeze_file_mode(full_path)
         return size
 
 

@@ -3,6 +3,7 @@
 - `storage_fault` names the faults that fail many operations at once (no space, read-only),
   so the cache warns once per fault rather than once per operation;
 - `share_file_mode` keeps a shared (team) cache writable by its group and never by the world;
+  `freeze_file_mode` makes an entry file read-only once written;
 - `ensure_dir` makes the cache's own directories and refuses a symlink in their place;
 - `READ_FLAGS` and `read_whole` read a file the cache made without following a symlink, blocking
   on a FIFO, or reading past a bound.
@@ -20,7 +21,7 @@ from pathlib import Path
 from .._errors import ReadOnlyStoreError
 from .._log import warn_once
 
-__all__ = ["DIR_MODE", "FILE_MODE", "READ_FLAGS", "ReadOnlyStoreError", "ensure_dir", "read_whole", "share_file_mode", "storage_fault", "warn_read_only", "writable"]
+__all__ = ["DIR_MODE", "FILE_MODE", "READ_FLAGS", "ReadOnlyStoreError", "ensure_dir", "freeze_file_mode", "read_whole", "share_file_mode", "storage_fault", "warn_read_only", "writable"]
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +110,21 @@ def share_file_mode(path: str | os.PathLike[str]) -> None:
             os.chmod(path, wanted)
     except OSError:
         pass  # gone, or not ours to change: leave it
+
+
+def freeze_file_mode(file: int | str | os.PathLike[str]) -> None:
+    """Drop every write bit of an entry file this process made (its descriptor, or its path).
+
+    An entry is never changed in place (a rebuild writes a new file and renames it over), so
+    nothing needs to write it again; a stray writer (`cp` over it, an editor, a tool of another
+    team member) gets EACCES instead of changing what the next hit reads. A hit loads its own
+    checked copy of the bytes anyway (_artifacts/_private.py).
+    """
+    try:
+        mode = stat.S_IMODE(os.stat(file).st_mode) & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)
+        os.chmod(file, mode)  # an int is a descriptor: fchmod
+    except OSError:
+        pass  # a filesystem without modes: the entry is still checked on every read
 
 
 def warn_read_only(root: Path) -> None:

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .._forksafe import on_fork_child
-from ._faults import FILE_MODE, READ_FLAGS, ensure_dir, read_whole, share_file_mode
+from ._faults import FILE_MODE, READ_FLAGS, ensure_dir, freeze_file_mode, read_whole, share_file_mode
 from ._fsprobe import sweep_leftovers
 
 __all__ = ["MAX_ENTRY_BYTES", "PendingFiles"]
@@ -123,10 +123,11 @@ class PendingFiles:
                 view = memoryview(blob)
                 while view:
                     view = view[os.write(fd, view):]
+                if spare is None:
+                    share_file_mode(tmp)
+                freeze_file_mode(fd)
             finally:
                 os.close(fd)
-            if spare is None:
-                share_file_mode(tmp)
             try:
                 os.rename(tmp, self.path(digest))
             except FileNotFoundError:

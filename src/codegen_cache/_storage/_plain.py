@@ -1,7 +1,8 @@
 """A store of plain files: one regular file `<32 hex digits><suffix>` per entry, in one directory.
 
 Frontends keep whole-kernel entries this way (codegen_cache.tilelang: `<cache dir>/tilelang/
-<digest>.so`, a frame whose field 0 is the library tilelang loads in place). The cache and its
+<digest>.so`, a frame whose field 0 is the kernel library; a hit loads a private copy of the
+bytes read here, never the file itself). The cache and its
 tools reach them here, with the methods of ArtifactStore they use: keys, get, delete, volume,
 len, expire, clear; cull bounds the store's size as diskcache bounds its stores.
 
