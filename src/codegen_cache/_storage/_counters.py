@@ -42,6 +42,11 @@ _FILE_SIZE = _HEADER + _SLOTS * _RECORD
 _HEAD = struct.Struct("<4sII")
 _FILE_NAME = re.compile(r"^[\w.-]+-\d+-[0-9a-f]{8}\.cnt$")
 _FOLDED_KEEP = 86400.0
+# Only its process writes a counter file, through a shared mapping: nobody else may write it (a
+# truncation by another member of a team cache would kill that process with SIGBUS on its next
+# count). Others read it and fold it (a read-only descriptor takes the flock); removing it
+# needs only the directory's write permission.
+_OWN_FILE_MODE = FILE_MODE & ~0o022
 
 
 def _read_counts(data: bytes) -> dict[str, float]:
@@ -119,7 +124,7 @@ class CounterTable:
         path = self.files_dir / name
         try:
             ensure_dir(self.files_dir)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, _OWN_FILE_MODE)
         except OSError as err:
             logger.debug("codegen cache: counting in memory (cannot create %s: %s)", path, err)
             return
@@ -142,7 +147,6 @@ class CounterTable:
             with contextlib.suppress(OSError):
                 os.unlink(path)
             return
-        share_file_mode(path)
         self._fd, self._name = fd, name
 
     def _allocate(self, name: str) -> int:
@@ -234,7 +238,7 @@ class CounterTable:
         for name in names:
             path = os.path.join(self.files_dir, name)
             try:
-                fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
             except OSError:
                 continue
             try:

@@ -376,8 +376,8 @@ def _cached(original, original_module):
                             compile_flags=compile_flags)
 
         cache = active_cache()
-        if args or not isinstance(cache, CodegenCache) or not isinstance(func, _compat.PrimFunc):
-            return tilelangs_own()
+        if args or not isinstance(cache, CodegenCache) or not isinstance(func, _compat.PrimFunc) or not cache.trusted:
+            return tilelangs_own()  # an untrusted directory (another user could change it): not used
         start = time.perf_counter()
         key = frontend_key(cache, func, call)
         if key is None:
