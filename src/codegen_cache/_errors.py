@@ -7,6 +7,7 @@ import os
 
 __all__ = [
     "ArtifactError",
+    "CacheLinkError",
     "CachedCodegenError",
     "CodegenCacheError",
     "CommandError",
@@ -125,6 +126,16 @@ class UnsafeEntryError(ArtifactError):
 
     def __reduce__(self):
         return (UnsafeEntryError, (self.reason,))
+
+
+class CacheLinkError(CodegenCacheError, OSError):
+    """A symlink (or a file) where a directory of the cache belongs: never followed (warned once)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__(errno.ENOTDIR, "not a directory of the cache (a symlink?)", os.fspath(path))
+
+    def __reduce__(self):
+        return (CacheLinkError, (self.filename,))
 
 
 class ReadOnlyStoreError(CodegenCacheError, OSError):

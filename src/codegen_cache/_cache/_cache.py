@@ -411,7 +411,10 @@ class CodegenCache:
 
         The caller runs that after releasing the key's build lock; None: not staged.
         """
-        if not self._guard("stage", self._staged[mode].write, digest, blob):
+        # Where staging fails (a symlink planted at pending/ is refused, say), the store itself is
+        # written before lower() returns; only where both fail is nothing stored.
+        if not self._guard("stage", self._staged[mode].write, digest, blob) \
+                and not self._guard("write", self._stores[mode].put, digest, blob):
             self._stats.add("stores_skipped")
             return None
         self._stats.add_for(codegen, mode, "stores")
@@ -479,7 +482,7 @@ class CodegenCache:
         if self._scratch_dir is None or self._scratch_dir[0] != os.getpid():
             # <dir>/tmp unless it is unwritable or mounted noexec (dlopen of a cached llvm
             # library fails there); sweeps killed processes' leftovers.
-            self._scratch_dir = (os.getpid(), scratch_dir(self.directory / "tmp"))
+            self._scratch_dir = (os.getpid(), scratch_dir(self.directory / "tmp", root=self.directory))
             for staged in self._staged.values():  # and what writers killed mid-write left there
                 staged.sweep()
         return self._scratch_dir[1]

@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from .._forksafe import on_fork_child, sqlite_gate
-from ._faults import FILE_MODE, ensure_dir, share_file_mode
+from ._faults import FILE_MODE, ensure_dir, real_dir, share_file_mode
 
 __all__ = ["CounterTable"]
 
@@ -74,8 +74,9 @@ def _read_counts(data: bytes) -> dict[str, float]:
 class CounterTable:
     """Named counters of every process that used a cache directory."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, make_root: bool = True) -> None:
         self.directory = Path(directory)
+        self.make_root = make_root  # False: a helper process never makes a removed cache directory again
         self.files_dir = self.directory / "stats"
         self.db_path = self.directory / "stats.sqlite"
         self._lock = threading.Lock()
@@ -123,7 +124,7 @@ class CounterTable:
         name = f"{socket.gethostname()[:32]}-{os.getpid()}-{os.urandom(4).hex()}.cnt"
         path = self.files_dir / name
         try:
-            ensure_dir(self.files_dir)
+            ensure_dir(self.files_dir, self.directory, make_root=self.make_root)
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, _OWN_FILE_MODE)
         except OSError as err:
             logger.debug("codegen cache: counting in memory (cannot create %s: %s)", path, err)
@@ -231,6 +232,8 @@ class CounterTable:
         """Live processes' counts; with fold, the files of gone processes go into the database."""
         live: Counter[str] = Counter(self._own())
         try:
+            if not real_dir(self.files_dir, self.directory):  # never folds (and removes) files a link leads to
+                return live
             with os.scandir(self.files_dir) as entries:
                 names = [e.name for e in entries if _FILE_NAME.match(e.name) and e.name != self._name]
         except OSError:

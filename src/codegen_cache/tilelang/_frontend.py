@@ -51,7 +51,7 @@ from .._artifacts._private import private_file
 from .._cache import CodegenCache
 from .._cache._cache import FRONTEND_DIR
 from .._context import active_cache
-from .._errors import ArtifactError
+from .._errors import ArtifactError, CacheLinkError
 from .._key import CacheKey, static_salts
 from .._log import warn_once
 from .._outcome import emit
@@ -195,14 +195,15 @@ def _read_entry(path: Path, key: CacheKey):
 def _write_entry(path: Path, blob: bytes) -> None:
     tmp = path.with_name(f"cgc-{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # swept if left
     try:
-        ensure_dir(path.parent)
+        ensure_dir(path.parent, path.parent.parent)  # <cache>/tilelang: never through a link
         with open(tmp, "xb") as handle:
             handle.write(blob)
             freeze_file_mode(handle.fileno())
         os.replace(tmp, path)
     except OSError as err:
-        warn_once(logger, ("tilelang-write", str(path.parent)), "codegen cache: cannot store tilelang kernels "
-                  "in %s (%s); compiles still work", path.parent, err)
+        if not isinstance(err, CacheLinkError):  # that one was warned about where it was found
+            warn_once(logger, ("tilelang-write", str(path.parent)), "codegen cache: cannot store tilelang kernels "
+                      "in %s (%s); compiles still work", path.parent, err)
         with contextlib.suppress(OSError):
             tmp.unlink()
 
@@ -256,11 +257,12 @@ def _store(cache: CodegenCache, key: CacheKey, func: Any, kernel: Any, call: dic
     context = extra["backend_context"]
     root = Path(cache.directory) / FRONTEND_DIR
     try:
-        ensure_dir(root)
+        ensure_dir(root, cache.directory)
         staging = tempfile.mkdtemp(prefix="cgc-tl-", dir=root)
     except OSError as err:
-        warn_once(logger, ("tilelang-write", str(root)), "codegen cache: cannot store tilelang kernels in %s (%s); "
-                  "compiles still work", root, err)
+        if not isinstance(err, CacheLinkError):
+            warn_once(logger, ("tilelang-write", str(root)), "codegen cache: cannot store tilelang kernels in %s "
+                      "(%s); compiles still work", root, err)
         return False
     try:
         # tilelang's own writers (per execution backend): the sources and the library it loads.
