@@ -487,7 +487,8 @@ CHANGES = {
     "no-fast-math": lambda mp: mp.setenv("TVM_CUDA_NVCC_NO_FAST_MATH", "1"),
     "kernel-debug": lambda mp: mp.setenv("TVM_KERNEL_DEBUG", "1"),
     "nvcc-append-flags": lambda mp: mp.setenv("NVCC_APPEND_FLAGS", "-lineinfo"),
-    "postproc-hook": lambda mp: hooks.registered("tvm_callback_cuda_postproc", lambda code, target: code + "// hook\n"),
+    "postproc-hook": lambda mp: hooks.declared("tvm_callback_cuda_postproc", lambda code, target: code + "// hook\n",
+                                               "hook-v1"),
 }
 
 

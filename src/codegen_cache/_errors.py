@@ -168,7 +168,7 @@ class CommandError(CodegenCacheError):
 
 
 class UncacheableError(CodegenCacheError):
-    """A codegen reads an input the key cannot hold (e.g. a callback with no trustworthy identity).
+    """A codegen reads an input the key cannot hold (e.g. a user's callback without a declared salt).
 
     Raised by a codegen's toolchain function; the cache then runs the codegen without storing
     or serving anything, counts the lowering as uncacheable and warns once per input.

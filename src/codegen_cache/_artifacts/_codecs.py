@@ -3,7 +3,7 @@
 | codec     | fields                                  | a hit returns                                |
 | --------- | --------------------------------------- | -------------------------------------------- |
 | llvm-ir   | LLVM IR text (the raw form)             | an llvm module parsed from it                |
-| llvm-so   | shared library, LLVM IR text            | the library mapped in place (exports, runs)  |
+| llvm-so   | shared library, LLVM IR text            | the library, loaded from a private copy      |
 | cuda-bin  | fmt, function map, binary, CUDA source  | TVM's CUDA module (needs TVM's CUDA runtime) |
 | cuda-module | fmt, function map, data, sources (JSON) | the same CUDA module, sources included (ffi.Module.create.cuda) |
 | c         | C source                                | a C source module with the function names    |
