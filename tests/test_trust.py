@@ -269,6 +269,10 @@ def test_the_trust_rule_on_directories_of_this_user(tmp_path, caplog):
     own.chmod(0o777)
     found = untrusted(link)  # followed: the directory it leads to is writable by everyone
     assert found is not None and found.directory == str(own) and "writable by every user" in found.reason
+    from codegen_cache._cli._doctor import check_filesystem
+
+    report = check_filesystem(link, cc.Settings())  # codegen-cache doctor says so too
+    assert not report["trusted"] and any("not trusted" in p for p in report["problems"])
     assert untrusted(link, [str(own)]) is None and untrusted(link, ["*"]) is None
     assert untrusted(link, [f"{tmp_path}/*"]) is None and untrusted(link, [f"{tmp_path}/other"]) is not None
     own.chmod(0o755)

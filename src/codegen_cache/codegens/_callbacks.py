@@ -25,7 +25,7 @@ from .. import _compat
 from .._errors import UncacheableError
 from ._owner import TVM_DIR, owner_name, tvm_name
 
-__all__ = ["CALLBACKS", "EXCLUDED_GLOBALS", "TVM_HOMES", "callback_identity", "callback_parts", "callback_salts",
+__all__ = ["CALLBACKS", "EXCLUDED_GLOBALS", "TILELANG_PREFIX", "TVM_HOMES", "callback_identity", "callback_parts", "callback_salts",
            "declare_callback_salt", "declare_salt_of", "declared_salt", "tvm_name", "users_function"]
 
 # The Python global functions TVM 0.27's codegen libraries call: every tvm_callback_* name in
@@ -60,6 +60,8 @@ TVM_HOMES: dict[str, tuple[str, ...]] = {
     "tirx.intrinsics.cuda.get_codegen": ("tvm.backend.cuda.codegen.registry",),
     "tirx.intrinsics.cuda.header_generator": ("tvm.backend.cuda.codegen.header",),
 }
+# tilelang's codegens call Python global functions named so (tilelang/_salts.py keys them).
+TILELANG_PREFIX = "tilelang_callback_"
 # Python global functions named in TVM's codegen libraries that no device codegen calls.
 EXCLUDED_GLOBALS: dict[str, str] = {
     "tirx.f_op_dispatcher": "a lowering pass (TilePrimitiveDispatch): its effect is in the IR the key hashes",
@@ -163,10 +165,12 @@ def declare_callback_salt(name: str, salt: str) -> None:
 
     Change the salt whenever what the function returns changes (its code, or anything it reads:
     files, environment variables, other modules). The declaration holds for this registration
-    only: registering another function under `name` needs a new declaration.
+    only: registering another function under `name` needs a new declaration. `name`: one of
+    CALLBACKS, or a tilelang_callback_* name (tilelang's codegens call those).
     """
-    if name not in CALLBACKS:
-        raise ValueError(f"Unknown callback {name!r}. TVM's codegens call: {sorted(CALLBACKS)}.")
+    if name not in CALLBACKS and not name.startswith(TILELANG_PREFIX):
+        raise ValueError(f"Unknown callback {name!r}. TVM's codegens call: {sorted(CALLBACKS)}; "
+                         f"tilelang's call {TILELANG_PREFIX}*.")
     declare_salt_of(name, salt)
 
 
