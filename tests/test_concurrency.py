@@ -16,7 +16,7 @@ import pytest
 import codegen_cache as cc
 from codegen_cache._storage._locks import KeyLocks
 from slow_codegen import SLOW_LLVM
-from timing import limit
+from time_limits import limit
 from variants import variant
 
 WORKER = str(Path(__file__).parent / "flight_worker.py")

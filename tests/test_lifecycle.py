@@ -23,7 +23,7 @@ import pytest
 import codegen_cache as cc
 from codegen_cache._cache import _upgrade
 from test_reliability import lower_fresh
-from timing import limit
+from time_limits import limit
 from workers import variant
 
 HERE = Path(__file__).parent

@@ -31,7 +31,7 @@ from codegen_cache._storage._memory import MemoryTier
 from codegen_cache._storage._pending import PendingFiles
 from codegen_cache._storage._readonly import ReadOnlyView
 from conftest import CUDA_TARGET, run_binary
-from timing import limit
+from time_limits import limit
 
 DIGEST = "0123456789abcdef0123456789abcdef"
 

@@ -34,10 +34,10 @@ from .._key import CacheKey, compute_key, ir_hash
 from .._outcome import emit, run_uncached
 from .._registry import DeviceCodegen, DeviceCodegenRegistry, default_registry
 from .._storage._disk import ArtifactStore
+from .._storage._faults import ensure_dir
 from .._storage._fsprobe import scratch_dir, warn_if_unsafe
 from .._storage._locks import KeyLocks
 from .._storage._memory import MemoryTier
-from .._storage._faults import ensure_dir
 from .._storage._pending import PendingFiles
 from .._storage._plain import PlainFiles
 from .._storage._trust import untrusted
@@ -182,10 +182,11 @@ class CodegenCache:
         where False, every lowering runs uncached, with one warning naming the directory and its owner.
         """
         if self._trusted is None:
-            try:
-                ensure_dir(self.directory)  # made now by this user; else its parents decide who may make it
-            except OSError:
-                pass
+            if not self.directory.is_dir():
+                try:
+                    ensure_dir(self.directory)  # made now by this user; else its parents decide who may make it
+                except OSError:
+                    pass
             found = untrusted(self.directory, self.settings.trusted_dirs, inside=_ENTRY_DIRS)
             if found is not None:
                 warn_once(logger, ("untrusted", str(self.directory)), "codegen cache: not using %s: %s, so "

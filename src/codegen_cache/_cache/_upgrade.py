@@ -11,7 +11,9 @@ entry, and exits after IDLE_SECONDS without work. Whoever starts it takes that l
 hands the locked descriptor down: when many processes ask at once, one wins the lock and starts
 the only upgrader; the others see it held (an upgrader imports TVM: seconds of CPU each). A marker whose upgrade fails is dropped;
 the next process that loads the raw entry marks it again, so a failed or interrupted upgrade
-is retried later, and the raw entry serves hits meanwhile.
+is retried later, and the raw entry serves hits meanwhile. The lock is _upgrade_lock.py's. The
+upgrader makes no directory again: a cache directory removed while it works stays removed (it
+exits once its directory is gone or replaced).
 """
 
 from __future__ import annotations

@@ -168,7 +168,7 @@ def ensure_dir(path: str | os.PathLike[str], root: str | os.PathLike[str] | None
         parent = os.path.dirname(path)
         if parent and parent != path:
             ensure_dir(parent)
-    _make_real(path)
+    _make_real(path, warn=False)  # a directory outside any cache: refused, not warned about here
 
 
 def real_dir(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> bool:
@@ -197,7 +197,7 @@ def _below(root: str, path: str) -> list[str]:
     return parts
 
 
-def _make_real(path: str) -> None:
+def _make_real(path: str, *, warn: bool = True) -> None:
     try:
         info = os.lstat(path)
     except FileNotFoundError:
@@ -207,6 +207,8 @@ def _make_real(path: str) -> None:
             pass
         info = os.lstat(path)
     if not stat.S_ISDIR(info.st_mode):
+        if not warn:
+            raise CacheLinkError(path)
         _refuse(path)
 
 
