@@ -52,4 +52,4 @@ def test_checked_load_benchmark_runs(tmp_path):
     done = subprocess.run([sys.executable, str(script), "--rounds", "3"], capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     rows = [line.split() for line in done.stdout.splitlines() if line.startswith(("vadd", "matmul"))]
-    assert [row[0] for row in rows] == ["vadd", "matmul"] and all(len(row) == 8 for row in rows), done.stdout
+    assert [row[0] for row in rows] == ["vadd", "matmul"] and all(len(row) == 10 for row in rows), done.stdout

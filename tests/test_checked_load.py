@@ -270,3 +270,23 @@ def test_private_files_for_path_loaders_live_in_a_directory_of_the_process_remov
     path, mode, dir_mode = done.stdout.split()
     assert (mode, dir_mode) == ("0o400", "0o700")
     assert not os.path.exists(path) and list(tmp_path.iterdir()) == []  # gone with its process
+
+
+def test_a_second_load_of_the_same_bytes_maps_the_kept_sealed_copy(tmp_path):
+    import ctypes
+
+    from codegen_cache._artifacts import _private
+
+    one, two = (shared_library(tmp_path, f"lib{n}", tmp_path / f"ran{n}", n).read_bytes() for n in (1, 2))
+    first = _private.load_private_copy(one, str(tmp_path), ctypes.CDLL)
+    again = _private.load_private_copy(bytes(one), str(tmp_path), ctypes.CDLL)  # equal bytes, another object
+    other = _private.load_private_copy(two, str(tmp_path), ctypes.CDLL)
+    assert first._handle == again._handle != other._handle  # the same sealed file: the library loaded once
+    assert (first.which(), again.which(), other.which()) == (1, 1, 2)
+    kept = [fd for data, fd in _private._kept.values() if data in (one, two)]
+    assert len(kept) == 2
+    for fd in kept:  # sealed: nobody (this process included) can change or resize a kept copy
+        with pytest.raises(PermissionError):
+            os.write(fd, b"x")
+        with pytest.raises(PermissionError):
+            os.ftruncate(fd, 0)

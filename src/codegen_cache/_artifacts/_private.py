@@ -9,7 +9,7 @@ change:
 
 - `load_private_copy`: a memfd sealed against writes and size changes (F_SEAL_WRITE,
   F_SEAL_SHRINK, F_SEAL_GROW), loaded through `/proc/self/fd/N` (spelled anew each time:
-  `fd_path`). Where memfds cannot be mapped
+  `fd_path`), and kept for loads of the same bytes later in the process. Where memfds cannot be mapped
   executable (`vm.memfd_noexec`) or are missing, a file in the scratch directory that is
   unlinked before its first byte is written, loaded through its descriptor the same way: no
   path ever reaches it.
@@ -22,6 +22,7 @@ change:
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import fcntl
 import itertools
@@ -31,6 +32,8 @@ import tempfile
 import threading
 from collections.abc import Callable
 from typing import TypeVar
+
+import xxhash
 
 __all__ = ["SCRATCH_PREFIX", "fd_path", "load_private_copy", "private_file"]
 
@@ -51,7 +54,7 @@ def load_private_copy(data: bytes | memoryview, scratch: str, load: Callable[[st
     """load(path) where path names a file holding exactly `data` that no other process can change."""
     memfd_failed = False
     if _memfd_loads[0] is not False:
-        fd = _sealed_memfd(data)
+        fd, kept = _kept_copy(data)
         if fd is not None:
             try:
                 found = load(fd_path(fd))
@@ -61,13 +64,52 @@ def load_private_copy(data: bytes | memoryview, scratch: str, load: Callable[[st
                 memfd_failed = True  # noexec memfds, or a bad library: the scratch file tells which
             else:
                 _memfd_loads[0] = True
+                if not kept:
+                    _keep(data, fd)
+                    fd = None
                 return found
             finally:
-                os.close(fd)
+                if fd is not None and not kept:
+                    os.close(fd)
     found = _load_unlinked(data, scratch, load)
     if memfd_failed:
         _memfd_loads[0] = False  # the file loads where the memfd did not: memfds are not tried again
     return found
+
+
+# Sealed copies stay open after their load (at most _KEPT of them, _KEPT_BYTES in all, the least
+# recently used closed first): loading the same bytes again in this process (the memory tier
+# evicted the module, another cache object, a fresh module for codegen_cache.build) maps the
+# same sealed file instead of writing a new one. A copy is reused only for bytes equal to it.
+_KEPT, _KEPT_BYTES = 32, 64 << 20
+_kept: collections.OrderedDict[int, tuple[bytes, int]] = collections.OrderedDict()  # xxh3-64 -> (bytes, fd)
+_kept_lock = threading.Lock()
+
+
+def _kept_copy(data: bytes | memoryview) -> tuple[int | None, bool]:
+    """(descriptor of a sealed memfd holding `data`, whether it is a kept one); (None, False) without memfds."""
+    digest = xxhash.xxh3_64_intdigest(data)
+    with _kept_lock:
+        found = _kept.get(digest)
+        # bytes against bytes: a memoryview compares item by item, 30 times slower than the copy.
+        if found is not None and found[0] == (data if isinstance(data, bytes) else bytes(data)):
+            _kept.move_to_end(digest)
+            return found[1], True
+    return _sealed_memfd(data), False
+
+
+def _keep(data: bytes | memoryview, fd: int) -> None:
+    digest = xxhash.xxh3_64_intdigest(data)
+    with _kept_lock:
+        old = _kept.pop(digest, None)
+        _kept[digest] = (bytes(data), fd)
+        held = sum(len(kept) for kept, _fd in _kept.values())
+        while _kept and (len(_kept) > _KEPT or held > _KEPT_BYTES):
+            kept, dropped = _kept.popitem(last=False)[1]
+            held -= len(kept)
+            os.close(dropped)
+    if old is not None:
+        os.close(old[1])
 
 
 def _load_unlinked(data: bytes | memoryview, scratch: str, load: Callable[[str], T]) -> T:
