@@ -19,3 +19,13 @@ def registered(name, func):
             tvm_ffi.remove_global_func(name)
         else:
             tvm_ffi.register_global_func(name, previous, override=True)
+
+
+@contextlib.contextmanager
+def declared(name, func, salt):
+    """registered(name, func) with `salt` declared for it (how a user's hook is keyed)."""
+    import codegen_cache as cc
+
+    with registered(name, func):
+        cc.declare_callback_salt(name, salt)
+        yield

@@ -44,3 +44,12 @@ def test_run_smoke_writes_table_json_and_plot(tmp_path):
     assert results["goals"] and {g["status"] for g in results["goals"]} <= {"PASS", "FAIL", "N/A"}
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert out_png.stat().st_size < 400_000
+
+
+@pytest.mark.timeout(300)
+def test_checked_load_benchmark_runs(tmp_path):
+    script = RUN.with_name("bench_checked_load.py")
+    done = subprocess.run([sys.executable, str(script), "--rounds", "3"], capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    rows = [line.split() for line in done.stdout.splitlines() if line.startswith(("vadd", "matmul"))]
+    assert [row[0] for row in rows] == ["vadd", "matmul"] and all(len(row) == 10 for row in rows), done.stdout

@@ -194,3 +194,67 @@ def test_cull_removes_the_least_recently_stored_until_the_store_fits(tmp_path):
     assert store.cull(2000) == 1 and sorted(store.keys()) == keys[1:]
     # The entry just written stays even when it alone is over the limit.
     assert store.cull(0, keep=keys[1]) == 1 and store.keys() == [keys[1]]
+
+
+@pytest.fixture
+def tilelang_for_loading(monkeypatch):
+    """The few tilelang modules _frontend._load imports, as stand-ins (tilelang is not installed here).
+
+    The stand-in KernelCache loads `kernel_lib_path` with dlopen, as tilelang's adapters do.
+    """
+    import ctypes
+    import sys
+    import types
+
+    def module(name, **attrs):
+        found = types.ModuleType(name)
+        found.__dict__.update(attrs)
+        monkeypatch.setitem(sys.modules, name, found)
+        return found
+
+    class KernelCache:
+        def _build_kernel(self, *, kernel_lib_path, **_kwargs):
+            return kernel_lib_path, ctypes.CDLL(kernel_lib_path).which()
+
+    def resolve_cache_dispatch(target, target_host, execution_backend, verbose):
+        return KernelCache(), None, verbose
+
+    for name in ("tilelang", "tilelang.engine", "tilelang.jit", "tilelang.jit.adapter", "tilelang.transform"):
+        module(name)
+    module("tilelang.engine.param", load_kernel_params=json.loads)
+    module("tilelang.jit.adapter.base", CachedTextSource=lambda text: text)
+    module("tilelang.transform.pass_config", normalize_pass_configs=lambda configs: configs)
+    return types.SimpleNamespace(_resolve_cache_dispatch=resolve_cache_dispatch)
+
+
+def test_a_tilelang_hit_loads_a_private_copy_of_the_checked_library_never_the_entry_file(
+        root, tmp_path, tilelang_for_loading, monkeypatch):
+    from test_checked_load import as_another_process, shared_library
+
+    good = shared_library(tmp_path, "good", tmp_path / "good-ran", 1).read_bytes()
+    evil_marker = tmp_path / "the-foreign-constructor-ran"
+    evil = shared_library(tmp_path, "evil", evil_marker, 2)
+    key = _key("vadd")
+    meta = {"key": key.digest, "parts": key.as_dict(), "params": "[]", "build_seconds": 1.0, "func_names": ["vadd"]}
+    entry = root / "tilelang" / f"{key.digest}.so"
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    entry.write_bytes(frame(_frontend.ENTRY_CODEC, meta, [good, b"// device", b"// host"]))
+    get = PlainFiles.get
+
+    def get_then_swap(store, digest):
+        blob = get(store, digest)
+        # Right after the entry was read, another process renames a foreign library over it.
+        as_another_process(f"import os, shutil; shutil.copy({str(evil)!r}, {str(entry)!r} + '.new'); "
+                           f"os.rename({str(entry)!r} + '.new', {str(entry)!r})")
+        return blob
+
+    monkeypatch.setattr(PlainFiles, "get", get_then_swap)
+    cache = cc.CodegenCache(root)
+    call = {"target": None, "target_host": None, "execution_backend": None, "out_idx": None, "pass_configs": None,
+            "compile_flags": None, "verbose": None}
+    (loaded_from, which), _seconds = _frontend._load(cache, key, None, call, tilelang_for_loading)
+    assert which == 1 and not evil_marker.exists(), "the library loaded is not the one checked"
+    assert entry.read_bytes() == evil.read_bytes()  # the swap did happen
+    private = Path(loaded_from)
+    assert private.parent.parent == Path(cache._scratch()) and private.name == f"{key.digest}.so"
+    assert private.stat().st_mode & 0o777 == 0o400 and private.parent.stat().st_mode & 0o777 == 0o700

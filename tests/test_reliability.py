@@ -487,7 +487,8 @@ CHANGES = {
     "no-fast-math": lambda mp: mp.setenv("TVM_CUDA_NVCC_NO_FAST_MATH", "1"),
     "kernel-debug": lambda mp: mp.setenv("TVM_KERNEL_DEBUG", "1"),
     "nvcc-append-flags": lambda mp: mp.setenv("NVCC_APPEND_FLAGS", "-lineinfo"),
-    "postproc-hook": lambda mp: hooks.registered("tvm_callback_cuda_postproc", lambda code, target: code + "// hook\n"),
+    "postproc-hook": lambda mp: hooks.declared("tvm_callback_cuda_postproc", lambda code, target: code + "// hook\n",
+                                               "hook-v1"),
 }
 
 
@@ -542,16 +543,19 @@ def populated_under_umasks(tmp_path_factory):
     root = tmp_path_factory.mktemp("modes")
     team = root / "team"
     team.mkdir()
+    runs = [([[str(root / f"umask-{u:03o}"), u] for u in UMASKS], {})]
     try:
         os.chown(team, -1, TEAM_GID)
         team.chmod(0o2775)
-        jobs = [[str(team / "cache"), 0o002]]
+        # A member of the team group (root is given it here): the setgid directory is shared with it.
+        runs.append(([[str(team / "cache"), 0o002]], {"extra_groups": [TEAM_GID]}))
     except PermissionError:
-        jobs = []  # chgrp needs root (or a second group): that test skips
-    jobs += [[str(root / f"umask-{u:03o}"), u] for u in UMASKS]
-    done = subprocess.run([sys.executable, str(WORKERS), "populate", json.dumps({"jobs": jobs})],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
+        pass  # chgrp needs root (or a second group): that test skips
+    jobs = [job for batch, _how in runs for job in batch]
+    for batch, how in runs:
+        done = subprocess.run([sys.executable, str(WORKERS), "populate", json.dumps({"jobs": batch})],
+                              capture_output=True, text=True, timeout=300, **how)
+        assert done.returncode == 0, done.stderr[-4000:]
     # The llvm upgrader the populating process started works on in its scratch files: let it finish.
     for directory, _umask in jobs:
         assert cc.CodegenCache(directory).flush(upgrades=True, timeout=180)
@@ -567,10 +571,13 @@ def test_file_modes_fit_a_shared_cache_and_are_never_world_writable(populated_un
     assert len(databases) == 5  # compiled, source, failures, builds, stats
     value_files = {p: m for p, m in modes.items() if p.endswith(".val")}
     assert value_files
+    # An entry's file is never changed once written (a rebuild writes a new one): nobody may write it.
+    assert not {p: oct(m) for p, m in value_files.items() if m & 0o222}
     if umask in (0o002, 0o000):
-        # A team cache: every member of the group can write every database, file and directory
-        # (SQLite alone would create its databases 0644 whatever the umask).
-        assert all(m & stat.S_IWGRP for m in (*databases.values(), *value_files.values())), databases
+        # A team cache: every member of the group can write every database and directory and
+        # read every entry (SQLite alone would create its databases 0644 whatever the umask).
+        assert all(m & stat.S_IWGRP for m in databases.values()), databases
+        assert all(m & stat.S_IRGRP for m in value_files.values()), value_files
         assert all(m & stat.S_IWGRP for p, m in modes.items() if (directory / p).is_dir())
     if umask == 0o077:
         assert all(m & 0o077 == 0 for m in modes.values()), modes
@@ -581,5 +588,6 @@ def test_setgid_team_directory_gives_every_file_the_team_group(populated_under_u
     if not directory.exists():
         pytest.skip("needs root (or membership of a second group) to chgrp")
     paths = list(directory.rglob("*"))
+    assert any(p.name.endswith(".val") for p in paths)  # entries were stored: the team directory is trusted
     assert paths and all(p.stat().st_gid == TEAM_GID for p in paths)
     assert all(p.stat().st_mode & stat.S_ISGID for p in paths if p.is_dir())

@@ -123,6 +123,26 @@ def _parse_dir(name: str, value: str | os.PathLike[str]) -> Path:
     return Path(text).expanduser()
 
 
+def _parse_dir_list(name: str, value: str | os.PathLike[str] | tuple | list) -> tuple[str, ...]:
+    """Directories separated by os.pathsep (or a list of them); each a path, `<path>/*` or `*`."""
+    if isinstance(value, (str, os.PathLike)):
+        items = [item for item in os.fspath(value).split(os.pathsep) if item.strip()]
+    elif isinstance(value, (tuple, list)) and all(isinstance(v, (str, os.PathLike)) for v in value):
+        items = [os.fspath(v) for v in value]
+    else:
+        raise ConfigError(name, value, _DIR_LIST_ACCEPTED)
+    dirs = []
+    for item in items:
+        text = item.strip()
+        if text != "*" and not os.path.isabs(os.path.expanduser(text.removesuffix(f"{os.sep}*"))):
+            raise ConfigError(name, value, f"{_DIR_LIST_ACCEPTED} ({text!r} is not an absolute path)")
+        dirs.append(text if text == "*" else os.path.expanduser(text))
+    return tuple(dirs)
+
+
+_DIR_LIST_ACCEPTED = f"absolute directory paths separated by {os.pathsep!r}; <path>/* for every directory below it; * for all"
+
+
 def _parse_text(name: str, value: str) -> str | None:
     return str(value) or None
 
@@ -233,6 +253,7 @@ class Settings:
     memory_entries: int = 512
     memory_bytes: int = 256 << 20
     verify: bool = False
+    trusted_dirs: tuple[str, ...] = ()
     remote: str | None = None
     remote_secret: str | None = None
     remote_ttl: float = 14 * 86400.0
@@ -255,6 +276,8 @@ ENV_VARS: dict[str, tuple[str, object, str]] = {
     "CODEGEN_CACHE_MEMORY_ENTRIES": ("memory_entries", _parse_count, "entries in the in-process tier"),
     "CODEGEN_CACHE_MEMORY_BYTES": ("memory_bytes", parse_size, "bytes in the in-process tier"),
     "CODEGEN_CACHE_VERIFY": ("verify", parse_bool, "1 makes every disk/remote hit exact"),
+    "CODEGEN_CACHE_TRUSTED_DIRS": ("trusted_dirs", _parse_dir_list,
+                                   "cache directories trusted although other users could change them"),
     "CODEGEN_CACHE_REMOTE": ("remote", _parse_remote, "redis://host:port/db of a shared tier"),
     "CODEGEN_CACHE_REMOTE_SECRET": ("remote_secret", _parse_text, "HMAC key for remote entries"),
     "CODEGEN_CACHE_REMOTE_TTL": ("remote_ttl", parse_age, "remote entries expire this long after a write (0: never)"),
@@ -278,6 +301,7 @@ ACCEPTED: dict[object, str] = {
     _parse_deadline: "a duration above 0, e.g. 0.5 (seconds) or 2s",
     _parse_level: "one of " + ", ".join(_LOG_LEVELS),
     _parse_text: "text (empty: unset)",
+    _parse_dir_list: _DIR_LIST_ACCEPTED,
     _parse_remote: REMOTE_ACCEPTED + " (empty: unset)",
 }
 _FIELD_PARSERS = {field: (var, parse) for var, (field, parse, _doc) in ENV_VARS.items()}

@@ -7,12 +7,14 @@ import os
 
 __all__ = [
     "ArtifactError",
+    "CacheLinkError",
     "CachedCodegenError",
     "CodegenCacheError",
     "CommandError",
     "ConfigError",
     "ExportError",
     "CudaRuntimeUnavailableError",
+    "EntryKeyError",
     "KernelSourceError",
     "LoweringError",
     "ReadOnlyStoreError",
@@ -47,6 +49,18 @@ class ArtifactError(CodegenCacheError, ValueError):
 
 def _rebuild_artifact_error(reason: str, kind: str | None) -> ArtifactError:
     return ArtifactError(reason, kind=kind)
+
+
+class EntryKeyError(ArtifactError):
+    """A well-framed entry whose metadata names another key than the one it is stored under."""
+
+    def __init__(self, expected: str, found: object, kind: str | None = None) -> None:
+        super().__init__(f"stored under key {expected[:16]}, its metadata names key {str(found)[:16]}", kind=kind)
+        self.expected = expected
+        self.found = found
+
+    def __reduce__(self):
+        return (EntryKeyError, (self.expected, self.found, self.kind))
 
 
 class ConfigError(CodegenCacheError, ValueError):
@@ -201,6 +215,16 @@ class UnsafeEntryError(ArtifactError):
         return (UnsafeEntryError, (self.reason,))
 
 
+class CacheLinkError(CodegenCacheError, OSError):
+    """A symlink (or a file) where a directory of the cache belongs: never followed (warned once)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__(errno.ENOTDIR, "not a directory of the cache (a symlink?)", os.fspath(path))
+
+    def __reduce__(self):
+        return (CacheLinkError, (self.filename,))
+
+
 class ReadOnlyStoreError(CodegenCacheError, OSError):
     """A write to a store whose directory cannot be written (read-only mount, no permission)."""
 
@@ -231,7 +255,7 @@ class CommandError(CodegenCacheError):
 
 
 class UncacheableError(CodegenCacheError):
-    """A codegen reads an input the key cannot hold (e.g. a callback with no trustworthy identity).
+    """A codegen reads an input the key cannot hold (e.g. a user's callback without a declared salt).
 
     Raised by a codegen's toolchain function; the cache then runs the codegen without storing
     or serving anything, counts the lowering as uncacheable and warns once per input.

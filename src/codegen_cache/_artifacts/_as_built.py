@@ -36,15 +36,13 @@ from typing import Any
 from .. import _compat
 from .._compat import Module
 from .._forksafe import on_fork_child
+from ._private import SCRATCH_PREFIX
 
 __all__ = ["LLVM_QUERIES", "MAX_BYTES", "MAX_MODULES", "SCRATCH_PREFIX", "Record", "any_registered", "library_record",
            "parse_ir", "record_of", "register"]
 
 logger = logging.getLogger(__name__)
 
-# Every scratch file and directory the cache makes starts with this: the sweep of leftovers
-# removes only names with it, so files the cache did not create are never touched.
-SCRATCH_PREFIX = "cgc-"
 MAX_MODULES = 1024
 MAX_BYTES = 256 << 20
 # Functions TVM's llvm module answers without compiling (export_library asks the first three).

@@ -3,8 +3,8 @@
 | codec     | fields                                  | a hit returns                                |
 | --------- | --------------------------------------- | -------------------------------------------- |
 | llvm-ir   | LLVM IR text (the raw form)             | an llvm module parsed from it                |
-| llvm-so   | shared library, LLVM IR text            | the library mapped in place, answering as    |
-|           |                                         | the built llvm module (_module_methods)      |
+| llvm-so   | shared library, LLVM IR text            | the library, loaded from a private copy, answering |
+|           |                                         | as the built llvm module (_module_methods)   |
 | cuda-bin  | fmt, function map, binary, CUDA source  | TVM's CUDA module (needs TVM's CUDA runtime) |
 | cuda-module | fmt, function map, data, sources (JSON) | the same CUDA module, sources included (ffi.Module.create.cuda) |
 | c         | C source                                | a C source module with the function names    |
@@ -27,7 +27,7 @@ from typing import Any
 
 from .. import _compat
 from .._compat import Module
-from .._errors import ArtifactError, CudaRuntimeUnavailableError
+from .._errors import ArtifactError, CudaRuntimeUnavailableError, EntryKeyError
 from . import _cuda, _llvm
 from ._frame import Artifact, frame, unframe
 
@@ -201,14 +201,19 @@ def check(art: Artifact) -> None:
         raise ArtifactError(f"{len(art.fields)} payload fields, expected {expected}", kind=art.codec)
 
 
-def decode(blob: bytes | memoryview, *, scratch: str, path: str | None = None) -> tuple[Module, dict[str, Any]]:
+def decode(blob: bytes | memoryview, *, scratch: str, path: str | None = None,
+           key: str | None = None) -> tuple[Module, dict[str, Any]]:
     """Rebuild the runtime module of a framed artifact; ArtifactError when malformed.
 
-    `path`: the file that holds exactly `blob`, when the loader may map it in place (a shared
-    library). The returned metadata holds what a hit needs (key, build_seconds, ...).
+    `key`: the digest the entry must be stored under; EntryKeyError when its metadata names
+    another, raised before the codec runs (a shared library's constructors run when it loads).
+    `path`: the file `blob` was read from (never opened again: what is loaded is `blob`). The
+    returned metadata holds what a hit needs (key, build_seconds, ...).
     """
     art = unframe(blob, info=False, views=True)
     check(art)
+    if key is not None and art.meta.get("key") != key:
+        raise EntryKeyError(key, art.meta.get("key"), art.codec)
     try:
         return CODECS[art.codec][1](art.fields, art.meta, path, scratch), art.meta
     except (ArtifactError, CudaRuntimeUnavailableError):

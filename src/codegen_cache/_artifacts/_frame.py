@@ -10,9 +10,9 @@ Layout (little-endian), version 3:
             u8 codec name length | u8 reserved | u16 format version |
             u64 xxh3-64 of every byte before the checksum | b"CGCA"
 
-The payload comes first so that a stored shared library starts at offset 0 of its value file:
-the loader maps it in place (ELF ignores what follows its sections), with no copy. Everything
-is found from the fixed-size footer at the end.
+The payload comes first, so a stored shared library starts at offset 0 of the bytes (a hit
+loads a private copy of just that field, never the value file: _private.py). Everything is
+found from the fixed-size footer at the end.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from .. import _compat
 from .._compat import Module
 from ._as_built import LLVM_QUERIES, SCRATCH_PREFIX, Record, parse_ir
 from ._module_methods import answer_as_built
+from ._private import load_private_copy
 
 __all__ = [
     "SCRATCH_PREFIX",
@@ -146,22 +147,14 @@ class CachedLibraryModule(Module):
 def load_library(library: bytes | memoryview, llvm_ir: str | bytes | memoryview, *, path: str | None, scratch: str,
                  loader: Callable[[str], Module] | None = None, func_names: Sequence[str] = (),
                  queries: Mapping[str, Any] | None = None, mask: int | None = None) -> CachedLibraryModule:
-    """Map a stored shared library: in place from `path` when given, else from a scratch copy.
+    """Map a stored shared library from a private copy of `library`, the bytes that were checked.
 
-    `llvm_ir` may be its UTF-8 bytes (or a view of them): decoded when first asked for.
+    `path`, the value file the bytes were read from, is never opened again (_private.py says
+    why). `llvm_ir` may be its UTF-8 bytes (or a view of them): decoded when first asked for.
     """
+    del path  # deliberately unused: loading by path would load what the file holds by then
     load = loader or _compat.builtin_func("ffi.Module.load_from_file.so")
-    if path is not None:
-        module = load(path, "so")
-    else:
-        # dlopen needs a file; it stays mapped after the unlink.
-        fd, copy = tempfile.mkstemp(prefix=SCRATCH_PREFIX, suffix=".so", dir=scratch)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(library)
-            module = load(copy, "so")
-        finally:
-            os.unlink(copy)
+    module = load_private_copy(library, scratch, lambda where: load(where, "so"))
     cached = CachedLibraryModule.__new__(CachedLibraryModule)
     cached.__move_handle_from__(module)
     record = Record(llvm_ir, library, tuple(func_names), dict(queries or {}))

@@ -123,7 +123,7 @@ def build_key(mod: PrimFunc | IRModule, target: str | Target | None = None, pipe
     (opt_level, config, required and disabled passes), the static salts, codegens (name, mode,
     toolchain and salt of each codegen the build may call), index_format. Not keyable: a
     PassContext with instruments (they must see the passes run), an unhashable module, and a
-    codegen that reads a callback without a trustworthy identity (docs/key.md).
+    codegen that reads a user's callback without a declared salt (docs/key.md).
     """
     return key_of(plan(mod, target, pipeline), default_registry if registry is None else registry)
 

@@ -22,7 +22,7 @@ from .._compat import Target
 from .. import _compat
 from .._artifacts import frame, unframe
 from .._cache import CodegenCache
-from .._errors import ArtifactError, UncacheableError
+from .._errors import ArtifactError, CacheLinkError, UncacheableError
 from .._key import CacheKey, _encode_part, input_hash, static_salts
 from .._log import warn_once
 from .._registry import DeviceCodegenRegistry
@@ -198,8 +198,9 @@ def write_index(cache: CodegenCache, key: CacheKey, host: BuildPart, devices: Se
     try:
         cache.store("builds").put(key.digest, frame(INDEX_CODEC, meta, []))
     except INDEX_ERRORS as err:
-        warn_once(logger, ("index-write", str(cache.directory)), "codegen_cache.build: cannot write the build "
-                  "index (%s: %s); builds still work, warm builds lower again", type(err).__name__, err)
+        if not isinstance(err, CacheLinkError):  # that one was warned about where it was found
+            warn_once(logger, ("index-write", str(cache.directory)), "codegen_cache.build: cannot write the build "
+                      "index (%s: %s); builds still work, warm builds lower again", type(err).__name__, err)
 
 
 def read_index(cache: CodegenCache, key: CacheKey) -> tuple[BuildPart, tuple[BuildPart, ...], float] | None:
@@ -208,8 +209,9 @@ def read_index(cache: CodegenCache, key: CacheKey) -> tuple[BuildPart, tuple[Bui
     try:
         blob = store.get(key.digest)
     except INDEX_ERRORS as err:
-        warn_once(logger, ("index-read", str(cache.directory)), "codegen_cache.build: cannot read the build "
-                  "index (%s: %s)", type(err).__name__, err)
+        if not isinstance(err, CacheLinkError):
+            warn_once(logger, ("index-read", str(cache.directory)), "codegen_cache.build: cannot read the build "
+                      "index (%s: %s)", type(err).__name__, err)
         return None
     if blob is None:
         return None

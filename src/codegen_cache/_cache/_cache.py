@@ -36,12 +36,13 @@ from .._key import CacheKey, compute_key, ir_hash
 from .._outcome import emit, run_uncached
 from .._registry import DeviceCodegen, DeviceCodegenRegistry, default_registry
 from .._storage._disk import ArtifactStore
-from .._storage._fsprobe import probe as probe_filesystem
+from .._storage._faults import ensure_dir
 from .._storage._fsprobe import scratch_dir, warn_if_unsafe
 from .._storage._locks import KeyLocks
 from .._storage._memory import MemoryTier
 from .._storage._pending import PendingFiles
 from .._storage._plain import PlainFiles
+from .._storage._trust import untrusted
 from .._targets import TargetLike, as_target
 from .._validate import check_bool, check_timeout
 from . import _upgrade
@@ -61,6 +62,8 @@ ENTRY_STORES = ("compiled", "source")
 STORE_NAMES = ("compiled", "source", "failures", "builds")
 # Whole-kernel entries of frontends (codegen_cache.tilelang), one plain file each: `<key>.so`.
 FRONTEND_DIR = "tilelang"  # a PlainFiles store (_storage/_plain.py)
+# The directories entries are read from: held to the cache directory's own ownership rule.
+_ENTRY_DIRS = (*STORE_NAMES, "pending", *(f"pending/{name}" for name in ENTRY_STORES), FRONTEND_DIR)
 
 _FORMAT = str(FORMAT_VERSION)
 # Set while a caller takes the fresh module of a miss as its own (codegen_cache.build imports its
@@ -91,7 +94,7 @@ class CodegenCache:
 
     Options (keyword-only; None: the CODEGEN_CACHE_* variable, else the default, see
     docs/configuration.md): compiled_size_limit, source_size_limit, memory_entries,
-    memory_bytes, verify, remote (a URL, or an object with get(digest) and put(digest, blob)),
+    memory_bytes, verify, trusted_dirs, remote (a URL, or an object with get(digest) and put(digest, blob)),
     remote_secret, lease_wait, failure_ttl, recache; write_behind=False moves staged entries
     into their store before lower() returns; registry: the codegens to resolve targets with.
     """
@@ -105,6 +108,7 @@ class CodegenCache:
         memory_entries: int | None = None,
         memory_bytes: int | str | None = None,
         verify: bool | None = None,
+        trusted_dirs: Any = None,
         remote: Any = None,
         remote_secret: str | None = None,
         lease_wait: float | str | None = None,
@@ -126,6 +130,7 @@ class CodegenCache:
             "directory": Path(directory).expanduser() if directory is not None else None,
             "compiled_size_limit": compiled_size_limit, "source_size_limit": source_size_limit,
             "memory_entries": memory_entries, "memory_bytes": memory_bytes, "verify": verify,
+            "trusted_dirs": trusted_dirs,
             "remote": remote if isinstance(remote, str) else None, "remote_secret": remote_secret,
             "lease_wait": lease_wait, "failure_ttl": failure_ttl, "recache": recache,
         }
@@ -155,12 +160,12 @@ class CodegenCache:
                                   on_evict=lambda: self._stats.add("evictions_memory"))
         self._remote = self._make_remote(remote, self.settings)
         self._scratch_dir: tuple[int, str] | None = None
-        self._in_place: dict[str, bool] = {}
         self._resolved: dict[Target, tuple[int, Any]] = {}  # resolve() per target and registry version
         self._upgrades_asked: set[str] = set()
+        self._trusted: bool | None = None  # may entries be loaded from the directory? (checked once)
         self._memory_view = MemoryTierView(self._memory)
-        self._disk = DiskTier(self._stores, self._staged, self._guard, self._scratch, self._may_map_in_place,
-                              self._promote_later, self._ask_upgrade)
+        self._disk = DiskTier(self._stores, self._staged, self._guard, self._scratch, self._promote_later,
+                              self._ask_upgrade)
         tiers: list = [self._memory_view, self._disk]
         if self._remote is not None:
             tiers.append(RemoteTierView(self._remote, self._guard, self._scratch))
@@ -182,6 +187,29 @@ class CodegenCache:
 
     def __repr__(self) -> str:
         return f"CodegenCache({str(self.directory)!r})"
+
+    @property
+    def trusted(self) -> bool:
+        """Whether entries may be loaded from the directory: nobody but the user (or a team
+        sharing a setgid directory) can change it, or `trusted_dirs` names it (docs/reliability.md).
+
+        Checked once per cache object, when first needed (the directory is made then if missing);
+        where False, every lowering runs uncached, with one warning naming the directory and its owner.
+        """
+        if self._trusted is None:
+            if not self.directory.is_dir():
+                try:
+                    ensure_dir(self.directory)  # made now by this user; else its parents decide who may make it
+                except OSError:
+                    pass
+            found = untrusted(self.directory, self.settings.trusted_dirs, inside=_ENTRY_DIRS)
+            if found is not None:
+                warn_once(logger, ("untrusted", str(self.directory)), "codegen cache: not using %s: %s, so "
+                          "another user could make you run their code; compiling without the cache. Trust it "
+                          "only if everyone who can change it may run code as you: CODEGEN_CACHE_TRUSTED_DIRS "
+                          "or CodegenCache(trusted_dirs=...)", self.directory, found)
+            self._trusted = found is None
+        return self._trusted
 
     # ---- public API -----------------------------------------------------------------------
 
@@ -252,6 +280,9 @@ class CodegenCache:
         if self.settings.disable:
             # CODEGEN_CACHE_DISABLE=1 turns off every cache, explicit ones too: nothing read,
             # stored or counted, the codegen runs (what a harness timing the codegen wants).
+            return self._run_uncached(entry, mod, target, compile_device, mode, start, count=False)
+        if not self.trusted:
+            # Another user could change what is stored here: nothing is read, stored or counted.
             return self._run_uncached(entry, mod, target, compile_device, mode, start, count=False)
         key = self._key_or_none(entry, mod, target, compile_device)
         if key is None:
@@ -403,7 +434,10 @@ class CodegenCache:
 
         The caller runs that after releasing the key's build lock; None: not staged.
         """
-        if not self._guard("stage", self._staged[mode].write, digest, blob):
+        # Where staging fails (a symlink planted at pending/ is refused, say), the store itself is
+        # written before lower() returns; only where both fail is nothing stored.
+        if not self._guard("stage", self._staged[mode].write, digest, blob) \
+                and not self._guard("write", self._stores[mode].put, digest, blob):
             self._stats.add("stores_skipped")
             return None
         self._stats.add_for(codegen, mode, "stores")
@@ -472,17 +506,10 @@ class CodegenCache:
         if self._scratch_dir is None or self._scratch_dir[0] != os.getpid():
             # <dir>/tmp unless it is unwritable or mounted noexec (dlopen of a cached llvm
             # library fails there); sweeps killed processes' leftovers.
-            self._scratch_dir = (os.getpid(), scratch_dir(self.directory / "tmp"))
+            self._scratch_dir = (os.getpid(), scratch_dir(self.directory / "tmp", root=self.directory))
             for staged in self._staged.values():  # and what writers killed mid-write left there
                 staged.sweep()
         return self._scratch_dir[1]
-
-    def _may_map_in_place(self, mode: str) -> bool:
-        """Whether a value file of `mode`'s store can be dlopen-ed where it lies (not noexec)."""
-        found = self._in_place.get(mode)
-        if found is None:
-            found = self._in_place[mode] = not probe_filesystem(self.directory / mode).noexec
-        return found
 
     # ---- maintenance ------------------------------------------------------------------------
 
@@ -587,7 +614,7 @@ class CodegenCache:
         """
         if mode is not None and mode not in ENTRY_STORES:
             raise ValueError(f"unknown mode {mode!r}; expected one of {ENTRY_STORES} or None")
-        if self.settings.disable or self.settings.recache or (self.settings.verify and ir is None):
+        if self.settings.disable or self.settings.recache or (self.settings.verify and ir is None) or not self.trusted:
             return None
         hit = None
         if ir is None and not fresh:

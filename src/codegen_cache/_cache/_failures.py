@@ -98,7 +98,7 @@ class FailureCache:
         # Before the entry, every time (the directory may have been made anew since): a reader
         # that finds the entry has found the marker first.
         with contextlib.suppress(OSError):  # then no lookup reads it: the codegen runs (and fails) again
-            ensure_dir(os.path.dirname(self._marker))
+            ensure_dir(self.store.directory, self.store.root)
             os.close(os.open(self._marker, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE))
             share_file_mode(self._marker)
             self._seen = True

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .._errors import ArtifactError, ReadOnlyStoreError
+from .._errors import ArtifactError, CacheLinkError, ReadOnlyStoreError
 from .._log import warn_once
 from .._storage._disk import STORAGE_ERRORS
 from .._storage._faults import storage_fault
@@ -47,8 +47,8 @@ class StorageGuard:
         """Count a failure of `kind` and say what is wrong, once per fault."""
         self.count(f"error:{kind}")
         fault = storage_fault(err, self.directory)
-        if isinstance(err, ReadOnlyStoreError):
-            logger.debug("codegen cache: %s skipped: %s", kind, err)  # the store warned when it opened
+        if isinstance(err, (ReadOnlyStoreError, CacheLinkError)):
+            logger.debug("codegen cache: %s skipped: %s", kind, err)  # warned once where it was found
         elif fault == "no-space":
             self.warn(fault, "codegen cache: no space left for %s (%s); compiling without storing "
                       "until space is freed", self.directory, err)

@@ -2,8 +2,8 @@
 
 Every lowering counts exactly one of: a hit (of the tier that served it), a miss (the codegen
 ran or a remembered failure was raised), or uncached (the cache stepped aside: an input it
-cannot key, a callback with no identity). On a cold run misses = builds = stores. The counts
-live in `_storage._counters` (a mapped file per process, folded into `<dir>/stats.sqlite`), so
+cannot key, a user's callback without a declared salt). On a cold run misses = builds = stores.
+The counts live in `_storage._counters` (a mapped file per process, folded into `<dir>/stats.sqlite`), so
 they survive the process and need no flushing.
 """
 

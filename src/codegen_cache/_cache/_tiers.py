@@ -19,7 +19,7 @@ import xxhash
 from .. import _compat
 from .._artifacts import decode, needs_upgrade
 from .._compat import IRModule, Module
-from .._errors import ArtifactError, CudaRuntimeUnavailableError
+from .._errors import ArtifactError, CudaRuntimeUnavailableError, EntryKeyError
 from .._storage._disk import STORAGE_ERRORS, ArtifactStore
 from .._storage._memory import MemoryEntry, MemoryTier
 from .._storage._pending import PendingFiles
@@ -122,7 +122,6 @@ class DiskTier:
     staged: dict[str, PendingFiles]
     guard: StorageGuard
     scratch: Callable[[], str]
-    in_place: Callable[[str], bool]  # may a value file of this store be mapped where it lies?
     on_staged_hit: Callable[[str, str, bytes], None]  # (mode, digest, blob): promote it
     on_raw_hit: Callable[[str, str], None]  # (mode, digest): an llvm entry to upgrade
     name: str = "disk"
@@ -132,19 +131,14 @@ class DiskTier:
         t0 = time.perf_counter()
         row = self.guard("read", self.stores[probe.mode].read, probe.digest)
         staged = row is None
-        if staged:
-            blob = self.staged[probe.mode].read(probe.digest)
-            path = None
-        else:
-            blob = row.blob
-            path = row.path if row.path is not None and self.in_place(probe.mode) else None
+        blob = self.staged[probe.mode].read(probe.digest) if staged else row.blob
         if blob is None:
             return None
         if staged:
             drop = lambda: self.staged[probe.mode].remove(probe.digest, blob)  # noqa: E731
         else:
             drop = lambda: self.guard("delete", self.stores[probe.mode].delete, probe.digest)  # noqa: E731
-        found = decode_entry(self.guard, probe, blob, path, self.scratch(), "disk", drop)
+        found = decode_entry(self.guard, probe, blob, self.scratch(), "disk", drop)
         if found is None or found is COLLISION:
             return found
         if staged:
@@ -175,7 +169,7 @@ class RemoteTierView:
         blob = self.remote.get(probe.digest)
         if blob is None:
             return None
-        found = decode_entry(self.guard, probe, blob, None, self.scratch(), "remote", None)
+        found = decode_entry(self.guard, probe, blob, self.scratch(), "remote", None)
         if found is None or found is COLLISION:
             return found
         found.blob = blob
@@ -186,24 +180,25 @@ class RemoteTierView:
             self.remote.put(entry.digest, entry.blob)
 
 
-def decode_entry(guard: StorageGuard, probe: Probe, blob: bytes, path: str | None, scratch: str,
+def decode_entry(guard: StorageGuard, probe: Probe, blob: bytes, scratch: str,
                  tier: str, drop: Callable[[], object] | None) -> Entry | _Collision | None:
     """The entry a stored blob holds for `probe`; None when it is unusable here.
 
-    A corrupt entry is counted, warned about once and dropped (`drop`); one that is fine but
-    not usable here (a CUDA binary without a driver, stored without the digest verify needs)
-    is kept for those who can use it.
+    Its checksum and key are checked before any of it is loaded (decode's `key`): a stored
+    shared library's constructors run when it is loaded. What is loaded is `blob` itself, never
+    the file it came from. A corrupt entry, or one holding another key, is counted, warned about
+    once and dropped (`drop`); one that is fine but not usable here (a CUDA binary without a
+    driver, stored without the digest verify needs) is kept for those who can use it.
     """
     try:
-        try:
-            module, meta = decode(blob, scratch=scratch, path=path)
-        except ArtifactError:
-            if path is None:
-                raise
-            # Loading the value file in place failed: it may have been deleted or replaced by
-            # another process (clear, prune, cull) after it was read. The bytes read are whole
-            # (checked above in decode): load them from a scratch copy instead.
-            module, meta = decode(blob, scratch=scratch, path=None)
+        module, meta = decode(blob, scratch=scratch, key=probe.digest)
+    except EntryKeyError as err:
+        guard.count("corrupt")
+        guard.warn("mismatch", "codegen cache: entry %s holds key %s; ignored", probe.digest[:16],
+                   str(err.found)[:16])
+        if drop is not None:
+            drop()
+        return None
     except ArtifactError as err:
         guard.count("corrupt")
         guard.warn("corrupt", "codegen cache: dropping a corrupt %s entry %s: %s", tier, probe.digest[:16], err)
@@ -217,13 +212,6 @@ def decode_entry(guard: StorageGuard, probe: Probe, blob: bytes, path: str | Non
         # A well-formed compiled CUDA entry (precompile_cuda, or another host's) that this
         # process cannot load: a miss, not a crash of lower(); kept, it is good for GPU hosts.
         guard.debug("codegen cache: %s entry %s not loadable here: %s", tier, probe.digest[:16], err)
-        return None
-    if meta.get("key") != probe.digest:
-        guard.count("corrupt")
-        guard.warn("mismatch", "codegen cache: entry %s holds key %s; ignored", probe.digest[:16],
-                   str(meta.get("key"))[:16])
-        if drop is not None:
-            drop()
         return None
     if probe.verify:
         stored = meta.get("ir_digest")

@@ -11,7 +11,9 @@ entry, and exits after IDLE_SECONDS without work. Whoever starts it takes that l
 hands the locked descriptor down: when many processes ask at once, one wins the lock and starts
 the only upgrader; the others see it held (an upgrader imports TVM: seconds of CPU each). A marker whose upgrade fails is dropped;
 the next process that loads the raw entry marks it again, so a failed or interrupted upgrade
-is retried later, and the raw entry serves hits meanwhile.
+is retried later, and the raw entry serves hits meanwhile. The lock is _upgrade_lock.py's. The
+upgrader makes no directory again: a cache directory removed while it works stays removed (it
+exits once its directory is gone or replaced).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from pathlib import Path
 
 from .._forksafe import on_fork_child
 from .._log import warn_once
-from .._storage._faults import FILE_MODE, ensure_dir
+from .._storage._faults import FILE_MODE, ensure_dir, real_dir
+from ._upgrade_lock import HELD, marker_dir as _marker_dir, take_lock as _take_lock, wait_exited
 
 __all__ = ["IDLE_SECONDS", "request", "wait_exited", "wait_idle"]
 
@@ -35,7 +38,6 @@ logger = logging.getLogger(__name__)
 
 IDLE_SECONDS = 3.0
 _MARKER = re.compile(r"^(compiled|source)\.([0-9a-f]{32})$")
-_LOCK_NAME = ".lock"
 # The launcher forks before it imports anything heavy (the upgrader imports TVM), so that
 # whoever starts it waits for a bare interpreter start only.
 # argv: the directory and the descriptor of its upgrade lock, locked by the parent.
@@ -65,15 +67,11 @@ def _close_handed() -> None:
 on_fork_child(_close_handed)
 
 
-def _marker_dir(directory: Path) -> Path:
-    return Path(directory) / "upgrade"
-
-
 def request(directory: Path, store: str, digest: str) -> bool:
     """Mark an entry for upgrading and make sure an upgrader runs; False if that failed."""
     markers = _marker_dir(directory)
     try:
-        ensure_dir(markers)
+        ensure_dir(markers, directory)
         fd = os.open(markers / f"{store}.{digest}", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
         os.close(fd)
     except OSError as err:
@@ -84,32 +82,12 @@ def request(directory: Path, store: str, digest: str) -> bool:
     return _ensure_running(directory)
 
 
-def _lock_path(directory: Path) -> Path:
-    return _marker_dir(directory) / _LOCK_NAME
-
-
-def _take_lock(directory: Path) -> int | None:
-    """The upgrade lock of `directory`, locked, or None when an upgrader holds it (or no lock can be had)."""
-    try:
-        fd = os.open(_lock_path(directory), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
-    except OSError as err:
-        logger.debug("codegen cache: cannot open the upgrade lock of %s: %s", directory, err)
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        if fd < 3:  # stdin/stdout/stderr were closed: the launcher's would replace it
-            fd, old = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3), fd
-            os.close(old)
-    except OSError:
-        os.close(fd)
-        return None
-    return fd
-
-
 def _ensure_running(directory: Path) -> bool:
-    """Start an upgrader unless one runs; True when one runs now."""
+    """Start an upgrader unless one runs; True when one runs now (False: none runs, none could start)."""
     fd = _take_lock(directory)
     if fd is None:
+        return False
+    if fd == HELD:
         return True
     _handing.add(fd)
     try:
@@ -141,47 +119,35 @@ def _spawn(directory: Path, lock_fd: int) -> bool:
 
 
 def wait_idle(directory: Path, timeout: float) -> bool:
-    """Until no entry of `directory` is marked for upgrading (or `timeout`); True when none is."""
+    """Until no entry of `directory` is marked for upgrading (or `timeout`); True when none is.
+
+    Returns False at once where no upgrader runs and none can be started (the lock cannot be
+    had, the helper does not start): waiting would change nothing.
+    """
     deadline = time.monotonic() + timeout
     last_start = -_RESPAWN_SECONDS
     while True:
-        try:
-            pending = any(_MARKER.match(n) for n in os.listdir(_marker_dir(directory)))
-        except OSError:
-            pending = False
-        if not pending:
+        if not _marked(directory):
             return True
         now = time.monotonic()
         if now >= deadline:
             return False
         if now - last_start >= _RESPAWN_SECONDS:
             last_start = now
-            _ensure_running(directory)
+            if not _ensure_running(directory):
+                return False
         time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
 
 
-def wait_exited(directory: Path, timeout: float) -> bool:
-    """Until no upgrader holds `directory`'s upgrade lock (or `timeout`); True when none does.
-
-    For whoever removes a directory it made (a demo's temporary cache): an upgrader still
-    running would write into it, or make it again.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            fd = os.open(_lock_path(directory), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            return True  # no lock file: no upgrader ever ran here
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            return True
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.05)
+def _marked(directory: Path) -> list[str]:
+    """The markers in `<dir>/upgrade/`, sorted; none where that is missing or not a real directory."""
+    markers = _marker_dir(directory)
+    try:
+        if not real_dir(markers, directory):
+            return []
+        return sorted(n for n in os.listdir(markers) if _MARKER.match(n))
+    except OSError:
+        return []
 
 
 # ---- the upgrader program ------------------------------------------------------------------
@@ -197,14 +163,15 @@ def _upgrade_one(directory: Path, store_name: str, digest: str, stores: dict, co
     store = stores.get(store_name)
     if store is None:
         # The size limit is the store's own setting, kept in its database; this one is unused.
-        store = stores[store_name] = ArtifactStore(directory / store_name, size_limit=1 << 62)
-    staged = PendingFiles(directory / "pending" / store_name)
+        # Nothing is made again here: a cache directory removed meanwhile stays removed.
+        store = stores[store_name] = ArtifactStore(directory / store_name, size_limit=1 << 62, make_root=False)
+    staged = PendingFiles(directory / "pending" / store_name, make_root=False)
     try:
         row = store.read(digest)
         blob = row.blob if row is not None else staged.read(digest)
         if blob is None:
             return
-        better = upgrade(blob, scratch_dir(directory / "tmp"))
+        better = upgrade(blob, scratch_dir(directory / "tmp", root=directory, make_root=False))
         if better is None:
             return
         # Only over the entry we read: a rebuild (recache) may have replaced it meanwhile, and
@@ -221,38 +188,34 @@ def _upgrade_one(directory: Path, store_name: str, digest: str, stores: dict, co
 
 def _serve(directory: Path, lock: int | None = None) -> int:
     from .._storage._counters import CounterTable
+    try:
+        home = os.stat(directory)
+    except OSError:
+        return 0  # removed before this upgrader started
     if lock is None:
-        ensure_dir(_marker_dir(directory))
         lock = _take_lock(directory)
-        if lock is None:
-            return 0  # another upgrader has this directory
+        if lock is None or lock == HELD:
+            return 0  # another upgrader has this directory, or none can
     else:
         os.set_inheritable(lock, False)  # the linker must not hold it
-    markers, stores, counters = _marker_dir(directory), {}, CounterTable(directory)
+    stores, counters = {}, CounterTable(directory, make_root=False)
     idle_since = time.monotonic()
     while True:
-        if not os.path.isdir(markers):
-            return 0  # the cache directory was removed: nothing left to upgrade
-        try:
-            names = sorted(n for n in os.listdir(markers) if _MARKER.match(n))
-        except OSError:
-            names = []
+        if not _same_directory(directory, home):
+            return 0  # the cache directory was removed (or replaced): nothing left to upgrade here
+        names = _marked(directory)
         for name in names:
             store_name, digest = _MARKER.match(name).groups()  # type: ignore[union-attr]
             _upgrade_one(directory, store_name, digest, stores, counters)
             try:
-                os.unlink(markers / name)
+                os.unlink(_marker_dir(directory) / name)
             except OSError:
                 pass
         if names:
             idle_since = time.monotonic()
         elif time.monotonic() - idle_since > IDLE_SECONDS:
             fcntl.flock(lock, fcntl.LOCK_UN)
-            try:
-                again = any(_MARKER.match(n) for n in os.listdir(markers))
-            except OSError:
-                again = False
-            if not again:
+            if not _marked(directory):
                 return 0
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -263,6 +226,15 @@ def _serve(directory: Path, lock: int | None = None) -> int:
             time.sleep(0.1)
 
 
+def _same_directory(directory: Path, home: os.stat_result) -> bool:
+    """Whether `directory` is still the directory this upgrader started in (not removed, not replaced)."""
+    try:
+        now = os.stat(directory)
+    except OSError:
+        return False
+    return (now.st_dev, now.st_ino) == (home.st_dev, home.st_ino)
+
+
 def main(argv: list[str]) -> int:
     """The upgrader of the cache directory argv[0], holding the locked descriptor argv[1] (from `request`)."""
     directory = Path(argv[0])
@@ -271,7 +243,7 @@ def main(argv: list[str]) -> int:
     # whatever umask the process that started the upgrader had (the cache's own files are 0660).
     os.umask(os.umask(0) | 0o007)
     try:
-        ensure_dir(directory / "tmp")
+        ensure_dir(directory / "tmp", directory, make_root=False)
         log = os.open(directory / "tmp" / "cgc-upgrader.log",
                       os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
         os.dup2(log, 2)  # what LLVM or the linker print too

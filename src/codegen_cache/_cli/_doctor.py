@@ -126,8 +126,14 @@ def check_filesystem(directory: Path, settings) -> dict[str, Any]:
             f"the stores may grow to {format_size(limits)} (CODEGEN_CACHE_COMPILED_SIZE_LIMIT + "
             f"CODEGEN_CACHE_SOURCE_SIZE_LIMIT) but only {format_size(report.free_bytes)} is free: "
             "the disk can fill before eviction starts, and then new entries are skipped")
+    from .._storage._trust import untrusted
+
+    distrust = untrusted(directory, settings.trusted_dirs)
+    if distrust is not None:
+        problems.append(f"not trusted: {distrust}, so another user could make you run their code; lowerings run "
+                        "uncached there (docs/reliability.md; CODEGEN_CACHE_TRUSTED_DIRS trusts it explicitly)")
     return {**dataclasses.asdict(report), "directory": str(directory), "exists": directory.is_dir(),
-            "problems": problems}
+            "trusted": distrust is None, "problems": problems}
 
 
 def check_toolchain() -> dict[str, Any]:

@@ -188,8 +188,10 @@ _DURATIONS = frozenset(field for field, parse, _doc in ENV_VARS.values() if pars
 
 
 def _show_value(field: str, value: object) -> str:
-    if value is None:
+    if value is None or value == ():
         return "(unset)"
+    if isinstance(value, tuple):
+        return os.pathsep.join(map(str, value))  # trusted_dirs, as the variable is written
     if field.endswith(("_limit", "_bytes")):
         return format_size(int(value))  # type: ignore[arg-type]
     if field in _DURATIONS:

@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from .._forksafe import on_fork_child, sqlite_gate
-from ._faults import FILE_MODE, ensure_dir, share_file_mode
+from ._faults import FILE_MODE, ensure_dir, real_dir, share_file_mode
 
 __all__ = ["CounterTable"]
 
@@ -42,6 +42,11 @@ _FILE_SIZE = _HEADER + _SLOTS * _RECORD
 _HEAD = struct.Struct("<4sII")
 _FILE_NAME = re.compile(r"^[\w.-]+-\d+-[0-9a-f]{8}\.cnt$")
 _FOLDED_KEEP = 86400.0
+# Only its process writes a counter file, through a shared mapping: nobody else may write it (a
+# truncation by another member of a team cache would kill that process with SIGBUS on its next
+# count). Others read it and fold it (a read-only descriptor takes the flock); removing it
+# needs only the directory's write permission.
+_OWN_FILE_MODE = FILE_MODE & ~0o022
 
 
 def _read_counts(data: bytes) -> dict[str, float]:
@@ -69,8 +74,9 @@ def _read_counts(data: bytes) -> dict[str, float]:
 class CounterTable:
     """Named counters of every process that used a cache directory."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, make_root: bool = True) -> None:
         self.directory = Path(directory)
+        self.make_root = make_root  # False: a helper process never makes a removed cache directory again
         self.files_dir = self.directory / "stats"
         self.db_path = self.directory / "stats.sqlite"
         self._lock = threading.Lock()
@@ -118,8 +124,8 @@ class CounterTable:
         name = f"{socket.gethostname()[:32]}-{os.getpid()}-{os.urandom(4).hex()}.cnt"
         path = self.files_dir / name
         try:
-            ensure_dir(self.files_dir)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+            ensure_dir(self.files_dir, self.directory, make_root=self.make_root)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, _OWN_FILE_MODE)
         except OSError as err:
             logger.debug("codegen cache: counting in memory (cannot create %s: %s)", path, err)
             return
@@ -142,7 +148,6 @@ class CounterTable:
             with contextlib.suppress(OSError):
                 os.unlink(path)
             return
-        share_file_mode(path)
         self._fd, self._name = fd, name
 
     def _allocate(self, name: str) -> int:
@@ -227,6 +232,8 @@ class CounterTable:
         """Live processes' counts; with fold, the files of gone processes go into the database."""
         live: Counter[str] = Counter(self._own())
         try:
+            if not real_dir(self.files_dir, self.directory):  # never folds (and removes) files a link leads to
+                return live
             with os.scandir(self.files_dir) as entries:
                 names = [e.name for e in entries if _FILE_NAME.match(e.name) and e.name != self._name]
         except OSError:
@@ -234,7 +241,7 @@ class CounterTable:
         for name in names:
             path = os.path.join(self.files_dir, name)
             try:
-                fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
             except OSError:
                 continue
             try:

@@ -28,7 +28,8 @@ import diskcache
 
 from .._errors import ArtifactError, UnsafeEntryError
 from .._forksafe import on_fork_child, sqlite_gate
-from ._faults import READ_FLAGS, ReadOnlyStoreError, share_file_mode, storage_fault, warn_read_only, writable
+from ._faults import (DIR_MODE, READ_FLAGS, ReadOnlyStoreError, ensure_dir, freeze_file_mode, real_dir, share_file_mode,
+                      storage_fault, warn_read_only, writable)
 from ._readonly import ReadOnlyView
 
 __all__ = ["STORAGE_ERRORS", "ArtifactStore", "Row", "SafeDisk", "storage_fault"]
@@ -41,7 +42,6 @@ STORAGE_ERRORS = (sqlite3.Error, OSError, diskcache.Timeout)
 # planted, and following it would read or delete files outside the store.
 _VALUE_FILE = re.compile(r"^[0-9a-f]{2}[/\\][0-9a-f]{2}[/\\][0-9a-f]{28}\.val$")
 _DB_FILES = ("cache.db", "cache.db-wal", "cache.db-shm")
-_ELF = b"\x7fELF"  # a framed shared library starts with it (the frame puts the payload first)
 _SQLITE_CORRUPT, _SQLITE_NOTADB = 11, 26  # result codes (sqlite3 names them only from Python 3.11)
 _SELECT = ("SELECT mode, filename, value, size FROM Cache WHERE key = ? AND raw = 1 "
            "AND (expire_time IS NULL OR expire_time > ?)")
@@ -72,12 +72,8 @@ class SafeDisk(diskcache.Disk):
     def store(self, value, read, key=diskcache.core.UNKNOWN):
         if type(value) is not bytes:
             raise TypeError(f"store values must be bytes, got {type(value).__name__}")
-        if value[:4] == _ELF and len(value) < self.min_file_size:
-            # A shared library is mapped where its value file lies; kept in the database
-            # (diskcache does that below 32 KiB) every hit would first copy it to a scratch file.
-            filename, full_path = self.filename(key, value)
-            self._write(full_path, io.BytesIO(value), "xb")
-            return len(value), diskcache.core.MODE_BINARY, filename, None
+        # A small shared library stays in the database like any small value: a hit loads a
+        # private copy of the bytes it read (never the value file), and a row is cheaper to read.
         return super().store(value, read, key=key)
 
     def fetch(self, mode, filename, value, read):
@@ -103,23 +99,36 @@ class SafeDisk(diskcache.Disk):
         super().remove(file_path)
 
     def _write(self, full_path, iterator, mode, encoding=None):
-        # diskcache leaves a partly written value file behind when the write fails (a full
-        # disk): no row refers to it, so it would hold that space for good. Remove it.
-        existed = os.path.exists(full_path)
+        # Written here rather than by diskcache's own _write, which makes missing directories
+        # with os.makedirs, parents included: a store (or a whole cache directory) removed
+        # meanwhile would be made again, by the upgrader too. Only the two levels of a value
+        # file's name are made, below a store directory that exists. And a failed write (a
+        # full disk) leaves no partly written file: no row would refer to it, it would hold
+        # that space for good.
+        subdir = os.path.dirname(full_path)
+        for path in (os.path.dirname(subdir), subdir):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(path, DIR_MODE)  # FileNotFoundError where the store is gone
+            if not stat.S_ISDIR(os.lstat(path).st_mode):
+                raise UnsafeEntryError(f"{path} is not a directory of the store (a symlink?)")
         if isinstance(iterator, io.BytesIO):
             # diskcache iterates a BytesIO line by line: thousands of write() calls for a
-            # binary. Hand it over as one chunk (same file, same size).
+            # binary. One chunk (same file, same size).
             iterator = iter((iterator.getvalue(),))
+        size = 0
+        writer = open(full_path, mode, encoding=encoding)  # mode "xb": a file of its own, never a link
         try:
-            size = super()._write(full_path, iterator, mode, encoding)
+            with writer:
+                for chunk in iterator:
+                    size += len(chunk)
+                    writer.write(chunk)
         except OSError:
-            if not existed:
-                with contextlib.suppress(OSError):
-                    os.remove(full_path)
+            with contextlib.suppress(OSError):
+                os.remove(full_path)
             raise
-        subdir = os.path.dirname(full_path)
         for path in (full_path, subdir, os.path.dirname(subdir)):
             share_file_mode(path)
+        freeze_file_mode(full_path)
         return size
 
 
@@ -153,7 +162,7 @@ def _read_value_file(directory: str, filename: object, size: int | None) -> tupl
 
 @dataclass(frozen=True, slots=True)
 class Row:
-    """A stored value and, when it lives in a file of its own, that file (for in-place loads)."""
+    """A stored value and, when it lives in a file of its own, that file (for tools; never loaded by path)."""
 
     blob: bytes
     path: str | None
@@ -163,8 +172,11 @@ class ArtifactStore:
     """One diskcache store (e.g. <dir>/compiled) of framed artifacts, opened lazily."""
 
     def __init__(self, directory: Path, *, size_limit: int, timeout: float = 2.0,
-                 on_evict: Callable[[int], None] | None = None) -> None:
+                 on_evict: Callable[[int], None] | None = None, make_root: bool = True) -> None:
         self.directory = Path(directory)
+        # Every store lives directly in its cache directory; make_root=False: a helper process
+        # never makes that directory again once it was removed.
+        self.root, self.make_root = self.directory.parent, make_root
         self.size_limit = size_limit
         self.timeout = timeout
         self.on_evict = on_evict
@@ -189,11 +201,12 @@ class ArtifactStore:
 
     def _open_locked(self) -> diskcache.Cache | ReadOnlyView:
         if not writable(self.directory):
-            warn_read_only(self.directory.parent)
+            real_dir(self.directory, self.root)  # a symlink in its place is refused here too
+            warn_read_only(self.root)
             return ReadOnlyView(self.directory, SafeDisk(str(self.directory)))
         # The cache directory too, when this call makes it (an existing one is left as it is).
-        made_root = not self.directory.parent.exists()
-        self.directory.mkdir(parents=True, exist_ok=True)
+        made_root = not self.root.exists()
+        ensure_dir(self.directory, self.root, make_root=self.make_root)
         with sqlite_gate:
             try:
                 cache = self._connect()
@@ -201,7 +214,7 @@ class ArtifactStore:
                 if not _is_corrupt(err):
                     raise
                 self._start_afresh(err)
-                self.directory.mkdir(parents=True, exist_ok=True)
+                ensure_dir(self.directory, self.root, make_root=self.make_root)
                 cache = self._connect()
         for path in (*((self.directory.parent,) if made_root else ()), self.directory,
                      *(self.directory / n for n in _DB_FILES)):

@@ -3,6 +3,7 @@
 - `storage_fault` names the faults that fail many operations at once (no space, read-only),
   so the cache warns once per fault rather than once per operation;
 - `share_file_mode` keeps a shared (team) cache writable by its group and never by the world;
+  `freeze_file_mode` makes an entry file read-only once written;
 - `ensure_dir` makes the cache's own directories and refuses a symlink in their place;
 - `READ_FLAGS` and `read_whole` read a file the cache made without following a symlink, blocking
   on a FIFO, or reading past a bound.
@@ -17,10 +18,10 @@ import sqlite3
 import stat
 from pathlib import Path
 
-from .._errors import ReadOnlyStoreError
+from .._errors import CacheLinkError, ReadOnlyStoreError
 from .._log import warn_once
 
-__all__ = ["DIR_MODE", "FILE_MODE", "READ_FLAGS", "ReadOnlyStoreError", "ensure_dir", "read_whole", "share_file_mode", "storage_fault", "warn_read_only", "writable"]
+__all__ = ["DIR_MODE", "FILE_MODE", "READ_FLAGS", "ReadOnlyStoreError", "ensure_dir", "freeze_file_mode", "real_dir", "read_whole", "share_file_mode", "storage_fault", "warn_read_only", "writable"]
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +112,21 @@ def share_file_mode(path: str | os.PathLike[str]) -> None:
         pass  # gone, or not ours to change: leave it
 
 
+def freeze_file_mode(file: int | str | os.PathLike[str]) -> None:
+    """Drop every write bit of an entry file this process made (its descriptor, or its path).
+
+    An entry is never changed in place (a rebuild writes a new file and renames it over), so
+    nothing needs to write it again; a stray writer (`cp` over it, an editor, a tool of another
+    team member) gets EACCES instead of changing what the next hit reads. A hit loads its own
+    checked copy of the bytes anyway (_artifacts/_private.py).
+    """
+    try:
+        mode = stat.S_IMODE(os.stat(file).st_mode) & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)
+        os.chmod(file, mode)  # an int is a descriptor: fchmod
+    except OSError:
+        pass  # a filesystem without modes: the entry is still checked on every read
+
+
 def warn_read_only(root: Path) -> None:
     """Warn once per cache directory and process (its stores open read-only together)."""
     # The key is the cache's StorageGuard's too: one warning for the directory, whoever sees it first.
@@ -123,13 +139,28 @@ def warn_read_only(root: Path) -> None:
 FILE_MODE, DIR_MODE = 0o660, 0o770
 
 
-def ensure_dir(path: str | os.PathLike[str]) -> None:
+def ensure_dir(path: str | os.PathLike[str], root: str | os.PathLike[str] | None = None, *,
+               make_root: bool = True) -> None:
     """Create `path` as a real directory; OSError if something else (a symlink, a file) is there.
 
     The cache writes only below directories it made: a symlink planted at `<dir>/locks` or
-    `<dir>/tmp` must not send its files (or its deletes) elsewhere.
+    `<dir>/pending` must not send its files (or its deletes, or its reads) elsewhere. With
+    `root`, the cache directory `path` lies in, every directory from below `root` down to `path`
+    is checked (a symlink anywhere there is refused, with one warning); `root` itself may be a
+    symlink (where the user keeps the cache is the user's choice). make_root=False: a missing
+    `root` is not made (FileNotFoundError): a helper process must not bring back a cache
+    directory that was removed.
     """
     path = os.fspath(path)
+    if root is not None:
+        root = os.fspath(root)
+        if not os.path.isdir(root):
+            if not make_root:
+                raise FileNotFoundError(errno.ENOENT, "the cache directory is gone", root)
+            ensure_dir(root)
+        for part in _below(root, path):
+            _make_real(part)
+        return
     try:
         if stat.S_ISDIR(os.lstat(path).st_mode):
             return
@@ -137,12 +168,55 @@ def ensure_dir(path: str | os.PathLike[str]) -> None:
         parent = os.path.dirname(path)
         if parent and parent != path:
             ensure_dir(parent)
+    _make_real(path, warn=False)  # a directory outside any cache: refused, not warned about here
+
+
+def real_dir(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> bool:
+    """Whether `path` (below the cache directory `root`) is there as a real directory all the way
+    down from `root`; False when it is missing; OSError (warned once) where a symlink or a file is
+    in its place. For reads: nothing is made."""
+    for part in _below(os.fspath(root), os.fspath(path)):
+        try:
+            info = os.lstat(part)
+        except FileNotFoundError:
+            return False
+        if not stat.S_ISDIR(info.st_mode):
+            _refuse(part)
+    return True
+
+
+def _below(root: str, path: str) -> list[str]:
+    """The directories from the one below `root` down to `path` (ValueError when not below it)."""
+    relative = os.path.relpath(path, root)
+    if relative == "." or relative.startswith(".."):
+        raise ValueError(f"{path} is not below the cache directory {root}")
+    parts, current = [], root
+    for name in relative.split(os.sep):
+        current = os.path.join(current, name)
+        parts.append(current)
+    return parts
+
+
+def _make_real(path: str, *, warn: bool = True) -> None:
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
         try:
             os.mkdir(path, DIR_MODE)
         except FileExistsError:
             pass
-    if not stat.S_ISDIR(os.lstat(path).st_mode):
-        raise OSError(errno.ENOTDIR, "not a directory of the cache (a symlink?)", path)
+        info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode):
+        if not warn:
+            raise CacheLinkError(path)
+        _refuse(path)
+
+
+def _refuse(path: str) -> None:
+    warn_once(logger, ("not-a-dir", path), "codegen cache: %s is a symbolic link or not a directory; the cache "
+              "never follows a link inside its directory, so it goes on without that part (remove it to "
+              "use it again)", path)
+    raise CacheLinkError(path)
 
 
 def writable(directory: Path) -> bool:

@@ -175,16 +175,19 @@ def sweep_leftovers(directory: str, max_age: float = SCRATCH_MAX_AGE) -> int:
     return removed
 
 
-def scratch_dir(preferred: str | os.PathLike[str], *, max_age: float = SCRATCH_MAX_AGE) -> str:
+def scratch_dir(preferred: str | os.PathLike[str], *, max_age: float = SCRATCH_MAX_AGE,
+                root: str | os.PathLike[str] | None = None, make_root: bool = True) -> str:
     """A directory for temporary files that are written and dlopen'ed.
 
     `preferred` (created if needed) when it can be written and is not on a noexec mount
     (dlopen fails there, which would make every cached llvm library look corrupt); else the
     system temp directory. Leftovers of killed processes older than `max_age` are removed.
+    `root`: the cache directory `preferred` lies in (no link below it is followed; make_root=False:
+    a removed one is not made again, the system temp directory is used).
     """
     path = os.fspath(preferred)
     try:
-        ensure_dir(path)
+        ensure_dir(path, root, make_root=make_root)
         share_file_mode(path)
         # In a world-writable, non-sticky directory anyone could swap a library between our
         # write and the dlopen.

@@ -33,7 +33,7 @@ from pathlib import Path
 import xxhash
 
 from .._forksafe import on_fork_child
-from ._faults import FILE_MODE, ensure_dir
+from ._faults import FILE_MODE, ensure_dir, real_dir
 
 __all__ = ["Held", "KeyLocks"]
 
@@ -67,6 +67,8 @@ class KeyLocks:
 
     def __init__(self, directory: Path) -> None:
         self.directory = str(directory)
+        self._root = os.path.dirname(self.directory)  # the cache directory: <dir>/locks
+        self._real = False  # seen as a real directory (then not looked at again)
         self._held: dict[int, Held] = {}
         self._lock = threading.Lock()
         self._ranges = -1 if _OFD_SETLK is None else None  # fd of the shared file; None: not open yet
@@ -183,12 +185,18 @@ class KeyLocks:
     def _open(self, path: str) -> int:
         for attempt in (0, 1):
             try:
+                if not self._real:
+                    # A link at <dir>/locks would make the lock files elsewhere: refused (warned once).
+                    self._real = real_dir(self.directory, self._root)
+                    if not self._real:
+                        raise FileNotFoundError(errno.ENOENT, "not made yet", self.directory)
                 fd = os.open(path, _OPEN_FLAGS, FILE_MODE)
             except FileNotFoundError:
                 if attempt:
                     return -1
                 try:  # first use, or the directory was removed under us
-                    ensure_dir(self.directory)
+                    ensure_dir(self.directory, self._root)
+                    self._real = True
                 except OSError:
                     return -1
                 continue

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .._forksafe import on_fork_child
-from ._faults import FILE_MODE, READ_FLAGS, ensure_dir, read_whole, share_file_mode
+from ._faults import FILE_MODE, READ_FLAGS, ensure_dir, freeze_file_mode, read_whole, real_dir, share_file_mode
 from ._fsprobe import sweep_leftovers
 
 __all__ = ["MAX_ENTRY_BYTES", "PendingFiles"]
@@ -59,8 +59,11 @@ def _drop(spares: list[tuple[int, str, float]]) -> None:
 class PendingFiles:
     """The staging directory of one store: `<cache>/pending/<store>/`."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, make_root: bool = True) -> None:
         self.directory = str(directory)
+        # <cache>/pending/<store>: nothing below the cache directory is reached through a link.
+        self.root, self.make_root = os.path.dirname(os.path.dirname(self.directory)), make_root
+        self._real = False  # seen as a real directory all the way down (then not looked at again)
         self._spares: list[tuple[int, str, float]] = []  # (fd, path, time.monotonic() when made)
         self._lock = threading.Lock()
         on_fork_child(self._forget_spares)
@@ -74,12 +77,22 @@ class PendingFiles:
         self._spares.clear()
         self._lock = threading.Lock()
 
+    def _is_real(self) -> bool:
+        """Whether the directory is there, with no link on the way down from the cache directory;
+        OSError (warned once) where a link or a file is in the way."""
+        if not self._real:
+            self._real = real_dir(self.directory, self.root)
+        return self._real
+
     def _new_file(self) -> tuple[int, str]:
         tmp = os.path.join(self.directory, f"{_TMP_PREFIX}{os.getpid()}-{time.monotonic_ns()}.tmp")
         try:
+            if not self._is_real():
+                raise FileNotFoundError(errno.ENOENT, "not made yet", self.directory)
             fd = os.open(tmp, _CREATE_FLAGS, FILE_MODE)
         except FileNotFoundError:  # first write, or the cache directory was removed under us
-            ensure_dir(self.directory)
+            ensure_dir(self.directory, self.root, make_root=self.make_root)
+            self._real = True
             fd = os.open(tmp, _CREATE_FLAGS, FILE_MODE)
         return fd, tmp
 
@@ -123,10 +136,11 @@ class PendingFiles:
                 view = memoryview(blob)
                 while view:
                     view = view[os.write(fd, view):]
+                if spare is None:
+                    share_file_mode(tmp)
+                freeze_file_mode(fd)
             finally:
                 os.close(fd)
-            if spare is None:
-                share_file_mode(tmp)
             try:
                 os.rename(tmp, self.path(digest))
             except FileNotFoundError:
@@ -144,6 +158,8 @@ class PendingFiles:
     def read(self, digest: str, *, max_bytes: int = MAX_ENTRY_BYTES) -> bytes | None:
         """The staged bytes of `digest`, or None (absent, not a regular file, or too big)."""
         try:
+            if not self._is_real():
+                return None
             fd = os.open(self.path(digest), READ_FLAGS)
         except OSError as err:
             if err.errno not in (errno.ENOENT, errno.ENOTDIR):
@@ -161,6 +177,11 @@ class PendingFiles:
     def remove(self, digest: str, blob: bytes | None = None) -> None:
         """Remove the staged file of `digest` (only if it still holds `blob`, when given)."""
         path = self.path(digest)
+        try:
+            if not self._is_real():
+                return
+        except OSError:
+            return
         if blob is not None and self.read(digest) != blob:
             return  # replaced meanwhile (a rebuild): the newer file is promoted on its own
         try:
@@ -172,6 +193,8 @@ class PendingFiles:
     def digests(self) -> Iterator[str]:
         """Digests staged here (entries only, never temporary or foreign files)."""
         try:
+            if not self._is_real():
+                return iter(())
             with os.scandir(self.directory) as entries:
                 names = [e.name for e in entries if _NAME.match(e.name) and e.is_file(follow_symlinks=False)]
         except OSError:
@@ -180,6 +203,11 @@ class PendingFiles:
 
     def sweep(self) -> int:
         """Remove temporary files of killed writers (ours: `cgc-*`, older than an hour); how many went."""
+        try:
+            if not self._is_real():
+                return 0
+        except OSError:
+            return 0
         return sweep_leftovers(self.directory)
 
     def clear(self) -> int:

@@ -1,12 +1,14 @@
 """A store of plain files: one regular file `<32 hex digits><suffix>` per entry, in one directory.
 
 Frontends keep whole-kernel entries this way (codegen_cache.tilelang: `<cache dir>/tilelang/
-<digest>.so`, a frame whose field 0 is the library tilelang loads in place). The cache and its
+<digest>.so`, a frame whose field 0 is the kernel library; a hit loads a private copy of the
+bytes read here, never the file itself). The cache and its
 tools reach them here, with the methods of ArtifactStore they use: keys, get, delete, volume,
 len, expire, clear; cull bounds the store's size as diskcache bounds its stores.
 
 Only names this store makes are listed, read or removed: entries match `<32 hex><suffix>`,
-must be regular files, are opened without following symlinks, and reads are bounded.
+must be regular files, are opened without following symlinks (the store's directory either),
+and reads are bounded.
 Leftovers of killed writers (names starting `cgc-`, older than an hour) are swept by expire().
 """
 
@@ -19,7 +21,7 @@ import stat
 from pathlib import Path
 
 from .._errors import ArtifactError
-from ._faults import READ_FLAGS, read_whole
+from ._faults import READ_FLAGS, read_whole, real_dir
 from ._fsprobe import sweep_leftovers
 
 __all__ = ["MAX_PLAIN_BYTES", "PlainFiles"]
@@ -43,7 +45,16 @@ class PlainFiles:
             raise ValueError(f"invalid entry key {key!r}: expected 32 lowercase hex digits")
         return self.directory / f"{key}{self.suffix}"
 
+    def _real(self) -> bool:
+        """Whether the store's directory is there as a real directory (a link: refused, warned once)."""
+        try:
+            return real_dir(self.directory, self.directory.parent)
+        except OSError:
+            return False
+
     def _scan(self) -> list[os.DirEntry]:
+        if not self._real():
+            return []
         try:
             with os.scandir(self.directory) as scan:
                 return [e for e in scan if self._name.match(e.name) and e.is_file(follow_symlinks=False)]
@@ -77,8 +88,11 @@ class PlainFiles:
 
     def get(self, key: str) -> bytes | None:
         """The entry's bytes; None when absent; ArtifactError when not a regular file or too big."""
+        path = self.path(key)
+        if not self._real():
+            return None
         try:
-            fd = os.open(self.path(key), READ_FLAGS)
+            fd = os.open(path, READ_FLAGS)
         except OSError as err:
             if err.errno in (errno.ENOENT, errno.ENOTDIR):
                 return None
@@ -97,6 +111,8 @@ class PlainFiles:
     def delete(self, key: str) -> bool:
         """Remove the entry (never through a symlink: unlink removes a link itself); whether it went."""
         path = self.path(key)
+        if not self._real():
+            return False
         try:
             if not stat.S_ISREG(os.lstat(path).st_mode):
                 return False
@@ -127,7 +143,7 @@ class PlainFiles:
 
     def expire(self) -> int:
         """Sweep leftovers of killed writers (`cgc-*`, older than an hour); entries never expire."""
-        return sweep_leftovers(str(self.directory)) if self.directory.is_dir() else 0
+        return sweep_leftovers(str(self.directory)) if self._real() else 0
 
     def clear(self) -> int:
         """Remove every entry; how many went."""

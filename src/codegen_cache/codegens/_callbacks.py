@@ -1,22 +1,19 @@
-"""Callbacks: the Python global functions TVM's codegens call, keyed by what they are.
+"""Callbacks: the Python global functions TVM's codegens call, keyed by whose they are.
 
 TVM's C++ codegens look these names up while they run and call whatever is registered under
 them, so the registered function is an input of the codegen. A key records, per callback a
 codegen reaches, one identity:
 - nothing registered: `none`;
 - a salt declared for the registered function (`declare_callback_salt`): `declared:<salt>`;
-- TVM's own function (defined in the installed tvm package): `tvm <version>: module.qualname`;
-- any other Python function: `code:<digest>` of its code objects (bytecode, constants, names,
-  recursively through nested code), defaults, and the values it closes over or reads as
-  globals, where those are plain data, modules, functions (digested the same way), or
-  functions and classes of the standard library or TVM (by name);
-- anything else (a C function, a bound method, a closure over an object, a callable
-  instance): UncacheableError, so the cache neither stores nor serves that codegen's results.
+- TVM's own function (defined in the installed tvm package, _owner.py): `tvm <version>: module.name`;
+- anything else, a user's function of any kind: UncacheableError, so the cache neither stores
+  nor serves that codegen's results. What a Python function returns may depend on what it reads
+  when it is called (the environment, files, other modules' attributes, the clock): only its
+  author can say what determines it, with a salt (as Inductor bypasses its cache for a custom
+  pass without a uuid()).
 
-The hit path stays cheap: identities are memoized per registered function object (held, so
-its address is never reused while memoized) and re-checked by identity (`is`) against every
-cell, global, code object and defaults tuple they were computed from. The digest is in
-_digest.py; how the Python function behind a tvm-ffi Function is found, in _pyfunc.py.
+The hit path stays cheap: identities are memoized per registered function object (held, so its
+address is never reused while memoized), and each lookup compares handles only.
 """
 
 from __future__ import annotations
@@ -26,11 +23,10 @@ from typing import Any
 
 from .. import _compat
 from .._errors import UncacheableError
-from ._digest import Digest, tvm_name, unchanged
-from ._pyfunc import python_callable
+from ._owner import TVM_DIR, owner_name, tvm_name
 
-__all__ = ["CALLBACKS", "EXCLUDED_GLOBALS", "callback_identity", "callback_parts", "callback_salts", "declare_callback_salt",
-           "declare_salt_of", "declared_salt", "object_identity", "python_callable", "tvm_name", "unchanged"]
+__all__ = ["CALLBACKS", "EXCLUDED_GLOBALS", "TILELANG_PREFIX", "TVM_HOMES", "callback_identity", "callback_parts", "callback_salts",
+           "declare_callback_salt", "declare_salt_of", "declared_salt", "tvm_name", "users_function"]
 
 # The Python global functions TVM 0.27's codegen libraries call: every tvm_callback_* name in
 # them, and the other names they look up that TVM registers from Python. tests/
@@ -52,6 +48,20 @@ CALLBACKS: dict[str, str] = {
     "table, tvm.backend.cuda.codegen.CODEGEN_REGISTRY, is keyed as cuda_intrinsics)",
     "tirx.intrinsics.cuda.header_generator": "target.build.cuda: the #include header of the source",
 }
+# Where TVM 0.27 defines its own functions for these names: the modules that hold each one's
+# Function as an attribute (_owner.owner_name; elsewhere the function's code file tells).
+TVM_HOMES: dict[str, tuple[str, ...]] = {
+    "tvm_callback_cuda_compile": ("tvm.support.nvcc",),
+    "tvm_callback_libdevice_path": ("tvm.support.nvcc",),
+    "tvm.support.nvcc.get_compute_version": ("tvm.support.nvcc",),
+    "tvm_callback_rocm_link": ("tvm.support.rocm",),
+    "tvm_callback_rocm_bitcode_path": ("tvm.support.rocm",),
+    "tvm_callback_rocm_get_arch": ("tvm.support.rocm",),
+    "tirx.intrinsics.cuda.get_codegen": ("tvm.backend.cuda.codegen.registry",),
+    "tirx.intrinsics.cuda.header_generator": ("tvm.backend.cuda.codegen.header",),
+}
+# tilelang's codegens call Python global functions named so (tilelang/_salts.py keys them).
+TILELANG_PREFIX = "tilelang_callback_"
 # Python global functions named in TVM's codegen libraries that no device codegen calls.
 EXCLUDED_GLOBALS: dict[str, str] = {
     "tirx.f_op_dispatcher": "a lowering pass (TilePrimitiveDispatch): its effect is in the IR the key hashes",
@@ -79,7 +89,7 @@ def callback_parts(names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
 
     Memoized per names tuple and re-checked on every call: each name is looked up again and
     compared by handle with the function the identity was computed from (held, so its address
-    is not reused), every watch list is re-checked, and any declared salt invalidates it.
+    is not reused), and any declared salt invalidates it.
     """
     funcs = [_lookup(name, True) for name in names]
     memo = _parts_memo.get(names)
@@ -95,11 +105,11 @@ def callback_parts(names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
 
 
 def _still(funcs: list, held: tuple) -> bool:
-    for func, (old, entry) in zip(funcs, held):
+    for func, (old, _entry) in zip(funcs, held):
         if func is None or old is None:
             if func is not old:
                 return False
-        elif func.__chandle__() != old.__chandle__() or (entry is not None and not unchanged(entry[3])):
+        elif func.__chandle__() != old.__chandle__():
             return False
     return True
 
@@ -123,7 +133,7 @@ def _identity_of(name: str, func: Any) -> tuple[str, tuple | None]:
     if declared is not None:
         return f"declared:{declared[1]}", None
     known = _known.get(handle)
-    if known is None or not unchanged(known[3]):
+    if known is None:
         known = _identify(name, func)
         if len(_known) >= 256:
             _known.clear()
@@ -133,15 +143,14 @@ def _identity_of(name: str, func: Any) -> tuple[str, tuple | None]:
     return known[1], known
 
 
-def object_identity(obj: Any, what: str, salt_name: str) -> tuple[str, tuple]:
-    """The identity of a Python callable a codegen reads other than through a global function.
-
-    Returns (identity, watch): the watch holds what the identity was computed from, for
-    `unchanged(watch)`. Raises UncacheableError naming `what`; its remedy declares a salt for
-    the global function `salt_name`.
-    """
-    digest = Digest(salt_name, what)
-    return digest.identity(obj), tuple(digest.watch)
+def users_function(what: str, salt_name: str) -> UncacheableError:
+    """The error for a user's function that a codegen calls (`what`), whose remedy is a salt for `salt_name`."""
+    return UncacheableError(
+        what, "it is a user's function: what it returns may depend on what it reads when called (the "
+        "environment, files, other modules), which its code does not show",
+        f"declare what it is with codegen_cache.declare_callback_salt({salt_name!r}, '<version>') after "
+        "registering it, and change the salt whenever its behaviour changes",
+    )
 
 
 def declared_salt(name: str) -> str | None:
@@ -152,14 +161,16 @@ def declared_salt(name: str) -> str | None:
 
 
 def declare_callback_salt(name: str, salt: str) -> None:
-    """Key the function registered under `name` now by `salt` instead of by what it is.
+    """Key the function registered under `name` now by `salt`: how a user's hook becomes cacheable.
 
-    For a callback whose identity cannot be computed (a C function, a closure over an object):
-    change the salt whenever its behaviour changes. The declaration holds for this registration
-    only: registering another function under `name` needs a new declaration.
+    Change the salt whenever what the function returns changes (its code, or anything it reads:
+    files, environment variables, other modules). The declaration holds for this registration
+    only: registering another function under `name` needs a new declaration. `name`: one of
+    CALLBACKS, or a tilelang_callback_* name (tilelang's codegens call those).
     """
-    if name not in CALLBACKS:
-        raise ValueError(f"Unknown callback {name!r}. TVM's codegens call: {sorted(CALLBACKS)}.")
+    if name not in CALLBACKS and not name.startswith(TILELANG_PREFIX):
+        raise ValueError(f"Unknown callback {name!r}. TVM's codegens call: {sorted(CALLBACKS)}; "
+                         f"tilelang's call {TILELANG_PREFIX}*.")
     declare_salt_of(name, salt)
 
 
@@ -174,7 +185,7 @@ def declare_salt_of(name: str, salt: str) -> None:
     _declared[func.__chandle__()] = (func, salt)
 
 
-# handle -> (Function, salt) and handle -> (Function, identity, error, watch); the Function is
+# handle -> (Function, salt) and handle -> (Function, identity, error); the Function is
 # held so that no other function can be created at the same address while its entry exists.
 class _Declarations(dict):
     """handle -> (Function, salt); every change bumps _generation (the function is the same
@@ -210,19 +221,14 @@ class _Declarations(dict):
 
 
 _declared: dict[int, tuple[Any, str]] = _Declarations()
-_known: dict[int, tuple[Any, str, UncacheableError | None, tuple]] = {}
+_known: dict[int, tuple[Any, str, UncacheableError | None]] = {}
 # names -> (generation, ((Function or None, _known entry or None) per name), parts)
 _parts_memo: dict[tuple[str, ...], tuple[int, tuple, tuple[tuple[str, str], ...]]] = {}
 _generation = [0]  # bumped by every change of _declared
 
 
-def _identify(name: str, func: Any) -> tuple[Any, str, UncacheableError | None, tuple]:
-    target = python_callable(func)
-    digest = Digest(name)
-    try:
-        if target is None:
-            raise digest.uncacheable("it is not a Python function (a C/C++ function, or an unknown tvm-ffi layout)")
-        identity = digest.identity(target)
-        return func, identity, None, tuple(digest.watch)
-    except UncacheableError as err:
-        return func, "", err, tuple(digest.watch)
+def _identify(name: str, func: Any) -> tuple[Any, str, UncacheableError | None]:
+    own = owner_name(func, TVM_DIR, TVM_HOMES.get(name, ()))
+    if own is not None:
+        return func, f"tvm {_compat.tvm_version()}: {own}", None
+    return func, "", users_function(f"callback {name!r}", name)

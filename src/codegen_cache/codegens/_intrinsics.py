@@ -3,15 +3,13 @@
 target.build.cuda asks `tirx.intrinsics.cuda.get_codegen` for the code of each device intrinsic
 a kernel calls; it answers from tvm.backend.cuda.codegen.CODEGEN_REGISTRY, which users extend
 with `register_codegen`. TVM's own entries are covered by the TVM version; others are keyed as
-callbacks are (docs/key.md).
+callbacks are: a user's entry makes CUDA uncacheable until a salt is declared for
+tirx.intrinsics.cuda.get_codegen (docs/key.md).
 """
 
 from __future__ import annotations
 
-import xxhash
-
-from .._errors import UncacheableError
-from ._callbacks import declared_salt, object_identity, tvm_name, unchanged
+from ._callbacks import declared_salt, tvm_name, users_function
 
 __all__ = ["GET_CODEGEN", "intrinsics_identity"]
 
@@ -21,10 +19,10 @@ GET_CODEGEN = "tirx.intrinsics.cuda.get_codegen"
 def intrinsics_identity(get_codegen: str | None = None) -> str:
     """Identity of TVM's CUDA device-intrinsic codegen table, which target.build.cuda reads.
 
-    'tvm' while every entry is TVM's own (the TVM version is a key part); else a digest of the
-    other entries' identities (as callbacks', docs/key.md). Memoized per table size: adding an
-    entry is seen at once, replacing one in place is not (declare a salt for
-    tirx.intrinsics.cuda.get_codegen after doing that).
+    'tvm' while every entry is TVM's own (the TVM version is a key part); a user's entry raises
+    UncacheableError (as a user's callback does, docs/key.md) unless a salt is declared for
+    tirx.intrinsics.cuda.get_codegen: then 'declared:<salt>'. Memoized per table size: adding an
+    entry is seen at once, replacing one in place is not (declare a salt after doing that).
     """
     # `get_codegen`: that callback's identity when the caller has it (saves a lookup).
     if get_codegen is None:
@@ -36,27 +34,17 @@ def intrinsics_identity(get_codegen: str | None = None) -> str:
     if table is None:
         return "none"
     memo = _intrinsics_memo.get("table")
-    if memo is not None and memo[0] is table and memo[1] == len(table) and unchanged(memo[4]):
-        if memo[3] is not None:
-            raise memo[3]
-        return memo[2]
-    identity, error, watch = "tvm", None, []
-    digest = xxhash.xxh3_128()
-    try:
+    if memo is None or memo[0] is not table or memo[1] != len(table):
+        error = None
         for op in sorted(table):
             func = table[op]
-            if tvm_name(getattr(func, "__wrapped__", func)) is not None:
-                continue  # TVM's own codegen for this op
-            found, seen = object_identity(func, f"the CUDA intrinsic codegen for {op!r}", GET_CODEGEN)
-            watch += seen
-            digest.update(f"{len(op)}:{op}{len(found)}:{found}".encode())
-            identity = f"user:{digest.hexdigest()}"
-    except UncacheableError as err:
-        error = err
-    _intrinsics_memo["table"] = (table, len(table), identity, error, tuple(watch))
-    if error is not None:
-        raise error
-    return identity
+            if tvm_name(getattr(func, "__wrapped__", func)) is None:
+                error = users_function(f"the CUDA intrinsic codegen for {op!r}", GET_CODEGEN)
+                break
+        memo = _intrinsics_memo["table"] = (table, len(table), error)
+    if memo[2] is not None:
+        raise memo[2]
+    return "tvm"
 
 
 _intrinsics_memo: dict[str, tuple] = {}

@@ -1,9 +1,18 @@
 """The Python callable behind a tvm-ffi Function (tvm-ffi has no API that hands it back).
 
+Why it is still read: to tell TVM's and tilelang's own callbacks from users' (_owner.py) where
+public API cannot. tvm-ffi reports no owner or source of a Function (its metadata is empty for
+every Python-registered one), and a registration by call, `register_global_func(name, f)` (how
+tilelang registers its callbacks), leaves the Function reachable only through the registry.
+Public API comes first (_owner.owner_name): TVM 0.27's own callbacks are found at their homes.
+
 A Function made from a Python callable keeps it (or a closure whose first word is it) in a
 fixed word of the C object. The word, and the words every such Function shares (type index,
 deleters, call trampolines), are learnt at first use from two probe functions; a Function is
-read only after those shared words match, so a C/C++ function is never followed into.
+read only after those shared words match, so a C/C++ function is never followed into. The
+fallback: where the layout is not recognized, no callable is returned, and a callback not
+found through public API counts as a user's (uncacheable, never misidentified). Tests fail when
+the layout changes (tests/test_key_callbacks.py).
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ extra positional arguments, tilelang < 0.1.14 (its KernelCache keeps kernel para
 pickles; this cache never unpickles; the device level still serves those versions).
 
 An entry is one file, `<cache dir>/tilelang/<digest>.so`: the frame (payload first) whose
-field 0 is the kernel library, so the file itself is what tilelang loads; fields 1 and 2 are
+field 0 is the kernel library; a hit gives tilelang a private copy of those checked bytes to
+load (never the entry's file, which another process may change meanwhile); fields 1 and 2 are
 the device and host sources; kernel parameters are tilelang's JSON (dump_kernel_params). A hit
 checks the frame's checksum, then rebuilds the kernel with the execution backend's own
 `_build_kernel` (JITKernel.from_database), as tilelang's KernelCache does: no lowering, no
@@ -46,13 +47,15 @@ import xxhash
 
 from .. import _compat
 from .._artifacts import Artifact, frame, unframe
+from .._artifacts._private import private_file
 from .._cache import CodegenCache
 from .._cache._cache import FRONTEND_DIR
 from .._context import active_cache
-from .._errors import ArtifactError
+from .._errors import ArtifactError, CacheLinkError
 from .._key import CacheKey, static_salts
 from .._log import warn_once
 from .._outcome import emit
+from .._storage._faults import ensure_dir, freeze_file_mode
 from .._storage._plain import PlainFiles
 from .._targets import canonical_target
 from . import _salts
@@ -192,13 +195,15 @@ def _read_entry(path: Path, key: CacheKey):
 def _write_entry(path: Path, blob: bytes) -> None:
     tmp = path.with_name(f"cgc-{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # swept if left
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as handle:
+        ensure_dir(path.parent, path.parent.parent)  # <cache>/tilelang: never through a link
+        with open(tmp, "xb") as handle:
             handle.write(blob)
+            freeze_file_mode(handle.fileno())
         os.replace(tmp, path)
     except OSError as err:
-        warn_once(logger, ("tilelang-write", str(path.parent)), "codegen cache: cannot store tilelang kernels "
-                  "in %s (%s); compiles still work", path.parent, err)
+        if not isinstance(err, CacheLinkError):  # that one was warned about where it was found
+            warn_once(logger, ("tilelang-write", str(path.parent)), "codegen cache: cannot store tilelang kernels "
+                      "in %s (%s); compiles still work", path.parent, err)
         with contextlib.suppress(OSError):
             tmp.unlink()
 
@@ -252,11 +257,12 @@ def _store(cache: CodegenCache, key: CacheKey, func: Any, kernel: Any, call: dic
     context = extra["backend_context"]
     root = Path(cache.directory) / FRONTEND_DIR
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        ensure_dir(root, cache.directory)
         staging = tempfile.mkdtemp(prefix="cgc-tl-", dir=root)
     except OSError as err:
-        warn_once(logger, ("tilelang-write", str(root)), "codegen cache: cannot store tilelang kernels in %s (%s); "
-                  "compiles still work", root, err)
+        if not isinstance(err, CacheLinkError):
+            warn_once(logger, ("tilelang-write", str(root)), "codegen cache: cannot store tilelang kernels in %s "
+                      "(%s); compiles still work", root, err)
         return False
     try:
         # tilelang's own writers (per execution backend): the sources and the library it loads.
@@ -301,11 +307,14 @@ def _load(cache: CodegenCache, key: CacheKey, func: Any, call: dict[str, Any], o
     from tilelang.transform.pass_config import normalize_pass_configs
 
     try:
+        # The library tilelang loads is a private copy of the bytes just checked, never the
+        # entry's file: that may be replaced, rewritten or truncated by then (_private.py).
+        library = private_file(art.fields[0], cache._scratch(), f"{key.digest}.so")  # noqa: SLF001
         return kernel_cache._build_kernel(  # noqa: SLF001 - what tilelang's KernelCache calls on its own hits
             func=func,
             host_kernel_source=CachedTextSource(text=bytes(art.fields[2]).decode()),
             device_kernel_source=CachedTextSource(text=bytes(art.fields[1]).decode()),
-            kernel_lib_path=str(path),
+            kernel_lib_path=library,
             kernel_params=load_kernel_params(art.meta["params"]),
             out_idx=call["out_idx"],
             pass_configs=normalize_pass_configs(call["pass_configs"]),
@@ -369,8 +378,8 @@ def _cached(original, original_module):
                             compile_flags=compile_flags)
 
         cache = active_cache()
-        if args or not isinstance(cache, CodegenCache) or not isinstance(func, _compat.PrimFunc):
-            return tilelangs_own()
+        if args or not isinstance(cache, CodegenCache) or not isinstance(func, _compat.PrimFunc) or not cache.trusted:
+            return tilelangs_own()  # an untrusted directory (another user could change it): not used
         start = time.perf_counter()
         key = frontend_key(cache, func, call)
         if key is None:

@@ -27,7 +27,8 @@ import xxhash
 
 from .._compat import tvm
 from .. import _compat
-from ..codegens._callbacks import callback_salts, declare_salt_of, python_callable
+from ..codegens._callbacks import callback_salts, declare_salt_of
+from ..codegens._owner import owner_name
 from ..codegens.cuda import nvcc_version_at
 
 __all__ = ["EXCLUDED_ENV", "compile_salts", "env_part", "headers_digest", "pass_config_part", "tilelang_version"]
@@ -249,9 +250,9 @@ def _package_dir() -> str:
 def _declare_if_tilelangs_own(name: str) -> None:
     """Key tilelang's own callbacks by tilelang's version and their name.
 
-    Their code reads module globals (enums, tilelang.env) that the generic callback digest
-    cannot key; a function defined inside the installed tilelang package is what that
-    version ships. Anything else registered under the name is keyed as any callback.
+    A function defined inside the installed tilelang package is what that version ships (it
+    reads tilelang's own settings, which the other key parts hold). Anything else registered
+    under the name is a user's hook: uncacheable without a declared salt, as any callback.
     """
     func = _compat.global_func(name, missing_ok=True)
     if func is None:
@@ -259,10 +260,9 @@ def _declare_if_tilelangs_own(name: str) -> None:
     handle = func.__chandle__()
     if _checked.get(handle) is func:
         return
-    target = python_callable(func)
-    code = getattr(target, "__code__", None)
-    if code is not None and os.path.normpath(os.path.abspath(code.co_filename)).startswith(_package_dir()):
-        declare_salt_of(name, f"tilelang {tilelang_version()}: {target.__module__}.{target.__qualname__}")
+    own = owner_name(func, _package_dir())
+    if own is not None:
+        declare_salt_of(name, f"tilelang {tilelang_version()}: {own}")
     if len(_checked) >= 64:
         _checked.clear()
     _checked[handle] = func  # held: the handle is not reused while checked
