@@ -1,6 +1,7 @@
 """Artifact bytes: the frame, one codec per module kind, the CUDA payload; nothing here pickles."""
 
-from ._codecs import CODECS, check, decode, encode_cuda_binary, function_names, prepare, symbol_names, upgrade
+from ._codecs import (CODECS, check, decode, encode_cuda_binary, function_names, portable, prepare, symbol_names,
+                      upgrade)
 from ._cuda import CudaPayload
 from ._frame import FORMAT_VERSION, HOT_META, Artifact, frame, read_meta, unframe
 from ._llvm import SCRATCH_PREFIX, CachedIRModule, CachedLibraryModule, compiler_command
@@ -21,6 +22,7 @@ __all__ = [
     "encode_cuda_binary",
     "frame",
     "function_names",
+    "portable",
     "prepare",
     "read_meta",
     "symbol_names",

@@ -10,8 +10,9 @@
 | source    | source text (CUDA, OpenCL, Metal, ...)  | runtime.SourceModuleCreate(text, format)     |
 
 `prepare` runs on the caller's thread and only copies what the module holds (microseconds to a
-millisecond); `upgrade` turns an llvm-ir entry into llvm-so in a helper process. Nothing here
-pickles or unpickles.
+millisecond); `upgrade` turns an llvm-ir entry into llvm-so in a helper process, and `portable`
+back (what a host of another platform can load: the remote tier shares libraries only between
+hosts of one platform). Nothing here pickles or unpickles.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from .._errors import ArtifactError, CudaRuntimeUnavailableError
 from . import _cuda, _llvm
 from ._frame import Artifact, frame, unframe
 
-__all__ = ["CODECS", "check", "decode", "encode_cuda_binary", "function_names", "prepare", "symbol_names", "upgrade"]
+__all__ = ["CODECS", "check", "decode", "encode_cuda_binary", "function_names", "portable", "prepare", "symbol_names",
+           "upgrade"]
 
 # The JSON type of each metadata field a hit reads; a checksum is not authentication, so a
 # well-framed entry may still hold anything there (a null build_seconds made lower() raise).
@@ -197,3 +199,16 @@ def upgrade(blob: bytes, scratch: str) -> bytes | None:
         return None
     ir = art.fields[0]
     return frame("llvm-so", art.meta, [_llvm.shared_library_from_ir(ir.decode(), scratch), ir])
+
+
+def portable(blob: bytes | memoryview) -> bytes:
+    """The entry in a form every host can load: an llvm-so entry as the llvm-ir entry it was upgraded from.
+
+    The IR and the metadata are the upgrade's input, kept whole, so this gives that entry back
+    byte for byte; other entries are returned as they are.
+    """
+    art = unframe(blob)
+    if art.codec != "llvm-so":
+        return bytes(blob)
+    check(art)
+    return frame("llvm-ir", art.meta, [art.fields[1]])
