@@ -125,6 +125,7 @@ class DiskTier:
     in_place: Callable[[str], bool]  # may a value file of this store be mapped where it lies?
     on_staged_hit: Callable[[str, str, bytes], None]  # (mode, digest, blob): promote it
     on_raw_hit: Callable[[str, str], None]  # (mode, digest): an llvm entry to upgrade
+    on_fill: Callable[[str, str, bytes], None] | None = None  # (mode, digest, blob): promote a remote hit's copy
     name: str = "disk"
     _checked: set = field(default_factory=set)
 
@@ -158,7 +159,7 @@ class DiskTier:
         if entry.blob is None:
             return
         self.guard("stage", self.staged[entry.mode].write, entry.digest, entry.blob)
-        self.on_staged_hit(entry.mode, entry.digest, entry.blob)
+        (self.on_fill or self.on_staged_hit)(entry.mode, entry.digest, entry.blob)
 
 
 @dataclass
