@@ -730,3 +730,18 @@ def test_measure_remote_costs(tmp_path, redis_url, capsys):
     lines.append(f"(frame overhead {blob_size} bytes, envelope 6 + 32 bytes)")
     with capsys.disabled():
         print("\n" + "\n".join(lines))
+
+
+def test_a_plain_url_at_a_tls_port_says_to_use_rediss(tls_redis, caplog):
+    """The server resets a plain-text client: the tier asks it for TLS and says what to change."""
+    events = []
+    tier = RedisTier(f"redis://127.0.0.1:{tls_redis.port}/0", secret=SECRET, on_event=lambda n, k=1: events.append(n))
+    try:
+        t0 = time.perf_counter()
+        assert tier.get("k" * 32) is None
+        assert time.perf_counter() - t0 < NO_HANG_SECONDS
+    finally:
+        tier.close()
+    assert events == ["error:remote"]
+    message = " ".join(r.getMessage() for r in _remote_records(caplog))
+    assert "speaks TLS" in message and "use a rediss:// URL" in message

@@ -39,6 +39,7 @@ from .._storage._fsprobe import probe as probe_filesystem
 from .._storage._fsprobe import scratch_dir, warn_if_unsafe
 from .._storage._locks import KeyLocks
 from .._storage._memory import MemoryTier
+from .._storage._outbox import Outbox
 from .._storage._pending import PendingFiles
 from .._storage._plain import PlainFiles
 from .._targets import TargetLike, as_target
@@ -592,9 +593,9 @@ class CodegenCache:
         the `remote` URL given (a tool that opens the cache without its remote tier).
         """
         pusher = self._pusher
-        if remote is not None and pusher is None:
-            tier = self._make_remote(None, dataclasses.replace(self.settings, remote=remote))
-            pusher = self._pusher_for(tier)
+        if remote is not None and pusher is None and (any(next(s.digests(), None) for s in self._staged.values())
+                                                      or Outbox(self.directory).pending()):
+            pusher = self._pusher_for(self._make_remote(None, dataclasses.replace(self.settings, remote=remote)))
         moved = 0
         for mode, staged in self._staged.items():
             for digest in list(staged.digests()):

@@ -50,12 +50,16 @@ class Pusher:
 
     def drain(self, stores: Mapping[str, Any], staged: Mapping[str, Any], promotion: Promotion) -> int:
         """Promote and push what is staged, then push what the outbox names; how many entries went."""
+        self.outbox.open()
+        staged_digests = {mode: list(files.digests()) for mode, files in staged.items()}
+        if not any(staged_digests.values()) and not self.outbox.pending():
+            return 0  # the common case at open: nothing left behind (and no lock file made for it)
         moved = 0
         with self.outbox.draining() as mine:
             if not mine:
                 return 0  # another process of this directory pushes them now
             for mode, files in staged.items():
-                for digest in list(files.digests()):
+                for digest in staged_digests[mode]:
                     blob = files.read(digest)
                     if blob is not None:
                         promotion(mode, digest, blob)()
@@ -85,11 +89,12 @@ def upgraded(directory: Path, store: str, digest: str, blob: bytes, count: Calla
     """The upgrader linked `digest`'s library: mark it for the remote, and push it if the environment names one."""
     if store != "compiled":
         return
-    outbox = Outbox(directory)
-    outbox.mark("lib", digest)
     remote = _remote_from_env(count)
     if remote is not None and remote.push(digest, blob, portable=False) != "failed":
-        outbox.done("lib", digest)
+        return
+    outbox = Outbox(directory)
+    if remote is not None or outbox.in_use():  # else no cache of this directory writes to a remote
+        outbox.mark("lib", digest)
 
 
 def _remote_from_env(count: Callable[..., None]) -> Any:

@@ -55,6 +55,17 @@ class Outbox:
     def __init__(self, directory: Path) -> None:
         self.directory = Path(directory) / "outbox"
 
+    def open(self) -> None:
+        """Make the directory: a cache with a writable remote uses this one (the upgrader marks only then)."""
+        try:
+            ensure_dir(self.directory)
+        except OSError as err:
+            logger.debug("codegen cache: cannot make %s: %s", self.directory, err)
+
+    def in_use(self) -> bool:
+        """Whether a cache with a writable remote has used this directory."""
+        return self.directory.is_dir()
+
     def mark(self, kind: str, digest: str) -> bool:
         """Remember that the remote lacks this entry (of `kind`); False when the marker cannot be made."""
         if kind not in KINDS or not re.fullmatch(r"[0-9a-f]{32}", digest):
