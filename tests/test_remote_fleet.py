@@ -530,3 +530,38 @@ def test_a_library_is_never_loaded_from_another_platforms_key(hosts, url, server
     module, outcome = b.lower_with_outcome(mod, target)
     assert outcome.tier == "remote" and type(module).__name__ == "CachedIRModule"
     np.testing.assert_array_equal(run_binary(module), 2 * np.arange(1024, dtype="float32"))
+
+
+# ---- the ACL of docs/remote.md ------------------------------------------------------------------
+
+
+def test_the_documented_acl_user_can_do_everything_the_tier_does(tmp_path, caplog):
+    """docs/remote.md's `user codegen ...` line, as written: stores, hits, leases, refreshes, a replaced value."""
+    import re
+
+    from codegen_cache._storage._remote import RedisTier
+
+    _need_redis_server()
+    line = re.search(r"^user codegen on .*$", (HERE.parent / "docs" / "remote.md").read_text(), re.MULTILINE).group(0)
+    (tmp_path / "acl").mkdir()
+    conf = tmp_path / "acl" / "redis.conf"
+    conf.write_text("user default on nopass ~* &* +@all\n" + line.replace(">CHANGE-ME", ">pw") + "\n")
+    server = RedisServer(tmp_path / "acl", options=["--include", str(conf)])
+    try:
+        url = f"redis://codegen:pw@127.0.0.1:{server.port}/0"
+        events = []
+        tier = RedisTier(url, secret=SECRET, ttl=16, on_event=lambda name, n=1: events.append(name))
+        blob = frame("source", {"key": "k" * 32}, [b"__global__ void k() {}"])
+        assert tier.push("k" * 32, blob) == "stored" and tier.get("k" * 32) == blob
+        assert tier.push("k" * 32, blob) == "kept"
+        token = b"t"
+        assert tier.leases.take("k" * 32, token) and tier.leases.renew("k" * 32, token)
+        assert tier.leases.release("k" * 32, token)
+        tier.refresh("k" * 32, library=False)
+        with server.client() as client:
+            client.set(tier.redis_key("d" * 32), b"garbage")  # damaged for everyone
+        assert tier.get("d" * 32) is None and tier.push("d" * 32, blob) == "stored"
+        tier.close()
+        assert "error:remote" not in events and "remote_replaced" in events, events
+    finally:
+        server.close()

@@ -156,7 +156,8 @@ class CodegenCache:
                               self._promote_later, self._ask_upgrade, self._promote_fill)
         tiers: list = [self._memory_view, self._disk]
         if self._remote is not None:
-            tiers.append(RemoteTierView(self._remote, self._guard, self._scratch))
+            tiers.append(RemoteTierView(self._remote, self._guard, self._scratch, self._stage_fill, self._promote_fill,
+                                        lambda mode, digest, blob: self._staged[mode].remove(digest, blob)))
         self._chain = TierChain(tiers)
         if self._pusher is not None:
             # What processes of this directory left unpushed (killed, exited at once, remote down).
@@ -269,7 +270,7 @@ class CodegenCache:
                 self._stats.add_hit(entry.name, mode, "memory", saved)
                 emit("memory", key.digest, entry.name, mode, key_seconds, 0.0, saved, time.perf_counter() - start)
                 return kept.module
-        probe = Probe(key.digest, mode, mod, self.settings.verify)
+        probe = Probe(key.digest, mode, mod, self.settings.verify, library=compile_device and target.kind.name == "llvm")
         found = None if self.settings.recache else self._chain.lookup(probe)
         if isinstance(found, Hit):
             return self._served(found, entry.name, mode, key.digest, key_seconds, start)
@@ -445,6 +446,12 @@ class CodegenCache:
     def _promote_later(self, mode: str, digest: str, blob: bytes) -> None:
         """A staged entry was read (its writer may be gone): move it into its store, and to the remote."""
         writer.submit(self._promotion(mode, digest, blob, True))
+
+    def _stage_fill(self, mode: str, digest: str, blob: bytes) -> str | None:
+        """Write a remote hit's entry to this disk first; its file, to map it from (None: load from a copy)."""
+        if not self._may_map_in_place(mode) or not self._guard("stage", self._staged[mode].write, digest, blob):
+            return None
+        return self._staged[mode].path(digest)
 
     def _promote_fill(self, mode: str, digest: str, blob: bytes) -> None:
         """An entry served by the remote was staged here: move it into its store (the remote has it)."""

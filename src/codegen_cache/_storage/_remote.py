@@ -147,22 +147,34 @@ class RedisTier:
 
     # ---- reads ----------------------------------------------------------------------------
 
-    def get(self, digest: str) -> bytes | None:
-        """The framed artifact for `digest` (the library of this platform where there is one), or None."""
+    def get(self, digest: str, *, library: bool = False) -> bytes | None:
+        """The framed artifact for `digest` (the library of this platform where there is one), or None.
+
+        library=True: an llvm build, whose library is asked for first (one round trip for a hit
+        of the fast form); otherwise the library is asked for after an LLVM IR entry.
+        """
         if self.health.reads.offline():
             self.health.event("remote_offline")
             return None
+        if library:
+            found = self._library(digest)
+            if found is not None:
+                return found
         found = self._read(self.redis_key(digest), count_miss=True)
         if found is None:
             return None
         blob, codec = found
         if codec == "llvm-so":
             return portable_form(blob)  # a library where any host reads: loaded only from its platform's key
-        if codec == "llvm-ir" and not self.health.reads.offline():
-            library = self._read(self.library_key(digest), count_miss=False)
-            if library is not None and library[1] == "llvm-so":
-                return library[0]
+        if codec == "llvm-ir" and not library:
+            return self._library(digest) or blob
         return blob
+
+    def _library(self, digest: str) -> bytes | None:
+        if self.health.reads.offline():
+            return None
+        found = self._read(self.library_key(digest), count_miss=False)
+        return found[0] if found is not None and found[1] == "llvm-so" else None
 
     def forget(self, digest: str) -> None:
         """Look `digest` up for real next time (a waiter polls for another host's entry)."""
