@@ -130,9 +130,14 @@ def test_remote_from_environment(tmp_path, redis_url, monkeypatch, llvm_vadd):
         try:
             assert isinstance(c._remote, RedisTier) and c._remote.signed  # noqa: SLF001
             assert c.lower_with_outcome(mod, target, codegen=codegen)[1].tier == tier
+            # The upgrader has the environment too: it pushes the library it links (before it is
+            # done, so that it pushes nothing into the next test's emptied server).
+            assert c.flush(60, upgrades=True)
         finally:
             c.close()
     assert len(calls) == 1
+    with redis.Redis.from_url(redis_url) as client:
+        assert len(client.keys("codegen-cache:v3:lib:*")) == 1
 
 
 # ---- rejected entries ------------------------------------------------------------------------

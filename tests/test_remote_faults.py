@@ -246,8 +246,8 @@ def _endless_value(announced: int, sent_before_break: list):
     ref: list = []
 
     def answer(conn, args):
-        if args[0].upper() != b"GET":
-            FakeRedis.behave(ref[0], conn, args) if ref else conn.send(b"+OK\r\n")
+        if args[0].upper() != b"GET" or b":lib:" in args[1]:  # the library's key (asked first): none
+            FakeRedis.behave(ref[0], conn, args) if ref else conn.send(b"+OK\r\n" if args[0] != b"GET" else b"$-1\r\n")
             return
         conn.send(b"$%d\r\n" % announced)
         chunk = bytes(1 << 20)

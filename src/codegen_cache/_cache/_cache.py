@@ -12,6 +12,10 @@ entries into shared libraries. The directory holds:
     locks/               per-key build locks (flock)
     stats/ stats.sqlite  per-process counters, and the folded totals
     upgrade/ tmp/        llvm entries waiting for a shared library (and the upgrader's lock); scratch files
+    outbox/              entries the remote still lacks (`_push`)
+
+With a remote, a miss also takes the key's build lease there (one builder per fleet), the
+writer pushes each entry before it removes the staged file, and hits refresh remote TTLs.
 """
 
 from __future__ import annotations
@@ -160,8 +164,10 @@ class CodegenCache:
                                         lambda mode, digest, blob: self._staged[mode].remove(digest, blob)))
         self._chain = TierChain(tiers)
         if self._pusher is not None:
-            # What processes of this directory left unpushed (killed, exited at once, remote down).
-            writer.submit(self._push_pending)
+            # What processes of this directory left unpushed (killed, exited at once, remote down):
+            # what is staged now, not this process's own coming entries (their jobs push them).
+            left = {mode: list(files.digests()) for mode, files in self._staged.items()}
+            writer.submit(lambda: self._push_pending(only=left))
 
     def _make_remote(self, remote: Any, settings: Settings) -> Any:
         if remote is not None and not isinstance(remote, str):
@@ -496,13 +502,14 @@ class CodegenCache:
             remote, library = self._remote, blob is not None and b"llvm-so" in blob[-64:]
             writer.submit(lambda: remote.refresh(digest, library=library))
 
-    def _push_pending(self, pusher: Pusher | None = None) -> int:
-        """Push what is staged or marked in the outbox (entries of processes that ended first); how many."""
+    def _push_pending(self, pusher: Pusher | None = None, *, only: dict[str, list[str]] | None = None) -> int:
+        """Push what is staged (`only` those digests, when given) or marked in the outbox; how many."""
         pusher = pusher or self._pusher
         if pusher is None:
             return 0
         return pusher.drain(self._stores, self._staged,
-                            lambda mode, digest, blob: self._promotion(mode, digest, blob, True, pusher=pusher))
+                            lambda mode, digest, blob: self._promotion(mode, digest, blob, True, pusher=pusher),
+                            only=only)
 
     def _ask_upgrade(self, mode: str, digest: str) -> None:
         """A hit was served from LLVM IR: have it turned into a shared library (once per process)."""

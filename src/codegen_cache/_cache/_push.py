@@ -48,10 +48,16 @@ class Pusher:
             return "stored" if self.remote.put(digest, blob) else "failed"
         return push(digest, blob, portable=portable)
 
-    def drain(self, stores: Mapping[str, Any], staged: Mapping[str, Any], promotion: Promotion) -> int:
-        """Promote and push what is staged, then push what the outbox names; how many entries went."""
+    def drain(self, stores: Mapping[str, Any], staged: Mapping[str, Any], promotion: Promotion, *,
+              only: Mapping[str, list[str]] | None = None) -> int:
+        """Promote and push what is staged (`only` these digests per store, when given), then what the outbox names.
+
+        How many entries went. `only`: what was staged when this process opened the directory,
+        so that its own new entries are left to the jobs that will promote them.
+        """
         self.outbox.open()
-        staged_digests = {mode: list(files.digests()) for mode, files in staged.items()}
+        staged_digests = {mode: list(files.digests()) if only is None else list(only.get(mode, ()))
+                          for mode, files in staged.items()}
         if not any(staged_digests.values()) and not self.outbox.pending():
             return 0  # the common case at open: nothing left behind (and no lock file made for it)
         moved = 0

@@ -13,17 +13,21 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 from .._errors import ConfigError, RemoteRefusedError
 from ._backoff import Backoff
 from ._envelope import Rejection
 
-__all__ = ["SIGNATURE_FAILURES", "Health"]
+__all__ = ["FAILED", "SIGNATURE_FAILURES", "Health"]
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 SIGNATURE_FAILURES = 3  # distinct entries failing the signature before "this host's secret is not the fleet's"
 _HANDSHAKE = ("AUTH", "SELECT")
+FAILED: Any = type("Failed", (), {"__repr__": lambda self: "FAILED"})()  # what attempt() returns for a failed call
 
 
 class Health:
@@ -43,6 +47,19 @@ class Health:
         """Count `name` in the cache's counters."""
         if self._on_event is not None:
             self._on_event(name)
+
+    def attempt(self, calls: Backoff, op: str, call: Callable[[], T]) -> T | Any:
+        """call() as a call of kind `calls`: its result, or FAILED when it failed (counted, backed off, warned)."""
+        try:
+            result = call()
+        except ConfigError as err:
+            self.misconfigured(err)
+            return FAILED
+        except OSError as err:
+            self.failed(calls, op, err)
+            return FAILED
+        self.back(calls)
+        return result
 
     def failed(self, calls: Backoff, op: str, err: OSError) -> None:
         """Count a failed call of `op` and take calls offline; warn once per kind of fault."""

@@ -15,9 +15,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from .._errors import ConfigError
 from ._client import RespClient
-from ._health import Health
+from ._health import FAILED, Health
 from ._scripts import RELEASE, RENEW
 
 __all__ = ["Leases", "new_token"]
@@ -44,16 +43,9 @@ class Leases:
         if not self.enabled or self._health.writes.offline():
             return None
         name = self._key(digest).encode()
-        try:
-            taken = self._client.set(name, token, max(1, int(self.expiry * 1000)), nx=True)
-        except ConfigError as err:
-            self._health.misconfigured(err)
-            return None
-        except OSError as err:
-            self._health.failed(self._health.writes, "lease", err)
-            return None
-        self._health.back(self._health.writes)
-        return taken
+        taken = self._health.attempt(self._health.writes, "lease",
+                                     lambda: self._client.set(name, token, max(1, int(self.expiry * 1000)), nx=True))
+        return None if taken is FAILED else taken
 
     def renew(self, digest: str, token: bytes) -> bool:
         """Extend the lease by its expiry; False when it is not this token's any more (or the call failed)."""
@@ -66,14 +58,6 @@ class Leases:
     def _compare(self, script, digest: str, token: bytes, args: list[bytes], op: str) -> bool:
         if not self.enabled or self._health.writes.offline():
             return False
-        try:
-            done = self._client.run(script, self._key(digest).encode(), [token, *args],
-                                    lambda conn, command, deadline: conn.expect_int(command, deadline))
-        except ConfigError as err:
-            self._health.misconfigured(err)
-            return False
-        except OSError as err:
-            self._health.failed(self._health.writes, op, err)
-            return False
-        self._health.back(self._health.writes)
+        done = self._health.attempt(self._health.writes, op, lambda: self._client.run(
+            script, self._key(digest).encode(), [token, *args], lambda conn, cmd, deadline: conn.expect_int(cmd, deadline)))
         return done == 1

@@ -34,7 +34,7 @@ from .._errors import ArtifactError, ConfigError, RemoteValueTooLargeError
 from ._client import RespClient
 from ._endpoint import Endpoint
 from ._envelope import ENVELOPE_BYTES, Rejection, open_value, seal
-from ._health import Health
+from ._health import FAILED, Health
 from ._leases import Leases
 from ._platform import library_platform
 from ._scripts import REFRESH, REPLACE
@@ -158,7 +158,7 @@ class RedisTier:
             return None
         if library:
             found = self._library(digest)
-            if found is not None:
+            if found is not None or self.health.reads.offline():  # a failed call: no second deadline
                 return found
         found = self._read(self.redis_key(digest), count_miss=True)
         if found is None:
@@ -248,19 +248,14 @@ class RedisTier:
         value = seal(name, blob, self._secret)
         px = int(self.ttl * 1000)
         damaged = self._damaged.pop(name, None)
-        try:
-            if damaged is None:
-                stored = self._client.set(name.encode(), value, px or None, nx=True)
-            else:
-                stored = self._client.run(REPLACE, name.encode(), [damaged.encode(), value, b"%d" % px],
-                                          _read_int) == 1
-        except ConfigError as err:
-            self.health.misconfigured(err)
+        if damaged is None:
+            stored = self.health.attempt(self.health.writes, "put",
+                                         lambda: self._client.set(name.encode(), value, px or None, nx=True))
+        else:
+            stored = self.health.attempt(self.health.writes, "put", lambda: self._client.run(
+                REPLACE, name.encode(), [damaged.encode(), value, b"%d" % px], _read_int) == 1)
+        if stored is FAILED:
             return "failed"
-        except OSError as err:
-            self.health.failed(self.health.writes, "put", err)
-            return "failed"
-        self.health.back(self.health.writes)
         self._absent.pop(name, None)
         if not stored:
             self.health.event("remote_kept")
@@ -287,16 +282,10 @@ class RedisTier:
         for name in (self.redis_key(digest), *([self.library_key(digest)] if library else [])):
             if self.health.writes.offline():
                 return
-            try:
-                if self._client.run(REFRESH, name.encode(), [b"%d" % ttl_ms, b"%d" % interval_ms], _read_int) == 1:
-                    self.health.event("remote_refreshed")
-            except ConfigError as err:
-                self.health.misconfigured(err)
-                return
-            except OSError as err:
-                self.health.failed(self.health.writes, "refresh", err)
-                return
-            self.health.back(self.health.writes)
+            args = [b"%d" % ttl_ms, b"%d" % interval_ms]
+            if self.health.attempt(self.health.writes, "refresh",
+                                   lambda: self._client.run(REFRESH, name.encode(), args, _read_int)) == 1:
+                self.health.event("remote_refreshed")
 
     def close(self) -> None:
         """Close the connections to Redis."""
