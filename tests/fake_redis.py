@@ -1,5 +1,8 @@
 """A misbehaving Redis on a loopback port: it speaks just enough RESP2 to answer wrongly on cue.
 
+It behaves like Redis for what the remote tier sends (GET, SET with NX and PX, its scripts by
+EVALSHA and EVAL, the handshake), so a test changes only the one reply it is about.
+
 Each test passes `answer(conn, command)`, called for every command a client sends; it may send
 anything (`conn.send`), trickle it, close the connection, reset it, or behave like Redis
 (`fake.behave`). Threads are daemons with socket timeouts, so a failing test cannot hang on it.
@@ -25,9 +28,8 @@ class FakeConn:
     def read_command(self) -> list[bytes] | None:
         """The next command (a RESP array of bulk strings), None when the client closed."""
         head = self._file.readline()
-        if not head:
-            return None
-        assert head.startswith(b"*"), head
+        if not head.startswith(b"*"):
+            return None  # the client closed, or spoke something else (a TLS ClientHello): hang up
         args = []
         for _ in range(int(head[1:])):
             size = int(self._file.readline()[1:])
@@ -82,8 +84,13 @@ class FakeRedis:
             value = self.store.get(command[1])
             conn.send(b"$-1\r\n" if value is None else b"$%d\r\n%s\r\n" % (len(value), value))
         elif name == b"SET":
+            if b"NX" in (a.upper() for a in command[3:]) and command[1] in self.store:
+                conn.send(b"$-1\r\n")
+                return
             self.store[command[1]] = command[2]
             conn.send(b"+OK\r\n")
+        elif name in (b"EVALSHA", b"EVAL"):
+            self._script(conn, name, command)
         elif name == b"HELLO":  # what redis-py 8 sends first
             proto = int(command[1]) if len(command) > 1 else 2
             fields = b"$6\r\nserver\r\n$5\r\nredis\r\n$5\r\nproto\r\n:%d\r\n" % proto
@@ -92,6 +99,30 @@ class FakeRedis:
             conn.send(b"+OK\r\n")
         else:
             conn.send(b"-ERR unknown command\r\n")
+
+    def _script(self, conn: FakeConn, name: bytes, command: list[bytes]) -> None:
+        """The tier's scripts (_storage/_scripts.py), as Redis would run them; one key each."""
+        import hashlib
+
+        from codegen_cache._storage import _scripts
+
+        scripts = {s.sha.encode(): s for s in (_scripts.REPLACE, _scripts.REFRESH, _scripts.RENEW, _scripts.RELEASE)}
+        script = scripts.get(command[1] if name == b"EVALSHA" else hashlib.sha1(command[1]).hexdigest().encode())
+        if script is None:
+            conn.send(b"-NOSCRIPT No matching script.\r\n")
+            return
+        key, args, value = command[3], command[4:], self.store.get(command[3])
+        if script is _scripts.REPLACE:
+            done = value is None or hashlib.sha1(value).hexdigest().encode() == args[0]
+            if done:
+                self.store[key] = args[1]
+        elif script is _scripts.RELEASE:
+            done = value == args[0]
+            if done:
+                del self.store[key]
+        else:  # RENEW compares the token; REFRESH would extend a TTL (the fake keeps none)
+            done = script is _scripts.RENEW and value == args[0]
+        conn.send(b":%d\r\n" % done)
 
     def close(self) -> None:
         self._listener.close()

@@ -14,13 +14,18 @@ import redis
 
 
 class RedisServer:
-    """A redis-server process on a free loopback port, in its own directory (TLS: with certs)."""
+    """A redis-server process on a free loopback port, in its own directory (TLS: with certs).
 
-    def __init__(self, directory: Path, tls: Path | None = None) -> None:
+    `options` are more redis-server arguments (`["--replicaof", "127.0.0.1", "6379"]`,
+    `["--cluster-enabled", "yes"]`, `["--maxmemory", "2mb"]`, ...).
+    """
+
+    def __init__(self, directory: Path, tls: Path | None = None, options: list[str] = ()) -> None:
         self.directory = directory
         self.tls = tls
         self.proc: subprocess.Popen | None = None
         self.port = 0
+        directory.mkdir(parents=True, exist_ok=True)
         log = directory / "redis-server.log"
         for _attempt in range(5):
             self.port = _free_port()
@@ -32,7 +37,7 @@ class RedisServer:
             with open(log, "wb") as out:
                 self.proc = subprocess.Popen(
                     ["redis-server", *ports, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                     "--dir", str(directory)],
+                     "--dir", str(directory), *options],
                     stdout=out, stderr=subprocess.STDOUT,
                 )
             if self._wait_ready():
@@ -83,6 +88,60 @@ class RedisServer:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
         self.proc = None
+
+
+class RedisCluster:
+    """A Redis Cluster of `masters` redis-server processes on loopback (no replicas), made with redis-cli."""
+
+    def __init__(self, directory: Path, masters: int = 3) -> None:
+        if shutil.which("redis-cli") is None:
+            pytest.skip("redis-cli is not installed (it comes with redis-server); the cluster tests need it")
+        self.nodes: list[RedisServer] = []
+        try:
+            for i in range(masters):
+                self.nodes.append(RedisServer(directory / f"node{i}", options=[
+                    "--cluster-enabled", "yes", "--cluster-config-file", str(directory / f"node{i}" / "nodes.conf"),
+                    "--cluster-node-timeout", "2000"]))
+            done = subprocess.run(["redis-cli", "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes),
+                                   "--cluster-replicas", "0", "--cluster-yes"],
+                                  capture_output=True, text=True, timeout=60)
+            if done.returncode != 0:
+                raise RuntimeError(f"redis-cli --cluster create failed: {done.stdout[-1000:]}{done.stderr[-1000:]}")
+            self._wait_ok()
+        except BaseException:
+            self.close()
+            raise
+
+    def url(self, node: int = 0) -> str:
+        return f"redis://127.0.0.1:{self.nodes[node].port}"
+
+    def client(self):
+        return redis.RedisCluster(host="127.0.0.1", port=self.nodes[0].port, socket_timeout=5)
+
+    def node_client(self, node: int):
+        return self.nodes[node].client()
+
+    def _wait_ok(self) -> None:
+        deadline = time.monotonic() + 30
+        while True:
+            states = []
+            for node in self.nodes:
+                with node.client() as client:
+                    states.append(client.execute_command("CLUSTER", "INFO").decode())
+            if all("cluster_state:ok" in s and "cluster_slots_ok:16384" in s for s in states):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the cluster did not become ready: {states[0][:300]}")
+            time.sleep(0.1)
+
+    def flush(self) -> None:
+        for node in self.nodes:
+            with node.client() as client:
+                client.flushall()
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.close()
 
 
 def _free_port() -> int:

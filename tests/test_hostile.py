@@ -154,29 +154,27 @@ def test_malformed_and_nonsense_remote_payloads_never_break_lower(tmp_path, seed
     cache.close()
 
 
-def test_redis_envelopes_raise_only_artifact_error(stress):
-    from codegen_cache._storage._remote import RedisTier
+def test_redis_envelopes_are_rejected_never_raised(stress):
+    from codegen_cache._storage._envelope import Rejection, open_value, seal
 
     blob = frame("source", {"key": "k"}, [b"text"])
-    tiers = [RedisTier("redis://127.0.0.1:9/0"), RedisTier("redis://127.0.0.1:9/0", secret="team secret")]
-    sealed = [tier._seal(tier.redis_key("k"), blob) for tier in tiers]  # noqa: SLF001
+    secrets = [None, b"team secret"]
+    name = "codegen-cache:v3:k"
+    sealed = [seal(name, blob, secret) for secret in secrets]
 
     @_examples(stress, 300, 3000)
     @given(which=st.sampled_from([0, 1]), data=st.data())
     def run(which, data):
-        tier = tiers[which]
         value = data.draw(malformed(sealed[which]) | st.binary(max_size=256), label="value")
-        try:
-            opened = tier._open(tier.redis_key("k"), value)  # noqa: SLF001
-        except ArtifactError:
+        opened = open_value(name, value, secrets[which])
+        if isinstance(opened, Rejection):
+            assert opened.kind in ("damaged", "signature", "unsigned", "version")
             return
         # Only an intact entry (or, unsigned, a frame that passes its own checks) gets through.
         assert which == 0 or value == sealed[1]
-        assert isinstance(opened, bytes)
+        assert isinstance(opened[0], memoryview) and isinstance(opened[1], str)
 
     run()
-    for tier in tiers:
-        tier.close()
 
 
 def test_redis_tier_rejects_hostile_payloads_inside_a_full_lower(tmp_path, seeded, stress):
@@ -188,18 +186,23 @@ def test_redis_tier_rejects_hostile_payloads_inside_a_full_lower(tmp_path, seede
         value: bytes | None = None
 
         def get(self, name, limit):
-            return self.value
+            return None if b":lib:" in name else self.value  # the entry every host reads, no library
 
-        def set(self, name, value, px=None):
+        def set(self, name, value, px=None, *, nx=False):
             return True
+
+        def run(self, script, key, args, read):
+            return 0
 
         def close(self):
             pass
 
+    from codegen_cache._storage._envelope import seal
+
     tier = RedisTier("redis://127.0.0.1:9/0", secret="team secret")
-    tier._client = client = Client()  # noqa: SLF001
+    tier._client = tier.leases._client = client = Client()  # noqa: SLF001
     cache = cc.CodegenCache(tmp_path / "local", write_behind=False, memory_entries=0, remote=tier)
-    honest = {c: tier._seal(tier.redis_key(keys[c]), blobs[c]) for c in (True, False)}  # noqa: SLF001
+    honest = {c: seal(tier.redis_key(keys[c]), blobs[c], b"team secret") for c in (True, False)}
 
     @_examples(stress, 12, 200)
     @given(data=st.data())

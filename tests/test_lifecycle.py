@@ -731,8 +731,9 @@ def test_a_failing_background_job_never_stops_the_writer(tmp_path, caplog):
         cache.lower(*variant(i), compile_device=False)
     assert cache.flush(timeout=60) is True
     assert remote.puts == 3 and caplog.text.count("background store job failed") == 3
-    # Each job moved its entry into its store before the remote failed it.
-    assert list(cache.staged("source").digests()) == []
+    # Each job moved its entry into its store before the remote failed it; the staged files
+    # stay until a push has been tried through (the next opener pushes them).
+    assert len(list(cache.staged("source").digests())) == 3
     assert len(cache.store("source")) == 3 and cache.stats().stores == 3
     cache.close()
 

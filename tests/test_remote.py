@@ -27,7 +27,7 @@ from redis_server import RedisServer, _free_port, _need_redis_server
 redis = pytest.importorskip("redis", reason="the redis client is not installed (pip install 'tvm-codegen-cache[redis]')")
 
 SECRET = "team-secret-for-tests"
-REMOTE_LOGGER = "codegen_cache._storage._remote"
+REMOTE_LOGGER = "codegen_cache._storage"  # the tier's modules: _remote, _health, _client
 # A remote failure must cost at most one socket timeout (0.5 s) plus a build; this bound is
 # generous for a busy 2-core machine and still far below anything that looks like a hang.
 NO_HANG_SECONDS = 10.0
@@ -82,7 +82,7 @@ def _check_vadd(module, kind):
 
 
 def _remote_records(caplog, level=logging.WARNING):
-    return [r for r in caplog.records if r.name == REMOTE_LOGGER and r.levelno >= level]
+    return [r for r in caplog.records if r.name.startswith(REMOTE_LOGGER) and r.levelno >= level]
 
 
 # ---- sharing ----------------------------------------------------------------------------------
@@ -130,9 +130,14 @@ def test_remote_from_environment(tmp_path, redis_url, monkeypatch, llvm_vadd):
         try:
             assert isinstance(c._remote, RedisTier) and c._remote.signed  # noqa: SLF001
             assert c.lower_with_outcome(mod, target, codegen=codegen)[1].tier == tier
+            # The upgrader has the environment too: it pushes the library it links (before it is
+            # done, so that it pushes nothing into the next test's emptied server).
+            assert c.flush(60, upgrades=True)
         finally:
             c.close()
     assert len(calls) == 1
+    with redis.Redis.from_url(redis_url) as client:
+        assert len(client.keys("codegen-cache:v3:lib:*")) == 1
 
 
 # ---- rejected entries ------------------------------------------------------------------------
@@ -144,8 +149,10 @@ def _stored_value(server, cache, mod, target, codegen):
         return name, client.get(name)
 
 
-@pytest.mark.parametrize("where", ["payload", "signature", "envelope", "truncated"])
-def test_garbled_entry_is_rejected_counted_and_rebuilt(hosts, redis_url, redis_server, llvm_vadd, where, caplog):
+@pytest.mark.parametrize("where", ["payload", "envelope", "truncated"])
+def test_a_damaged_entry_is_rejected_counted_rebuilt_and_replaced(hosts, redis_url, redis_server, llvm_vadd, where,
+                                                                   caplog):
+    """Damaged for every reader (checksum, envelope, length): the rebuild replaces it."""
     mod, target = llvm_vadd
     codegen, calls = counting_codegen()
     a = hosts("a", redis_url)
@@ -155,7 +162,7 @@ def test_garbled_entry_is_rejected_counted_and_rebuilt(hosts, redis_url, redis_s
     if where == "truncated":
         garbled = garbled[: len(garbled) // 2]
     else:
-        garbled[{"payload": -100, "signature": 10, "envelope": 0}[where]] ^= 0xFF
+        garbled[{"payload": -100, "envelope": 0}[where]] ^= 0xFF
     with redis_server.client() as client:
         client.set(name, bytes(garbled))
     b = hosts("b", redis_url)
@@ -163,10 +170,34 @@ def test_garbled_entry_is_rejected_counted_and_rebuilt(hosts, redis_url, redis_s
     assert outcome.tier == "built" and len(calls) == 2
     np.testing.assert_array_equal(run_binary(module), 2 * np.arange(1024, dtype="float32"))
     assert (b.stats().remote_rejected, b.stats().hits_remote) == (1, 0)
-    assert any("rejected remote entry" in r.getMessage() for r in _remote_records(caplog))
+    assert any("rejected remote entry" in r.getMessage() and "replaces the damaged value" in r.getMessage()
+               for r in _remote_records(caplog))
     # B's rebuild replaced the bad entry: a third host hits it.
+    assert b.stats().remote_replaced == 1
     assert hosts("c", redis_url).lower_with_outcome(mod, target, codegen=codegen)[1].tier == "remote"
     assert len(calls) == 2
+
+
+def test_an_entry_with_a_bad_signature_is_rejected_and_left_in_place(hosts, redis_url, redis_server, llvm_vadd,
+                                                                       caplog):
+    """Another secret's entry and a tampered one look the same: not loaded, and never overwritten."""
+    mod, target = llvm_vadd
+    codegen, calls = counting_codegen()
+    a = hosts("a", redis_url)
+    a.lower(mod, target, codegen=codegen)
+    name, value = _stored_value(redis_server, a, mod, target, codegen)
+    garbled = bytearray(value)
+    garbled[10] ^= 0xFF  # inside the signature
+    with redis_server.client() as client:
+        client.set(name, bytes(garbled))
+    b = hosts("b", redis_url)
+    module, outcome = b.lower_with_outcome(mod, target, codegen=codegen)
+    assert outcome.tier == "built" and len(calls) == 2
+    np.testing.assert_array_equal(run_binary(module), 2 * np.arange(1024, dtype="float32"))
+    assert (b.stats().remote_rejected, b.stats().remote_kept, b.stats().remote_stores) == (1, 1, 0)
+    with redis_server.client() as client:
+        assert client.get(name) == bytes(garbled)
+    assert any("left in place" in r.getMessage() for r in _remote_records(caplog))
 
 
 @pytest.mark.parametrize("writer_secret", [None, "another-secret"], ids=["unsigned", "other-secret"])
@@ -209,10 +240,13 @@ def test_signed_entry_with_bad_checksum_is_rejected(hosts, redis_url, llvm_vadd)
     good = a._remote.get(digest)  # noqa: SLF001
     broken = bytearray(good)
     broken[-1] ^= 0x01
+    with redis.Redis.from_url(redis_url) as client:
+        client.delete(a._remote.redis_key(digest))  # noqa: SLF001 - put() never writes over an entry
     assert a._remote.put(digest, bytes(broken))  # noqa: SLF001 - put signs whatever it is given
     b = hosts("b", redis_url)
     assert b.lower_with_outcome(mod, target, codegen=codegen)[1].tier == "built"
     assert b.stats().remote_rejected == 1 and len(calls) == 2
+    assert b.stats().remote_replaced == 1  # a bad frame is bad for everyone, signed or not
 
 
 def test_a_pickle_in_redis_is_never_unpickled(hosts, redis_url, redis_server, llvm_vadd, tmp_path):
@@ -270,8 +304,10 @@ def test_a_planted_value_over_the_cap_is_not_read(hosts, redis_url, redis_server
     module, outcome = b.lower_with_outcome(mod, target)
     assert outcome.tier == "built" and b.stats().remote_rejected == 1 and not b.stats().errors.get("remote")
     np.testing.assert_array_equal(run_binary(module), 2 * np.arange(1024, dtype="float32"))
-    # Not an outage: the rebuild replaced the planted value, and the next host hits it.
-    assert hosts("c", redis_url).lower_with_outcome(mod, target)[1].tier == "remote"
+    # Not an outage, and not this host's to replace: a host with a larger cap may read it.
+    assert b.stats().remote_kept == 1
+    with redis_server.client() as client:
+        assert client.strlen(name) == 40 << 20
 
 
 def test_ttl_from_environment_is_set_on_each_entry(hosts, redis_url, redis_server, llvm_vadd, monkeypatch):
@@ -368,7 +404,8 @@ def test_tier_comes_back_after_the_backoff(own_redis, caplog):
         assert tier.get("k" * 32) is None  # offline: no wait
         own_redis.proc.send_signal(signal.SIGCONT)
         deadline = time.monotonic() + 5  # a busy machine may need more than one backoff period
-        while not tier.put("k" * 32, blob):
+        # The timed-out SET reached the stopped server and ran at SIGCONT: it is "kept" now.
+        while tier.push("k" * 32, blob) == "failed":
             assert time.monotonic() < deadline, "the tier did not come back after SIGCONT"
             time.sleep(0.1)
         assert tier.get("k" * 32) == blob
@@ -648,7 +685,8 @@ def test_measure_remote_costs(tmp_path, redis_url, capsys):
         lines.append(f"entry {size >> 10:>6} KiB: put {statistics.median(puts) * 1e3:8.2f} ms, "
                      f"get+verify {statistics.median(gets) * 1e3:8.2f} ms (median)")
     # The tier's own client against redis-py, side by side on the same server and values.
-    from codegen_cache._storage._resp import Endpoint, RespClient
+    from codegen_cache._storage._client import RespClient
+    from codegen_cache._storage._endpoint import Endpoint
 
     own = RespClient(Endpoint.from_url(redis_url, 5.0))
     with redis.Redis.from_url(redis_url) as other:
@@ -697,3 +735,18 @@ def test_measure_remote_costs(tmp_path, redis_url, capsys):
     lines.append(f"(frame overhead {blob_size} bytes, envelope 6 + 32 bytes)")
     with capsys.disabled():
         print("\n" + "\n".join(lines))
+
+
+def test_a_plain_url_at_a_tls_port_says_to_use_rediss(tls_redis, caplog):
+    """The server resets a plain-text client: the tier asks it for TLS and says what to change."""
+    events = []
+    tier = RedisTier(f"redis://127.0.0.1:{tls_redis.port}/0", secret=SECRET, on_event=lambda n, k=1: events.append(n))
+    try:
+        t0 = time.perf_counter()
+        assert tier.get("k" * 32) is None
+        assert time.perf_counter() - t0 < NO_HANG_SECONDS
+    finally:
+        tier.close()
+    assert events == ["error:remote"]
+    message = " ".join(r.getMessage() for r in _remote_records(caplog))
+    assert "speaks TLS" in message and "use a rediss:// URL" in message

@@ -144,8 +144,8 @@ def test_wrong_typed_get_reply_is_a_counted_miss(fake, reply):
     assert value is None and events == ["error:remote"] and elapsed < DEADLINE + MARGIN
 
 
-@pytest.mark.parametrize("reply", [b"$2\r\nOK\r\n", b":1\r\n", b"$-1\r\n", b"-OOM command not allowed\r\n", b"+QUEUED\r\n"],
-                         ids=["bulk", "integer", "nil", "error", "other-status"])
+@pytest.mark.parametrize("reply", [b"$2\r\nOK\r\n", b":1\r\n", b"-OOM command not allowed\r\n", b"+QUEUED\r\n",
+                                   b"$0\r\n\r\n"], ids=["bulk", "integer", "error", "other-status", "empty-bulk"])
 def test_wrong_typed_set_reply_is_a_counted_failed_store(fake, reply):
     server = _serve(fake, b"SET", reply)
     events = []
@@ -155,6 +155,18 @@ def test_wrong_typed_set_reply_is_a_counted_failed_store(fake, reply):
     finally:
         tier.close()
     assert events == ["error:remote"]
+
+
+def test_a_nil_reply_to_set_nx_is_a_kept_entry_not_a_failure(fake):
+    """SET NX answers nil where the key holds a value: the store left it alone (counted remote_kept)."""
+    server = _serve(fake, b"SET", b"$-1\r\n")
+    events = []
+    tier = RedisTier(server.url(), secret=SECRET, on_event=lambda name, n=1: events.append(name))
+    try:
+        assert tier.push("k" * 32, frame("source", {"key": "k"}, [b"x"])) == "kept"
+    finally:
+        tier.close()
+    assert events == ["remote_kept"] and server.commands[-1][-1] == b"NX"
 
 
 def test_random_garbage_never_raises_and_every_call_is_counted(fake):
@@ -231,9 +243,11 @@ def test_bad_timeout_setting_names_the_variable(tmp_path, monkeypatch, value):
 def _endless_value(announced: int, sent_before_break: list):
     """Announce `announced` bytes, then stream zeros until the client drops the connection."""
 
+    ref: list = []
+
     def answer(conn, args):
-        if args[0].upper() != b"GET":
-            conn.send(b"+OK\r\n")
+        if args[0].upper() != b"GET" or b":lib:" in args[1]:  # the library's key (asked first): none
+            FakeRedis.behave(ref[0], conn, args) if ref else conn.send(b"+OK\r\n" if args[0] != b"GET" else b"$-1\r\n")
             return
         conn.send(b"$%d\r\n" % announced)
         chunk = bytes(1 << 20)
@@ -243,6 +257,7 @@ def _endless_value(announced: int, sent_before_break: list):
         finally:
             sent_before_break.append(conn.sent)
 
+    answer.ref = ref  # the server, once made (its behave() answers the other commands)
     return answer
 
 
@@ -270,10 +285,13 @@ def test_value_over_the_cap_is_not_read(fake):
 
 
 def test_value_over_the_cap_is_a_rejected_miss_and_rebuilt(tmp_path, fake, llvm_vadd):
-    server = fake(_endless_value(DEFAULT_MAX_ENTRY_BYTES + 1000, []))
+    answer = _endless_value(DEFAULT_MAX_ENTRY_BYTES + 1000, [])
+    server = fake(answer)
+    answer.ref.append(server)
     outcome, elapsed, stats = _lower(tmp_path, server.url(), llvm_vadd)
     assert outcome.tier == "built" and stats.remote_rejected == 1 and not stats.errors.get("remote")
-    assert stats.remote_stores == 1  # the rebuild replaced it (the tier did not go offline)
+    # The tier did not go offline: the rebuild's store was sent, as SET NX (it replaces nothing).
+    assert [c[-1] for c in server.commands if c[0] == b"SET" and b":lease:" not in c[1]] == [b"NX"]
     assert elapsed < DEADLINE + MARGIN
 
 
@@ -324,7 +342,11 @@ def test_a_malformed_reply_inside_lower_is_a_fresh_build_and_counted(tmp_path, f
     server = _serve(fake, command, reply)
     outcome, elapsed, stats = _lower(tmp_path, server.url("codegen:pw", db=2), llvm_vadd)
     assert outcome.tier == "built" and stats.errors.get("remote") == 1 and stats.hits_remote == 0
-    assert stats.remote_offline >= 1  # the lease re-check and the store skipped the faulty server
+    if reply.startswith(b"-") and command == b"GET":
+        # A refused read stops reads only: the lease and the store went on.
+        assert (stats.remote_offline, stats.remote_stores) == (0, 1)
+    else:
+        assert stats.remote_offline >= 1  # the store skipped the faulty server
     assert elapsed < DEADLINE + MARGIN
 
 
@@ -367,19 +389,34 @@ def test_the_tier_reconnects_after_a_fault_and_after_an_idle_close(fake):
     assert server.connections == 3  # the broken one, then one per call after each close
 
 
-def test_a_bug_in_the_client_is_a_counted_miss_too(monkeypatch):
-    """Whatever the client raises (here a KeyError it never should) stays inside the tier."""
-    from codegen_cache._storage import _resp
+def test_every_client_failure_is_an_oserror_whatever_the_server_sends(fake):
+    """The tier catches OSError only (and ConfigError): random replies to every command it sends stay OSErrors."""
+    from codegen_cache._storage._client import RespClient
+    from codegen_cache._storage._endpoint import Endpoint
+    from codegen_cache._storage._scripts import RELEASE
 
-    def broken(self, *args):
-        raise KeyError("a bug")
+    rng = random.Random(24)
+    pieces = [b"+OK", b"-MOVED 1 127.0.0.1:1", b"-ASK 99999 x:0", b"-MOVED 5 :7000", b"*3", b"*-1", b":12", b"$3",
+              b"$-1", b"*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$0\r\n:0", b"-NOSCRIPT", b"-ERR x", b"\xff\xfe"]
+    replies = [b"\r\n".join(rng.choice(pieces) for _ in range(rng.randrange(1, 5))) + rng.choice([b"", b"\r\n"])
+               for _ in range(80)]
 
-    monkeypatch.setattr(_resp.RespClient, "get", broken)
-    monkeypatch.setattr(_resp.RespClient, "set", broken)
-    events = []
-    tier = RedisTier("redis://127.0.0.1:1/0", secret=SECRET, backoff=0, on_event=lambda name, n=1: events.append(name))
-    assert tier.get("k" * 32) is None and tier.put("k" * 32, frame("source", {"key": "k"}, [b"x"])) is False
-    assert events == ["error:remote", "error:remote"]
+    def answer(conn, args):
+        conn.send(replies[len(server.commands) % len(replies)])
+        conn.close()
+
+    server = fake(answer)
+    client = RespClient(Endpoint.from_url(server.url(), 0.3))
+    calls = [lambda: client.get(b"k", 1 << 20), lambda: client.set(b"k", b"v", 1000, nx=True),
+             lambda: client.run(RELEASE, b"k", [b"t"], lambda c, cmd, d: c.expect_int(cmd, d))]
+    try:
+        for i in range(len(replies)):
+            try:
+                calls[i % 3]()
+            except OSError:
+                pass  # anything else fails the test
+    finally:
+        client.close()
 
 
 def test_a_host_name_that_cannot_be_encoded_is_a_counted_miss():

@@ -259,6 +259,8 @@ class Settings:
     remote_ttl: float = 14 * 86400.0
     remote_max_entry_bytes: int = 32 << 20
     remote_timeout: float = 0.5
+    remote_read_only: bool = False
+    remote_lease: float = 5.0
     lease_wait: float = 600.0
     failure_ttl: float = 24 * 3600.0
     log_level: str | None = None
@@ -278,13 +280,17 @@ ENV_VARS: dict[str, tuple[str, object, str]] = {
     "CODEGEN_CACHE_VERIFY": ("verify", parse_bool, "1 makes every disk/remote hit exact"),
     "CODEGEN_CACHE_TRUSTED_DIRS": ("trusted_dirs", _parse_dir_list,
                                    "cache directories trusted although other users could change them"),
-    "CODEGEN_CACHE_REMOTE": ("remote", _parse_remote, "redis://host:port/db of a shared tier"),
+    "CODEGEN_CACHE_REMOTE": ("remote", _parse_remote, "redis://host:port/db of a shared tier (any node of a cluster)"),
     "CODEGEN_CACHE_REMOTE_SECRET": ("remote_secret", _parse_text, "HMAC key for remote entries"),
     "CODEGEN_CACHE_REMOTE_TTL": ("remote_ttl", parse_age, "remote entries expire this long after a write (0: never)"),
     "CODEGEN_CACHE_REMOTE_MAX_ENTRY": ("remote_max_entry_bytes", parse_size,
                                        "larger entries are neither written nor read"),
     "CODEGEN_CACHE_REMOTE_TIMEOUT": ("remote_timeout", _parse_deadline,
                                      "deadline of each remote call, connecting included"),
+    "CODEGEN_CACHE_REMOTE_READ_ONLY": ("remote_read_only", parse_bool,
+                                       "1: read the remote, never write to it (consumer hosts, replicas)"),
+    "CODEGEN_CACHE_REMOTE_LEASE": ("remote_lease", parse_age,
+                                   "expiry of a fleet-wide build lease, renewed while building (0: no lease)"),
     "CODEGEN_CACHE_LEASE_WAIT": ("lease_wait", parse_age, "longest wait for another process's compile"),
     "CODEGEN_CACHE_FAILURE_TTL": ("failure_ttl", parse_age, "how long a codegen failure is remembered"),
     "CODEGEN_CACHE_LOG_LEVEL": ("log_level", _parse_level, "level of the codegen_cache logger"),

@@ -19,6 +19,7 @@ __all__ = [
     "LoweringError",
     "ReadOnlyStoreError",
     "ReentrantLoweringError",
+    "RemoteRefusedError",
     "RemoteReplyError",
     "RemoteValueTooLargeError",
     "UncacheableError",
@@ -290,6 +291,23 @@ class RemoteReplyError(CodegenCacheError, ConnectionError):
 
     def __reduce__(self):
         return (type(self), (self.reason,))
+
+
+class RemoteRefusedError(RemoteReplyError):
+    """A remote server answered a command with an error reply (READONLY, OOM, NOPERM, NOSCRIPT, ...)."""
+
+    def __init__(self, command: str, message: str) -> None:
+        super().__init__(f"{command} answered with the error {message!r}")
+        self.command = command
+        self.message = message
+
+    @property
+    def code(self) -> str:
+        """The error's first word, as Redis writes it (READONLY, OOM, ERR, ...)."""
+        return self.message.split(" ", 1)[0]
+
+    def __reduce__(self):
+        return (RemoteRefusedError, (self.command, self.message))
 
 
 class RemoteValueTooLargeError(RemoteReplyError):

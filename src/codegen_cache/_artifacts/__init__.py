@@ -1,7 +1,7 @@
 """Artifact bytes: the frame, one codec per module kind, the CUDA payload; nothing here pickles."""
 
-from ._codecs import (CODECS, check, decode, encode_cuda_binary, function_names, needs_upgrade, prepare, symbol_names,
-                      upgradable, upgrade)
+from ._codecs import (CODECS, check, decode, encode_cuda_binary, function_names, needs_upgrade, portable, prepare,
+                      symbol_names, upgradable, upgrade)
 from ._cuda import CudaPayload
 from ._frame import FORMAT_VERSION, HOT_META, Artifact, frame, read_meta, unframe
 from ._llvm import SCRATCH_PREFIX, CachedIRModule, CachedLibraryModule, compiler_command, keep_answering
@@ -24,6 +24,7 @@ __all__ = [
     "function_names",
     "keep_answering",
     "needs_upgrade",
+    "portable",
     "prepare",
     "read_meta",
     "symbol_names",

@@ -14,8 +14,9 @@
 millisecond), and for llvm what the built module answers (target string, system-lib flag and
 prefix, function names, property mask) and the IR's target triple; `upgrade` turns an llvm-ir
 entry into llvm-so in a helper process, for this host's CPU and OS only (LLVM IR for another
-target stays IR: no compiler here can link it). Nothing here
-pickles or unpickles.
+target stays IR: no compiler here can link it), and `portable` back (what a host of another
+platform can load: the remote tier shares libraries only between hosts of one platform).
+Nothing here pickles or unpickles.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from .._errors import ArtifactError, CudaRuntimeUnavailableError, EntryKeyError
 from . import _cuda, _llvm
 from ._frame import Artifact, frame, unframe
 
-__all__ = ["CODECS", "check", "decode", "encode_cuda_binary", "function_names", "needs_upgrade", "prepare",
-           "symbol_names", "upgradable", "upgrade"]
+__all__ = ["CODECS", "check", "decode", "encode_cuda_binary", "function_names", "needs_upgrade", "portable",
+           "prepare", "symbol_names", "upgradable", "upgrade"]
 
 # The JSON type of each metadata field a hit reads; a checksum is not authentication, so a
 # well-framed entry may still hold anything there (a null build_seconds made lower() raise).
@@ -251,3 +252,16 @@ def upgrade(blob: bytes, scratch: str) -> bytes | None:
     if not _llvm.runs_here(art.meta.get("triple", _llvm.ir_triple(bytes(ir[:4096]).decode("utf-8", "replace")))):
         return None  # another target's code (an entry stored before its triple was recorded)
     return frame("llvm-so", art.meta, [_llvm.shared_library_from_ir(ir.decode(), scratch), ir])
+
+
+def portable(blob: bytes | memoryview) -> bytes:
+    """The entry in a form every host can load: an llvm-so entry as the llvm-ir entry it was upgraded from.
+
+    The IR and the metadata are the upgrade's input, kept whole, so this gives that entry back
+    byte for byte; other entries are returned as they are.
+    """
+    art = unframe(blob)
+    if art.codec != "llvm-so":
+        return bytes(blob)
+    check(art)
+    return frame("llvm-ir", art.meta, [art.fields[1]])

@@ -12,12 +12,17 @@ entries into shared libraries. The directory holds:
     locks/               per-key build locks (flock)
     stats/ stats.sqlite  per-process counters, and the folded totals
     upgrade/ tmp/        llvm entries waiting for a shared library (and the upgrader's lock); scratch files
+    outbox/              entries the remote still lacks (`_push`)
+
+With a remote, a miss also takes the key's build lease there (one builder per fleet), the
+writer pushes each entry before it removes the staged file, and hits refresh remote TTLs.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import difflib
 import logging
 import os
@@ -40,6 +45,7 @@ from .._storage._faults import ensure_dir
 from .._storage._fsprobe import scratch_dir, warn_if_unsafe
 from .._storage._locks import KeyLocks
 from .._storage._memory import MemoryTier
+from .._storage._outbox import Outbox
 from .._storage._pending import PendingFiles
 from .._storage._plain import PlainFiles
 from .._storage._trust import untrusted
@@ -47,9 +53,10 @@ from .._targets import TargetLike, as_target
 from .._validate import check_bool, check_timeout
 from . import _upgrade
 from ._failures import CACHEABLE_FAILURES, ENVIRONMENT_FAILURES, FailureCache
-from ._flight import SingleFlight
+from ._flight import FleetFlight, Lease, SingleFlight
 from ._guard import StorageGuard
 from ._mutation import changed, parts_of
+from ._push import Pusher
 from ._stats import CacheStats, StatsRecorder
 from ._tiers import COLLISION, DiskTier, Entry, Hit, MemoryTierView, Probe, RemoteTierView, TierChain
 from ._writer import writer
@@ -159,17 +166,28 @@ class CodegenCache:
         self._memory = MemoryTier(max_entries=self.settings.memory_entries, max_bytes=self.settings.memory_bytes,
                                   on_evict=lambda: self._stats.add("evictions_memory"))
         self._remote = self._make_remote(remote, self.settings)
+        leases = getattr(self._remote, "leases", None)
+        # Fleet-wide single-flight where the remote has build leases (a RedisTier that may write).
+        self._fleet: FleetFlight[Hit] | None = FleetFlight(leases, wait=self.settings.lease_wait, count=self._stats.add) \
+            if getattr(leases, "enabled", False) else None
+        self._pusher = self._pusher_for(self._remote)
         self._scratch_dir: tuple[int, str] | None = None
         self._resolved: dict[Target, tuple[int, Any]] = {}  # resolve() per target and registry version
         self._upgrades_asked: set[str] = set()
         self._trusted: bool | None = None  # may entries be loaded from the directory? (checked once)
         self._memory_view = MemoryTierView(self._memory)
         self._disk = DiskTier(self._stores, self._staged, self._guard, self._scratch, self._promote_later,
-                              self._ask_upgrade)
+                              self._ask_upgrade, self._promote_fill)
         tiers: list = [self._memory_view, self._disk]
         if self._remote is not None:
-            tiers.append(RemoteTierView(self._remote, self._guard, self._scratch))
+            tiers.append(RemoteTierView(self._remote, self._guard, self._scratch, self._stage_fill, self._promote_fill,
+                                        lambda mode, digest, blob: self._staged[mode].remove(digest, blob)))
         self._chain = TierChain(tiers)
+        if self._pusher is not None:
+            # What processes of this directory left unpushed (killed, exited at once, remote down):
+            # what is staged now, not this process's own coming entries (their jobs push them).
+            left = {mode: list(files.digests()) for mode, files in self._staged.items()}
+            writer.submit(lambda: self._push_pending(only=left))
 
     def _make_remote(self, remote: Any, settings: Settings) -> Any:
         if remote is not None and not isinstance(remote, str):
@@ -183,7 +201,14 @@ class CodegenCache:
 
         return RedisTier(settings.remote, secret=settings.remote_secret, on_event=self._stats.add,
                          ttl=settings.remote_ttl, max_entry_bytes=settings.remote_max_entry_bytes,
-                         timeout=settings.remote_timeout)
+                         timeout=settings.remote_timeout, read_only=settings.remote_read_only,
+                         lease=settings.remote_lease)
+
+    def _pusher_for(self, remote: Any) -> Pusher | None:
+        """What pushes this directory's entries to `remote`; None where it takes no writes (read-only)."""
+        if remote is None or getattr(remote, "read_only", False):
+            return None
+        return Pusher(remote, self.directory, max_age=getattr(remote, "ttl", None) or None)
 
     def __repr__(self) -> str:
         return f"CodegenCache({str(self.directory)!r})"
@@ -298,7 +323,7 @@ class CodegenCache:
                 emit("memory", key.digest, entry.name, mode, key_seconds, 0.0, saved, time.perf_counter() - start)
                 keep_answering(kept.module)
                 return kept.module
-        probe = Probe(key.digest, mode, mod, self.settings.verify)
+        probe = Probe(key.digest, mode, mod, self.settings.verify, library=compile_device and target.kind.name == "llvm")
         found = None if self.settings.recache else self._chain.lookup(probe)
         if isinstance(found, Hit):
             return self._served(found, entry.name, mode, key.digest, key_seconds, start)
@@ -345,12 +370,17 @@ class CodegenCache:
             except BaseException:
                 emit("failure", key.digest, entry.name, mode, key_seconds, 0.0, 0.0, time.perf_counter() - start)
                 raise
-        held = None
+        held = lease = None
         if not collision and not self.settings.recache:
             # The recheck reads this directory only: the remote was asked a moment ago, and a
             # lock holder sharing this directory stages its entry here first.
             held, found = self._flight.begin(key.digest, lambda: self._chain.lookup(probe, start=1, stop=2),
                                                codegen=entry.name)
+            if not isinstance(found, Hit) and self._fleet is not None:
+                # This machine's builder: now one per fleet. A waiter polls the remote for the entry.
+                lease, found = self._fleet.begin(key.digest, lambda: self._recheck_remote(probe))
+                if isinstance(found, Hit):
+                    self._flight.release(held)
             if isinstance(found, Hit):
                 # Built by another process while we waited: a hit, not a miss.
                 self._stats.add_for(entry.name, mode, "misses", -1)
@@ -362,7 +392,7 @@ class CodegenCache:
         try:
             module, build_seconds = self._build(entry, key.digest, mod, target, compile_device, probe)
             if not collision:
-                promote = self._store(entry.name, key, mode, module, mod, target, build_seconds, before)
+                promote = self._store(entry.name, key, mode, module, mod, target, build_seconds, before, lease)
         except BaseException:
             # The codegen raised (its error is remembered when cacheable): the outcome says so,
             # rather than leaving the previous call's in place.
@@ -371,6 +401,8 @@ class CodegenCache:
             raise
         finally:
             self._flight.release(held)
+            if promote is None:
+                FleetFlight.release(lease)  # nothing to push: let the next host in now
         emit("built", key.digest, entry.name, mode, key_seconds, 0.0, build_seconds, time.perf_counter() - start,
              promote is not None)
         if promote is not None:
@@ -382,6 +414,8 @@ class CodegenCache:
     def _served(self, hit: Hit, codegen: str, mode: str, digest: str, key_seconds: float, start: float) -> Module:
         saved = float(hit.entry.meta.get("build_seconds", 0.0))
         self._stats.add_hit(codegen, mode, hit.tier, saved)
+        if self._pusher is not None and hit.tier != "memory":
+            self._refresh_later(digest, hit.entry.blob)
         emit(hit.tier, digest, codegen, mode, key_seconds, hit.load_seconds, saved, time.perf_counter() - start)
         if hit.tier == "memory":
             keep_answering(hit.entry.module)  # registered again as the newest (a decoded one is already)
@@ -406,7 +440,7 @@ class CodegenCache:
         return module, seconds
 
     def _store(self, codegen: str, key: CacheKey, mode: str, module: Module, mod: IRModule, target: Target,
-               build_seconds: float, before: tuple) -> Callable[[], None] | None:
+               build_seconds: float, before: tuple, lease: Lease | None = None) -> Callable[[], None] | None:
         """Stage the entry of a fresh module before lower() returns; its promotion, or None when not stored."""
         change = changed(before, parts_of(mod))
         if change:
@@ -427,12 +461,14 @@ class CodegenCache:
             return None
         if not _caller_keeps.get():
             self._memory_view.put(Entry(key.digest, mode, module, mod, meta, blob))
-        return self._stage(codegen, mode, key.digest, blob)
+        return self._stage(codegen, mode, key.digest, blob, lease)
 
-    def _stage(self, codegen: str, mode: str, digest: str, blob: bytes) -> Callable[[], None] | None:
+    def _stage(self, codegen: str, mode: str, digest: str, blob: bytes,
+               lease: Lease | None = None) -> Callable[[], None] | None:
         """Write an entry's file now (it survives the process); returns what moves it into its store.
 
-        The caller runs that after releasing the key's build lock; None: not staged.
+        The caller runs that after releasing the key's build lock; None: not staged. The remote
+        build lease, if any, is released once the entry is in the remote.
         """
         # Where staging fails (a symlink planted at pending/ is refused, say), the store itself is
         # written before lower() returns; only where both fail is nothing stored.
@@ -442,7 +478,7 @@ class CodegenCache:
             return None
         self._stats.add_for(codegen, mode, "stores")
         self._guard.stored()
-        return lambda: self._promote(mode, digest, blob, remote=True)
+        return lambda: self._promote(mode, digest, blob, remote=True, lease=lease)
 
     def _has_entry(self, mode: str, digest: str) -> bool:
         """Whether an entry is stored or staged under `digest` (without decoding it)."""
@@ -462,36 +498,75 @@ class CodegenCache:
 
     # ---- moving staged entries into their stores --------------------------------------------
 
-    def _promote(self, mode: str, digest: str, blob: bytes, *, remote: bool) -> None:
-        job = self._promotion(mode, digest, blob, remote)
+    def _promote(self, mode: str, digest: str, blob: bytes, *, remote: bool, lease: Lease | None = None) -> None:
+        job = self._promotion(mode, digest, blob, remote, lease)
         if self.write_behind:
             writer.submit(job)
         else:
             job()
 
     def _promote_later(self, mode: str, digest: str, blob: bytes) -> None:
-        """A staged entry was read (its writer may be gone): move it into its store."""
+        """A staged entry was read (its writer may be gone): move it into its store, and to the remote."""
+        writer.submit(self._promotion(mode, digest, blob, True))
+
+    def _stage_fill(self, mode: str, digest: str, blob: bytes) -> str | None:
+        """Write a remote hit's entry to this disk first; its file, to map it from (None: load from a copy)."""
+        if not self._guard("stage", self._staged[mode].write, digest, blob):
+            return None
+        return self._staged[mode].path(digest)
+
+    def _promote_fill(self, mode: str, digest: str, blob: bytes) -> None:
+        """An entry served by the remote was staged here: move it into its store (the remote has it)."""
         writer.submit(self._promotion(mode, digest, blob, False))
 
-    def _promotion(self, mode: str, digest: str, blob: bytes, remote: bool) -> Callable[[], None]:
+    def _promotion(self, mode: str, digest: str, blob: bytes, remote: bool,
+                   lease: Lease | None = None, pusher: Pusher | None = None) -> Callable[[], None]:
         # The job holds what it needs, not the cache: it runs even if the cache object is gone.
         store, staged, guard, directory = self._stores[mode], self._staged[mode], self._guard, self.directory
-        remote_tier = self._remote if remote else None
+        pusher = (pusher or self._pusher) if remote else None
         # llvm-ir entries get a shared library, unless the IR is another target's (cross-compiled).
         raw_llvm = mode == "compiled" and b"llvm-ir" in blob[-64:] and _native_llvm(blob)
         spare = self.write_behind  # on this thread, a spare file would cost the caller what it saves
 
         def promote() -> None:
-            if guard("write", store.put, digest, blob):
-                staged.remove(digest, blob)
+            stored = guard("write", store.put, digest, blob)
+            # The staged file goes only after the push was tried (or marked for later): a
+            # process that ends before this line leaves the file, and the next opener pushes it.
+            pushed = pusher is None or pusher.push(mode, digest, blob)
+            FleetFlight.release(lease)  # after the push: waiting hosts find the entry, not the lease
+            if stored:
+                if pushed:
+                    staged.remove(digest, blob)
                 if raw_llvm:
                     _upgrade.request(directory, mode, digest)
-            if remote_tier is not None:
-                remote_tier.put(digest, blob)
             if spare:
                 staged.keep_spare()  # the next miss writes into a file made here, not one it makes
 
         return promote
+
+    def _recheck_remote(self, probe: Probe) -> Hit | None:
+        """The remote's entry for `probe`, asked afresh (a waiter polls for another host's build)."""
+        forget = getattr(self._remote, "forget", None)
+        if forget is not None:
+            forget(probe.digest)
+        found = self._chain.lookup(probe, start=2)
+        return found if isinstance(found, Hit) else None
+
+    def _refresh_later(self, digest: str, blob: bytes | None) -> None:
+        """A hit from disk or remote: have the writer extend the remote entry's TTL (once per interval)."""
+        due = getattr(self._remote, "refresh_due", None)
+        if due is not None and due(digest):
+            remote, library = self._remote, blob is not None and b"llvm-so" in blob[-64:]
+            writer.submit(lambda: remote.refresh(digest, library=library))
+
+    def _push_pending(self, pusher: Pusher | None = None, *, only: dict[str, list[str]] | None = None) -> int:
+        """Push what is staged (`only` those digests, when given) or marked in the outbox; how many."""
+        pusher = pusher or self._pusher
+        if pusher is None:
+            return 0
+        return pusher.drain(self._stores, self._staged,
+                            lambda mode, digest, blob: self._promotion(mode, digest, blob, True, pusher=pusher),
+                            only=only)
 
     def _ask_upgrade(self, mode: str, digest: str) -> None:
         """A hit was served from LLVM IR: have it turned into a shared library (once per process)."""
@@ -527,6 +602,8 @@ class CodegenCache:
         if upgrades:
             remaining = 600.0 if deadline is None else max(0.0, deadline - time.monotonic())
             done = _upgrade.wait_idle(self.directory, remaining) and done
+            if self._pusher is not None:
+                self._push_pending()  # the libraries the upgrader made and could not push itself
         return done
 
     def stats(self, *, shared: bool = True) -> CacheStats:
@@ -573,15 +650,27 @@ class CodegenCache:
         except KeyError:
             raise ValueError(f"unknown store {name!r}; expected one of {', '.join(ENTRY_STORES)}") from None
 
-    def promote_staged(self) -> int:
-        """Move every staged entry into its store now (tools do, to see all); how many moved."""
+    def promote_staged(self, *, remote: str | None = None) -> int:
+        """Move every staged entry into its store now (tools do, to see all); how many moved.
+
+        They, and the entries marked for the remote, are pushed to this cache's remote, or to
+        the `remote` URL given (a tool that opens the cache without its remote tier).
+        """
+        pusher = self._pusher
+        if remote is not None and pusher is None and (any(next(s.digests(), None) for s in self._staged.values())
+                                                      or Outbox(self.directory).pending()):
+            pusher = self._pusher_for(self._make_remote(None, dataclasses.replace(self.settings, remote=remote)))
         moved = 0
         for mode, staged in self._staged.items():
             for digest in list(staged.digests()):
                 blob = staged.read(digest)
                 if blob is not None:
-                    self._promotion(mode, digest, blob, False)()
+                    self._promotion(mode, digest, blob, pusher is not None, pusher=pusher)()
                     moved += 1
+        if pusher is not None:
+            self._push_pending(pusher)
+            if pusher is not self._pusher:
+                pusher.remote.close()
         return moved
 
     def close(self, timeout: float | None = FLUSH_SECONDS) -> bool:

@@ -5,24 +5,35 @@ blocks on the lock and, once it gets it, looks again (`recheck`): the entry is t
 builder died and the waiter builds. Waiting is bounded by `lease_wait`; past it the waiter
 builds without the lock, with a warning. A codegen that asks for the key its own thread is
 building (it lowers its own input again) gets ReentrantLoweringError at once, not a wait on itself.
+
+Across hosts that share a remote, the local lock's holder also takes the key's build lease in
+the remote (`FleetFlight`): the OS lock stays per machine, the lease makes one builder per
+fleet, and waiters poll the remote for the entry.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from .._errors import ReentrantLoweringError
 from .._forksafe import on_fork_child
+from .._storage._leases import new_token
 from .._storage._locks import Held, KeyLocks
 
-__all__ = ["SingleFlight"]
+__all__ = ["FleetFlight", "Lease", "SingleFlight", "keeper"]
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+# A waiter polls the remote for another host's entry this often, from the first to the last
+# (about the build time of a small kernel, then a few times a second).
+_FIRST_REMOTE_POLL, _MAX_REMOTE_POLL = 0.005, 0.1
 
 
 class _ThisThread(threading.local):
@@ -98,3 +109,128 @@ class SingleFlight(Generic[T]):
             for digest in [d for d, h in building.items() if h is held]:
                 del building[digest]
             self.locks.release(held)
+
+
+# ---- across hosts: a build lease in the remote ------------------------------------------------
+
+
+@dataclass(slots=True)
+class Lease:
+    """A build lease this process holds in the remote: renewed by the keeper until released."""
+
+    digest: str
+    token: bytes
+    leases: Any  # the remote tier's `Leases`
+
+
+class LeaseKeeper:
+    """One daemon thread per process that renews the leases it holds, three times per expiry.
+
+    A build runs in TVM with the GIL released (and Python codegens give it up every few ms),
+    so the renewals go on while the builder's thread is busy. A child made by fork holds none
+    of its parent's leases and starts its own thread when it takes one.
+    """
+
+    def __init__(self) -> None:
+        self._reset()
+        on_fork_child(self._reset)
+
+    def _reset(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._held: dict[int, Lease] = {}
+        self._thread: threading.Thread | None = None
+
+    def hold(self, lease: Lease) -> None:
+        """Renew `lease` until `drop`."""
+        with self._cond:
+            idle = not self._held
+            self._held[id(lease)] = lease
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="codegen-cache-leases", daemon=True)
+                self._thread.start()
+            elif idle:
+                self._cond.notify_all()  # it sleeps without a timeout while it holds nothing
+
+    def drop(self, lease: Lease) -> None:
+        """Stop renewing `lease`."""
+        with self._cond:
+            self._held.pop(id(lease), None)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._held:
+                    self._cond.wait()
+                leases = list(self._held.values())
+                self._cond.wait(min(lease.leases.expiry for lease in leases) / 3)
+                leases = [lease for lease in leases if id(lease) in self._held]
+            for lease in leases:
+                if not lease.leases.renew(lease.digest, lease.token):
+                    # Expired and maybe taken (or the remote is down): another host may build too.
+                    logger.debug("codegen cache: lost the remote build lease of %s", lease.digest[:16])
+                    self.drop(lease)
+
+
+keeper = LeaseKeeper()
+
+
+class FleetFlight(Generic[T]):
+    """Take a key's build lease in the remote, or wait for its holder and find what it stored there.
+
+    Beside the local lock (one builder per machine), so the hosts sharing a remote build each
+    key about once. The lease expires (`leases.expiry`) unless renewed: a holder that dies
+    delays the others by at most that, and a wait never lasts longer than `wait` (lease_wait).
+    Where no lease can be had (the remote is down, writes are refused, read-only mode) nobody
+    waits.
+    """
+
+    def __init__(self, leases: Any, *, wait: float, count: Callable[[str], None]) -> None:
+        self.leases = leases
+        self.wait = wait
+        self._count = count
+
+    def begin(self, digest: str, recheck: Callable[[], T | None]) -> tuple[Lease | None, T | None]:
+        """(lease to release after storing, None) to build; (None, found) when another host built it.
+
+        (None, None): no lease (remote unavailable, or the wait ran out): build without one.
+        `recheck` looks the key up in the remote afresh.
+        """
+        token = new_token()
+        taken = self.leases.take(digest, token)
+        if taken is None:
+            return None, None
+        if not taken:
+            self._count("remote_lease_waits")
+            deadline = time.monotonic() + self.wait
+            pause = _FIRST_REMOTE_POLL
+            while True:
+                if time.monotonic() + pause > deadline:
+                    if self.wait > 0:
+                        logger.warning("codegen cache: waited %.0fs for another host to build %s; building here",
+                                       self.wait, digest[:16])
+                    return None, None
+                time.sleep(pause)
+                pause = min(pause * 1.5, _MAX_REMOTE_POLL, self.leases.expiry / 4)
+                found = recheck()
+                if found is not None:
+                    return None, found
+                taken = self.leases.take(digest, token)
+                if taken is None:
+                    return None, None  # the remote went away: build now
+                if taken:
+                    break
+            # Taken after another holder: it may have stored the entry just before it let go.
+            found = recheck()
+            if found is not None:
+                self.leases.release(digest, token)
+                return None, found
+        lease = Lease(digest, token, self.leases)
+        keeper.hold(lease)
+        return lease, None
+
+    @staticmethod
+    def release(lease: Lease | None) -> None:
+        """Let the next host in (after the entry is in the remote)."""
+        if lease is not None:
+            keeper.drop(lease)
+            lease.leases.release(lease.digest, lease.token)

@@ -39,6 +39,10 @@ COUNTERS = (
     "remote_misses",
     "remote_skipped",
     "remote_offline",
+    "remote_kept",
+    "remote_replaced",
+    "remote_refreshed",
+    "remote_lease_waits",
     "build_seconds",
     "saved_seconds",
 )
@@ -77,6 +81,10 @@ class CacheStats:
     remote_misses: int = 0
     remote_skipped: int = 0
     remote_offline: int = 0
+    remote_kept: int = 0
+    remote_replaced: int = 0
+    remote_refreshed: int = 0
+    remote_lease_waits: int = 0
     build_seconds: float = 0.0
     saved_seconds: float = 0.0
     errors: dict[str, int] = field(default_factory=dict)

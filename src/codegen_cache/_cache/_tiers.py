@@ -43,6 +43,7 @@ class Probe:
     ir: IRModule | None  # None: trust the digest (codegen_cache.build's index)
     verify: bool = False
     _ir_digest: str | None = None
+    library: bool = False  # an llvm build: the remote may hold its shared library (asked for first)
 
     @property
     def ir_digest(self) -> str:
@@ -62,6 +63,7 @@ class Entry:
     ir: IRModule
     meta: dict[str, Any]
     blob: bytes | None = None
+    staged: bool = False  # already written to this host's disk (a remote hit's copy)
 
 
 @dataclass(slots=True)
@@ -124,6 +126,7 @@ class DiskTier:
     scratch: Callable[[], str]
     on_staged_hit: Callable[[str, str, bytes], None]  # (mode, digest, blob): promote it
     on_raw_hit: Callable[[str, str], None]  # (mode, digest): an llvm entry to upgrade
+    on_fill: Callable[[str, str, bytes], None] | None = None  # (mode, digest, blob): promote a remote hit's copy
     name: str = "disk"
     _checked: set = field(default_factory=set)
 
@@ -149,35 +152,58 @@ class DiskTier:
         return Hit("disk", found, time.perf_counter() - t0)
 
     def put(self, entry: Entry) -> None:
-        if entry.blob is None:
+        if entry.blob is None or entry.staged:
             return
         self.guard("stage", self.staged[entry.mode].write, entry.digest, entry.blob)
-        self.on_staged_hit(entry.mode, entry.digest, entry.blob)
+        (self.on_fill or self.on_staged_hit)(entry.mode, entry.digest, entry.blob)
 
 
 @dataclass
 class RemoteTierView:
-    """A shared tier (Redis): `get(digest) -> framed bytes | None`, `put(digest, framed bytes)`."""
+    """A shared tier (Redis): `get(digest) -> framed bytes | None`, `put(digest, framed bytes)`.
+
+    A shared library it serves is first written to this host's disk (`stage`: the copy a
+    remote hit makes anyway) and mapped from there, rather than from a scratch copy made and
+    removed for the load alone; `staged` then moves it into its store, as the chain's fill would.
+    """
 
     remote: Any
     guard: StorageGuard
     scratch: Callable[[], str]
+    stage: Callable[[str, str, bytes], str | None] | None = None  # (mode, digest, blob) -> its file, or None
+    staged: Callable[[str, str, bytes], None] | None = None  # (mode, digest, blob): decoded fine, promote it
+    unstage: Callable[[str, str, bytes], None] | None = None  # (mode, digest, blob): it did not decode
     name: str = "remote"
 
     def get(self, probe: Probe) -> Hit | _Collision | None:
         t0 = time.perf_counter()
-        blob = self.remote.get(probe.digest)
+        # Only a RedisTier knows libraries; any other remote is asked for the digest alone.
+        blob = self.remote.get(probe.digest, library=True) if probe.library and hasattr(self.remote, "library_key") \
+            else self.remote.get(probe.digest)
         if blob is None:
             return None
+        # A library is written to this host's disk (the copy a remote hit makes anyway); it is
+        # loaded from a private copy of the checked bytes all the same (_artifacts/_private.py).
+        path = self.stage(probe.mode, probe.digest, blob) if self.stage is not None and _is_library(blob) else None
         found = decode_entry(self.guard, probe, blob, self.scratch(), "remote", None)
         if found is None or found is COLLISION:
+            if path is not None:
+                self.unstage(probe.mode, probe.digest, blob)  # not served: not kept on this disk either
             return found
         found.blob = blob
+        if path is not None:
+            found.staged = True
+            self.staged(probe.mode, probe.digest, blob)
         return Hit("remote", found, time.perf_counter() - t0)
 
     def put(self, entry: Entry) -> None:
         if entry.blob is not None:
             self.remote.put(entry.digest, entry.blob)
+
+
+def _is_library(blob: bytes) -> bool:
+    # The codec name sits just before the field lengths and the footer (_artifacts._frame).
+    return b"llvm-so" in blob[-64:]
 
 
 def decode_entry(guard: StorageGuard, probe: Probe, blob: bytes, scratch: str,

@@ -30,6 +30,7 @@ from pathlib import Path
 from .._forksafe import on_fork_child
 from .._log import warn_once
 from .._storage._faults import FILE_MODE, ensure_dir, real_dir
+from . import _push
 from ._upgrade_lock import HELD, marker_dir as _marker_dir, take_lock as _take_lock, wait_exited
 
 __all__ = ["IDLE_SECONDS", "request", "wait_exited", "wait_idle"]
@@ -181,6 +182,7 @@ def _upgrade_one(directory: Path, store_name: str, digest: str, stores: dict, co
             store.put(digest, better)
             staged.remove(digest, blob)
             counters.add("upgrades")
+            _push.upgraded(directory, store_name, digest, better, counters.add)  # the library, for the fleet
     except (ArtifactError, *STORAGE_ERRORS, RuntimeError, ValueError, subprocess.SubprocessError) as err:
         counters.add("error:upgrade")
         logger.warning("codegen cache: upgrading %s/%s failed: %s", store_name, digest[:16], err)

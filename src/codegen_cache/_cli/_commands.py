@@ -100,10 +100,13 @@ def open_cache(settings: Settings, *, remote: bool = False):
     """The cache at the settings' directory (without the remote tier unless asked)."""
     from .._cache._cache import CodegenCache
 
+    push_to = None
     if not remote:
+        # No lookups in the remote, but what this directory's processes left unpushed goes there.
+        push_to = None if settings.remote_read_only else settings.remote
         settings = dataclasses.replace(settings, remote=None)
     cache = CodegenCache(settings=settings, write_behind=False)
-    cache.promote_staged()  # entries of processes that stopped before moving them into their store
+    cache.promote_staged(remote=push_to)  # entries of processes that stopped before moving them into their store
     return cache
 
 

@@ -1,55 +1,58 @@
-"""A shared remote tier on Redis: signed, checksummed artifact bytes under namespaced keys.
+"""A shared remote tier on Redis (one server or a cluster): signed entries that no host can spoil.
 
-Value layout (the framed artifact of `_artifacts` inside a small envelope):
-    magic b"CGCR" | u8 envelope version | u8 signature length (0 or 32) | signature | frame
+Keys, under `codegen-cache:v<format>:` (readers of another layout never see them):
+    <digest>                  the entry in a form every host can load (for llvm: its LLVM IR)
+    lib:<platform>:<digest>   an llvm entry linked into a shared library, for hosts of that platform
+    lease:<digest>            the build lease of a key (fleet-wide single-flight, `_cache._flight`)
 
-The signature is HMAC-SHA256 over the Redis key and the frame, so an entry signed for one key
-is rejected under another. Nothing read from Redis is unpickled: a value is bytes that must
-pass the envelope, signature and frame checks before the cache decodes it.
+Each value is a framed artifact in a signed envelope (`_envelope`). Writes never replace a
+value they cannot verify: an entry is stored only where its key is absent (SET NX), or over a
+value that this host read and found damaged for every reader (a script compares it first). A
+lookup of an llvm entry reads the library of this host's platform after the IR, and serves
+that when there is one (a library is never loaded from a key of another platform).
 
-Every Redis call has one deadline (`timeout`, connecting and TLS included) and no retries; the
-client (`_resp`) parses replies strictly and reads a value only if its announced length is
-within the entry size cap. A failed call (refused, reset, past the deadline, a malformed or
-unexpected reply) is a miss, counted, and puts the tier offline for a backoff that doubles up
-to a cap; while offline, get() and put() return at once, so a down, slow, refusing or
-misbehaving Redis costs a compile at most one deadline per backoff period. A value over the
-cap is a rejected entry, not an outage: it is not read, and the rebuild replaces it.
+Every Redis call has one deadline (`timeout`, connecting, TLS and redirects included) and no
+retries; the client (`_client`) parses replies strictly and reads a value only if its
+announced length is within the size cap. A failed call is a miss or a skipped write, counted,
+and takes its kind of call offline for a backoff (`_backoff`: reads and writes apart, so a
+refused write never stops reads); every failure the client reports is an OSError, or a
+ConfigError for a URL a cluster cannot serve (then the tier stays off in this process).
 """
 
 from __future__ import annotations
 
 import hashlib
-import hmac
 import logging
-import struct
-import threading
 import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from .._artifacts import FORMAT_VERSION, unframe
+from .._artifacts import FORMAT_VERSION, read_meta
+from .._artifacts import portable as portable_form
 from .._config import REMOTE_ACCEPTED, check_remote_url, redact_url
 from .._errors import ArtifactError, ConfigError, RemoteValueTooLargeError
-from .._forksafe import on_fork_child
-from ._resp import Endpoint, RespClient
+from ._client import RespClient
+from ._endpoint import Endpoint
+from ._envelope import ENVELOPE_BYTES, Rejection, open_value, seal
+from ._health import FAILED, Health
+from ._leases import Leases
+from ._platform import library_platform
+from ._scripts import REFRESH, REPLACE
 
-__all__ = ["DEFAULT_MAX_ENTRY_BYTES", "DEFAULT_TIMEOUT", "DEFAULT_TTL", "RedisTier", "check_url"]
+__all__ = ["DEFAULT_LEASE", "DEFAULT_MAX_ENTRY_BYTES", "DEFAULT_TIMEOUT", "DEFAULT_TTL", "RedisTier", "check_url"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_ENTRY_BYTES = 32 << 20
 DEFAULT_TTL = 14 * 86400.0
 DEFAULT_TIMEOUT = 0.5
-_MAGIC = b"CGCR"
-_ENVELOPE_VERSION = 1
-_HEAD = struct.Struct("<4sBB")
-_SIG_LEN = hashlib.sha256().digest_size
-_ACCEPTED_URLS = REMOTE_ACCEPTED
+DEFAULT_LEASE = 5.0
 _LOOPBACK = ("localhost", "127.0.0.1", "::1")
 _ABSENT_SECONDS = 1.0
+_REFRESH_FRACTION = 8  # a hit refreshes an entry's TTL once an eighth of it has passed
+_MEMO_ENTRIES = 4096
 
 EventSink = Callable[..., None]
-
 
 # One URL checker for the variable, the CLI and this tier (_config.check_remote_url).
 _redact = redact_url
@@ -57,7 +60,7 @@ check_url = check_remote_url
 
 
 class RedisTier:
-    """The remote tier: get(digest) -> framed bytes or None, put(digest, framed bytes), close()."""
+    """The remote tier: get(digest) -> framed bytes or None, put/push(digest, framed bytes), leases, close()."""
 
     def __init__(
         self,
@@ -71,6 +74,8 @@ class RedisTier:
         backoff: float = 5.0,
         max_backoff: float = 300.0,
         prefix: str = "codegen-cache",
+        read_only: bool = False,
+        lease: float = DEFAULT_LEASE,
     ) -> None:
         self.url = check_url(url)
         if isinstance(secret, str):
@@ -80,38 +85,39 @@ class RedisTier:
         if not isinstance(max_entry_bytes, int) or isinstance(max_entry_bytes, bool) or max_entry_bytes <= 0:
             raise ConfigError("remote_max_entry_bytes", max_entry_bytes, "a whole number of bytes, 1 or more")
         for name, value in (("remote_ttl", ttl), ("timeout", timeout), ("backoff", backoff),
-                            ("max_backoff", max_backoff)):
+                            ("max_backoff", max_backoff), ("remote_lease", lease)):
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
                 raise ConfigError(name, value, "a number of seconds, 0 or more")
         if timeout == 0:
             raise ConfigError("timeout", timeout, "a number of seconds above 0 (0 would mean no timeout)")
+        if not isinstance(read_only, bool):
+            raise ConfigError("remote_read_only", read_only, "True or False")
         self._secret = secret
-        self._on_event = on_event
         self.max_entry_bytes = max_entry_bytes
         self.ttl = float(ttl)
         self.timeout = float(timeout)
-        self.backoff = float(backoff)
-        self.max_backoff = max(float(max_backoff), self.backoff)
+        self.read_only = read_only
+        self.lease = float(lease)
         # The format version is in the prefix: readers of another layout never see these keys.
         self.prefix = f"{prefix}:v{FORMAT_VERSION}:"
         try:
-            # Nothing connects here: the first get or put does.
+            # Nothing connects here: the first call does.
             self._client = RespClient(Endpoint.from_url(self.url, self.timeout))
         except ValueError as err:
-            raise ConfigError("remote (CODEGEN_CACHE_REMOTE)", _redact(url), f"{_ACCEPTED_URLS} ({err})") from None
+            raise ConfigError("remote (CODEGEN_CACHE_REMOTE)", _redact(url), f"{REMOTE_ACCEPTED} ({err})") from None
         # A stored value is the frame plus the envelope; nothing longer is read.
-        self._read_limit = max_entry_bytes + _HEAD.size + _SIG_LEN
-        self._lock = threading.Lock()
-        on_fork_child(self._after_fork)
-        self._offline_until = 0.0
-        self._next_backoff = self.backoff
-        self._warned = False
-        self._warned_rejected = False
-        # digest -> when Redis last answered "missing" or "rejected" for it. The cache looks a key
-        # up twice on a cold miss (before and after taking its compile lease) and every 20 ms
-        # while another local process builds it; remembering the answer for a moment saves those
-        # round trips, and counts and logs a bad entry once per read rather than once per poll.
+        self._read_limit = max_entry_bytes + ENVELOPE_BYTES
+        self.health = Health(_redact(url), backoff=float(backoff), max_backoff=float(max_backoff), on_event=on_event)
+        # Redis key -> when Redis last answered "missing" or "rejected" for it. The cache looks a
+        # key up twice on a cold miss and every 20 ms while another local process builds it;
+        # remembering the answer for a moment saves those round trips, and counts and logs a
+        # bad entry once per read rather than once per poll.
         self._absent: dict[str, float] = {}
+        # Redis key -> SHA1 of a value read there and found damaged for every reader: the only
+        # kind of value a write may replace (the script checks it is still that one).
+        self._damaged: dict[str, str] = {}
+        self._refreshed: dict[str, float] = {}
+        self.leases = Leases(self._client, self.health, self.lease_key, expiry=self.lease, enabled=not read_only)
         if secret is None and urlsplit(url).scheme != "unix" and urlsplit(url).hostname not in _LOOPBACK:
             logger.warning(
                 "codegen cache: remote entries at %s are not signed; anyone who can write to that Redis "
@@ -120,7 +126,7 @@ class RedisTier:
             )
 
     def __repr__(self) -> str:
-        return f"RedisTier({_redact(self.url)!r}, signed={self._secret is not None})"
+        return f"RedisTier({_redact(self.url)!r}, signed={self._secret is not None}, read_only={self.read_only})"
 
     @property
     def signed(self) -> bool:
@@ -128,63 +134,158 @@ class RedisTier:
         return self._secret is not None
 
     def redis_key(self, digest: str) -> str:
-        """The Redis key of a cache key digest."""
+        """The Redis key of a cache key digest (the entry every host can load)."""
         return self.prefix + digest
 
-    # ---- the tier -------------------------------------------------------------------------
+    def library_key(self, digest: str) -> str:
+        """The Redis key of the shared library of an llvm entry, for hosts of this one's platform."""
+        return f"{self.prefix}lib:{library_platform()}:{digest}"
 
-    def get(self, digest: str) -> bytes | None:
-        """The framed artifact stored for `digest`, or None (missing, rejected, or offline)."""
-        if self._is_offline():
-            self._event("remote_offline")
+    def lease_key(self, digest: str) -> str:
+        """The Redis key of a key's build lease."""
+        return f"{self.prefix}lease:{digest}"
+
+    # ---- reads ----------------------------------------------------------------------------
+
+    def get(self, digest: str, *, library: bool = False) -> bytes | None:
+        """The framed artifact for `digest` (the library of this platform where there is one), or None.
+
+        library=True: an llvm build, whose library is asked for first (one round trip for a hit
+        of the fast form); otherwise the library is asked for after an LLVM IR entry.
+        """
+        if self.health.reads.offline():
+            self.health.event("remote_offline")
             return None
-        if self._recently_absent(digest):
+        if library:
+            found = self._library(digest)
+            if found is not None or self.health.reads.offline():  # a failed call: no second deadline
+                return found
+        found = self._read(self.redis_key(digest), count_miss=True)
+        if found is None:
             return None
-        name = self.redis_key(digest)
+        blob, codec = found
+        if codec == "llvm-so":
+            return portable_form(blob)  # a library where any host reads: loaded only from its platform's key
+        if codec == "llvm-ir" and not library:
+            return self._library(digest) or blob
+        return blob
+
+    def _library(self, digest: str) -> bytes | None:
+        if self.health.reads.offline():
+            return None
+        found = self._read(self.library_key(digest), count_miss=False)
+        return found[0] if found is not None and found[1] == "llvm-so" else None
+
+    def forget(self, digest: str) -> None:
+        """Look `digest` up for real next time (a waiter polls for another host's entry)."""
+        self._absent.pop(self.redis_key(digest), None)
+        self._absent.pop(self.library_key(digest), None)
+
+    def _read(self, name: str, *, count_miss: bool) -> tuple[bytes, str] | None:
+        seen = self._absent.get(name)
+        if seen is not None and time.monotonic() - seen < _ABSENT_SECONDS:
+            return None
         try:
             value = self._client.get(name.encode(), self._read_limit)
-        except RemoteValueTooLargeError as err:
-            self._rejected(digest, name, err)  # the server answered; one entry is bad
+        except RemoteValueTooLargeError as err:  # the server answered; one entry is too big for us
+            self._rejected(name, Rejection("cap", f"it is {err.size} bytes, over this host's cap of "
+                                                  f"{self._read_limit} (CODEGEN_CACHE_REMOTE_MAX_ENTRY + envelope)"))
             return None
-        except Exception as err:  # noqa: BLE001
-            # OSError for every fault the client knows (refused, reset, deadline, TLS, a malformed
-            # or error reply); anything else would be a bug in it, and an optional tier must not
-            # break a compile for that either. Both are counted and logged as a failed call.
-            self._failed("get", err)
+        except ConfigError as err:
+            self.health.misconfigured(err)
             return None
-        self._succeeded()
+        except OSError as err:
+            self.health.failed(self.health.reads, "get", err)
+            return None
+        self.health.back(self.health.reads)
         if value is None:
-            self._event("remote_misses")
-            self._absent[digest] = time.monotonic()
+            if count_miss:
+                self.health.event("remote_misses")
+            self._remember(self._absent, name, time.monotonic())
             return None
-        try:
-            return self._open(name, value)
-        except ArtifactError as err:
-            self._rejected(digest, name, err)
+        opened = open_value(name, value, self._secret)
+        if isinstance(opened, Rejection):
+            self._rejected(name, opened, value)
             return None
+        if self._secret is not None:
+            self.health.verified()
+        return bytes(opened[0]), opened[1]
 
-    def put(self, digest: str, blob: bytes) -> bool:
-        """Store a framed artifact under `digest` with the TTL; False when skipped or failed."""
+    # ---- writes ---------------------------------------------------------------------------
+
+    def put(self, digest: str, blob: bytes, *, portable: bool = True) -> bool:
+        """Store a framed artifact under `digest` where nothing valid is stored; True when this call stored it."""
+        return self.push(digest, blob, portable=portable) == "stored"
+
+    def push(self, digest: str, blob: bytes, *, portable: bool = True) -> str:
+        """Store an entry: 'stored', 'kept' (a value is there: left alone), 'skipped' (never) or 'failed' (retry later).
+
+        A library (llvm-so) goes under this platform's key, and with portable=True its LLVM IR
+        under the key every host reads.
+        """
         if len(blob) > self.max_entry_bytes:
-            self._event("remote_skipped")
+            self.health.event("remote_skipped")
             logger.debug("codegen cache: not storing %s remotely: %d bytes is over the cap of %d",
                          digest[:16], len(blob), self.max_entry_bytes)
-            return False
-        if self._is_offline():
-            self._event("remote_offline")
-            return False
-        self._absent.pop(digest, None)
-        name = self.redis_key(digest)
-        value = self._seal(name, blob)
+            return "skipped"
+        if self.read_only:
+            return "skipped"
         try:
-            # Plain SET, not NX: a rejected (garbled or badly signed) entry is replaced by the rebuild.
-            self._client.set(name.encode(), value, px=int(self.ttl * 1000) or None)
-        except Exception as err:  # noqa: BLE001 - as in get()
-            self._failed("put", err)
+            codec = read_meta(blob)[0]
+        except ArtifactError:
+            codec = ""  # stored as it is: a reader's frame check says what it is worth
+        if codec != "llvm-so":
+            return self._store(self.redis_key(digest), blob)
+        outcome = self._store(self.library_key(digest), blob)
+        if portable and self._store(self.redis_key(digest), portable_form(blob)) == "failed":
+            return "failed"  # the IR is what every other host needs: worth another try
+        return outcome
+
+    def _store(self, name: str, blob: bytes) -> str:
+        if self.health.writes.offline():
+            self.health.event("remote_offline")
+            return "failed"
+        value = seal(name, blob, self._secret)
+        px = int(self.ttl * 1000)
+        damaged = self._damaged.pop(name, None)
+        if damaged is None:
+            stored = self.health.attempt(self.health.writes, "put",
+                                         lambda: self._client.set(name.encode(), value, px or None, nx=True))
+        else:
+            stored = self.health.attempt(self.health.writes, "put", lambda: self._client.run(
+                REPLACE, name.encode(), [damaged.encode(), value, b"%d" % px], _read_int) == 1)
+        if stored is FAILED:
+            return "failed"
+        self._absent.pop(name, None)
+        if not stored:
+            self.health.event("remote_kept")
+            return "kept"
+        self.health.event("remote_stores")
+        if damaged is not None:
+            self.health.event("remote_replaced")
+            logger.debug("codegen cache: replaced the damaged remote value of %s", name)
+        return "stored"
+
+    def refresh_due(self, digest: str) -> bool:
+        """Whether a hit of `digest` should refresh its TTL now (once per interval per process); marks it done."""
+        if not self.ttl or self.read_only:
             return False
-        self._succeeded()
-        self._event("remote_stores")
+        now = time.monotonic()
+        if now - self._refreshed.get(digest, -1e18) < self.ttl / _REFRESH_FRACTION:
+            return False
+        self._remember(self._refreshed, digest, now)
         return True
+
+    def refresh(self, digest: str, *, library: bool) -> None:
+        """Extend the TTL of `digest`'s entry (and of its library) if an interval of it has passed."""
+        ttl_ms, interval_ms = int(self.ttl * 1000), int(self.ttl * 1000 / _REFRESH_FRACTION)
+        for name in (self.redis_key(digest), *([self.library_key(digest)] if library else [])):
+            if self.health.writes.offline():
+                return
+            args = [b"%d" % ttl_ms, b"%d" % interval_ms]
+            if self.health.attempt(self.health.writes, "refresh",
+                                   lambda: self._client.run(REFRESH, name.encode(), args, _read_int)) == 1:
+                self.health.event("remote_refreshed")
 
     def close(self) -> None:
         """Close the connections to Redis."""
@@ -193,85 +294,20 @@ class RedisTier:
         except OSError as err:
             logger.debug("codegen cache: closing %s: %s", _redact(self.url), err)
 
-    def _after_fork(self) -> None:
-        self._lock = threading.Lock()  # another thread of the parent may have held it
+    def _rejected(self, name: str, why: Rejection, value: bytes | bytearray | None = None) -> None:
+        self._remember(self._absent, name, time.monotonic())
+        if why.damaged and value is not None:
+            self._remember(self._damaged, name, hashlib.sha1(value).hexdigest())  # noqa: S324 - Redis's sha1hex
+        self.health.rejected(name, why, replaceable=why.damaged and value is not None)
 
-    # ---- envelope -------------------------------------------------------------------------
+    @staticmethod
+    def _remember(memo: dict, key: str, value: object) -> None:
+        if len(memo) >= _MEMO_ENTRIES:
+            # Dict operations are atomic under the GIL; a racing reader at worst costs one extra call.
+            for old in list(memo)[: _MEMO_ENTRIES // 2]:
+                memo.pop(old, None)
+        memo[key] = value
 
-    def _signature(self, name: str, blob: bytes | memoryview) -> bytes:
-        assert self._secret is not None
-        mac = hmac.new(self._secret, digestmod=hashlib.sha256)
-        mac.update(name.encode() + b"\0")
-        mac.update(blob)
-        return mac.digest()
 
-    def _seal(self, name: str, blob: bytes) -> bytes:
-        signature = self._signature(name, blob) if self._secret is not None else b""
-        return _HEAD.pack(_MAGIC, _ENVELOPE_VERSION, len(signature)) + signature + blob
-
-    def _open(self, name: str, value: bytes | bytearray) -> bytes:
-        """The frame inside `value`, after the envelope, signature and frame checks."""
-        if len(value) < _HEAD.size:
-            raise ArtifactError(f"{len(value)} bytes is shorter than the remote envelope")
-        magic, version, sig_len = _HEAD.unpack_from(value, 0)
-        if magic != _MAGIC or version != _ENVELOPE_VERSION:
-            raise ArtifactError(f"bad remote envelope {bytes(value[:5])!r}")
-        if sig_len not in (0, _SIG_LEN) or len(value) < _HEAD.size + sig_len:
-            raise ArtifactError(f"bad signature length {sig_len}")
-        view = memoryview(value)
-        signature, blob = bytes(view[_HEAD.size : _HEAD.size + sig_len]), view[_HEAD.size + sig_len :]
-        if self._secret is not None:
-            if not signature:
-                raise ArtifactError("entry is not signed (a shared secret is configured)")
-            if not hmac.compare_digest(signature, self._signature(name, blob)):
-                raise ArtifactError("bad signature (written with another secret, or tampered with)")
-        unframe(blob)  # framing, format version and checksum, before anything decodes it
-        return bytes(blob)
-
-    # ---- availability ---------------------------------------------------------------------
-
-    def _rejected(self, digest: str, name: str, err: Exception) -> None:
-        self._event("remote_rejected")
-        self._absent[digest] = time.monotonic()
-        first, self._warned_rejected = not self._warned_rejected, True
-        (logger.warning if first else logger.debug)(
-            "codegen cache: rejected remote entry %s (not loaded; rebuilt and replaced): %s", name, err)
-
-    def _recently_absent(self, digest: str) -> bool:
-        seen = self._absent.get(digest)
-        if seen is not None and time.monotonic() - seen < _ABSENT_SECONDS:
-            return True
-        if len(self._absent) > 4096:
-            # Dict operations are atomic under the GIL; a racing put at worst costs one extra GET.
-            cutoff = time.monotonic() - _ABSENT_SECONDS
-            self._absent = {d: t for d, t in list(self._absent.items()) if t > cutoff}
-        return False
-
-    def _is_offline(self) -> bool:
-        return time.monotonic() < self._offline_until
-
-    def _failed(self, op: str, err: BaseException) -> None:
-        self._event("error:remote")
-        with self._lock:
-            if self._is_offline():
-                return  # another thread already took it offline
-            delay = self._next_backoff
-            self._offline_until = time.monotonic() + delay
-            self._next_backoff = min(delay * 2, self.max_backoff)
-            first, self._warned = not self._warned, True
-        # One warning per tier; later outages and retries log at DEBUG.
-        (logger.warning if first else logger.debug)(
-            "codegen cache: remote %s failed on %s (%s: %s); local-only for %.0fs, then retrying",
-            _redact(self.url), op, type(err).__name__, err, delay,
-        )
-
-    def _succeeded(self) -> None:
-        if self._next_backoff != self.backoff:
-            with self._lock:
-                self._next_backoff = self.backoff
-            logger.info("codegen cache: remote %s is reachable again", _redact(self.url))
-
-    def _event(self, name: str) -> None:
-        if self._on_event is not None:
-            self._on_event(name)
-
+def _read_int(conn, command: str, deadline: float) -> int:
+    return conn.expect_int(command, deadline)

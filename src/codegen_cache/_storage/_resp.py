@@ -1,148 +1,86 @@
-"""A small Redis client (RESP2 over a plain or TLS socket) with one deadline per call.
+"""One connection to a Redis server (RESP2 over a plain or TLS socket), every step bounded by one deadline.
 
-The remote tier needs three commands (AUTH and SELECT on connect, then GET or SET), and needs
-them to fail in a bounded way whatever the server does. So this client:
+The remote tier needs its calls to fail in a bounded way whatever the server does. So a
+connection:
 
-- gives each call one monotonic deadline, shared by connecting, the TLS handshake, AUTH,
-  SELECT, sending and every read: a server that trickles its reply a byte at a time ends the
+- takes the call's monotonic deadline in every step: connecting, the TLS handshake, AUTH,
+  SELECT, sending and every read; a server that trickles its reply a byte at a time ends the
   call at the deadline, where a per-read socket timeout would let it run on for ever;
 - parses replies strictly: each command accepts exactly the reply types Redis sends for it
-  (`+OK`, a bulk string or nil), with length-capped lines and exact length syntax; anything
-  else, an error reply included, raises RemoteReplyError;
-- checks a bulk string's announced length against the caller's cap before reading a byte
-  of it, so a planted huge value costs no memory;
-- drops a connection after any failure (its stream may hold half a reply) and reconnects on
-  the next call; an idle connection the server closed, or one with unrequested bytes waiting,
-  is replaced before use.
+  (`+OK`, a bulk string or nil, an integer, the arrays of CLUSTER SLOTS), with length-capped
+  lines and exact length syntax; anything else raises RemoteReplyError;
+- checks a bulk string's announced length against the caller's cap before reading a byte of
+  it, so a planted huge value costs no memory;
+- turns an error reply into RemoteRefusedError (its code: READONLY, OOM, NOSCRIPT, ...) and a
+  cluster's redirect (`-MOVED`, `-ASK`) into Redirect; after either the connection is still in
+  step, every other fault leaves it unusable (the caller closes it).
 
 Every failure is an OSError: socket errors, TimeoutError at the deadline, ssl.SSLError, and
-RemoteReplyError (a ConnectionError) for the server's protocol faults.
+RemoteReplyError (a ConnectionError) for the server's protocol faults. `_client` routes calls
+over connections; `_endpoint` says where they go.
 """
 
 from __future__ import annotations
 
 import re
-import socket
 import ssl
-import threading
-import time
-from dataclasses import dataclass, field
-from urllib.parse import parse_qsl, unquote, urlsplit
 
-from .._errors import RemoteReplyError, RemoteValueTooLargeError
-from .._forksafe import on_fork_child
+from .._errors import ConfigError, RemoteRefusedError, RemoteReplyError, RemoteValueTooLargeError
+from ._cluster import Redirect, parse_redirect
+from ._endpoint import Endpoint, connect, left, show_address, speaks_tls
 
-__all__ = ["Endpoint", "RespClient"]
+__all__ = ["Connection", "Endpoint"]
 
 _MAX_LINE = 4096  # a status, error or length line; Redis's are far shorter
 _LENGTH = re.compile(rb"-1|0|[1-9][0-9]{0,17}")
+_INTEGER = re.compile(rb"-?(0|[1-9][0-9]{0,18})")
 _CHUNK = 1 << 18
-_KEEP_IDLE = 4
-_CERT_REQS = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
-_TRUE = ("1", "true", "yes", "on")
+_ARRAY_ITEMS = 1 << 16  # CLUSTER SLOTS of the largest cluster is far smaller
+_ARRAY_DEPTH = 4
+_CLUSTER_SELECT = b"SELECT is not allowed in cluster mode"
 
 
-@dataclass(frozen=True)
-class Endpoint:
-    """Where and how to connect: address, credentials, database, TLS context, per-call deadline."""
-
-    address: tuple[str, int] | str  # (host, port), or a unix socket path
-    username: str | None
-    password: str | None = field(repr=False)  # never in a log or a traceback
-    db: int
-    tls: ssl.SSLContext | None
-    timeout: float
-
-    @classmethod
-    def from_url(cls, url: str, timeout: float) -> Endpoint:
-        """The endpoint of a URL that `_config.check_remote_url` accepted; ValueError if its TLS files do not load."""
-        parts = urlsplit(url)
-        query = dict(parse_qsl(parts.query, keep_blank_values=True))
-        db = int(query.get("db", parts.path.strip("/") if parts.scheme != "unix" else "") or 0)
-        timeout = float(query.get("timeout", query.get("socket_timeout", timeout)))
-        if parts.scheme == "unix":
-            address: tuple[str, int] | str = unquote(parts.path)
-        else:
-            address = (parts.hostname or "", parts.port or 6379)
-        tls = _tls_context(query) if parts.scheme == "rediss" else None
-        # As redis-py reads them: an empty user or password is none.
-        username = unquote(parts.username) if parts.username else None
-        password = unquote(parts.password) if parts.password else None
-        return cls(address, username, password, db, tls, timeout)
-
-
-def _tls_context(options: dict[str, str]) -> ssl.SSLContext:
-    try:
-        context = ssl.create_default_context(cafile=options.get("ssl_ca_certs"), capath=options.get("ssl_ca_path"))
-        if "ssl_certfile" in options:
-            context.load_cert_chain(options["ssl_certfile"], options.get("ssl_keyfile"))
-    except (OSError, ssl.SSLError) as err:
-        raise ValueError(f"cannot load the TLS certificates: {err}") from None
-    verify = _CERT_REQS[options.get("ssl_cert_reqs", "required").lower()]
-    context.check_hostname = options.get("ssl_check_hostname", "true").lower() in _TRUE and verify != ssl.CERT_NONE
-    context.verify_mode = verify
-    return context
-
-
-def _left(deadline: float) -> float:
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise TimeoutError("the remote call ran past its deadline")
-    return left
-
-
-def _connect(address: tuple[str, int] | str, deadline: float) -> socket.socket:
-    """A connected socket; every address of the host is tried within the one deadline."""
-    if isinstance(address, str):
-        targets = [(socket.AF_UNIX, socket.SOCK_STREAM, 0, "", address)]
-    else:
-        # Name resolution is the system resolver's, with its own timeouts; a numeric host has none.
-        try:
-            targets = socket.getaddrinfo(*address, type=socket.SOCK_STREAM)
-        except UnicodeError as err:  # a host name IDNA cannot encode ("a..b")
-            raise OSError(f"cannot resolve {address[0]!r}: {err}") from None
-    error: OSError = OSError(f"no address for {address!r}")
-    for family, kind, proto, _name, target in targets:
-        sock = socket.socket(family, kind, proto)
-        try:
-            sock.settimeout(_left(deadline))
-            sock.connect(target)
-        except OSError as err:
-            sock.close()
-            error = err
-            continue
-        except BaseException:
-            sock.close()
-            raise
-        if family != socket.AF_UNIX:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return sock
-    raise error
-
-
-class _Connection:
-    """One socket to the server; every method takes the call's deadline."""
+class Connection:
+    """One socket to one server; every method takes the call's deadline."""
 
     def __init__(self, endpoint: Endpoint, deadline: float) -> None:
+        self.endpoint = endpoint
         self._buf = bytearray()
-        self._sock = sock = _connect(endpoint.address, deadline)
+        self._answered = False  # any reply byte yet (a plain client at a TLS port never gets one)
+        self._sock = connect(endpoint.address, deadline)
         try:
             if endpoint.tls is not None:
-                sock.settimeout(_left(deadline))  # CPython bounds the whole handshake by it
-                host = endpoint.address[0] if isinstance(endpoint.address, tuple) else None
-                self._sock = endpoint.tls.wrap_socket(sock, server_hostname=host)
+                self._handshake(endpoint, deadline)
             if endpoint.password is not None:
                 user = [endpoint.username] if endpoint.username else []
                 self.call(["AUTH", *user, endpoint.password], deadline)
                 self.expect_ok("AUTH", deadline)
             if endpoint.db:
                 self.call(["SELECT", str(endpoint.db)], deadline)
-                self.expect_ok("SELECT", deadline)
+                try:
+                    self.expect_ok("SELECT", deadline)
+                except RemoteRefusedError as err:
+                    if _CLUSTER_SELECT in err.message.encode():
+                        raise ConfigError("remote (CODEGEN_CACHE_REMOTE)", f"database {endpoint.db}",
+                                          "database 0 for a Redis Cluster, which has no other: drop the /N or "
+                                          "db=N from the URL") from None
+                    raise
         except BaseException:
             self.close()
             raise
 
+    def _handshake(self, endpoint: Endpoint, deadline: float) -> None:
+        host = endpoint.address[0] if isinstance(endpoint.address, tuple) else None
+        try:
+            self._sock.settimeout(left(deadline))  # CPython bounds the whole handshake by it
+            self._sock = endpoint.tls.wrap_socket(self._sock, server_hostname=host)
+        except TimeoutError as err:
+            # A plain-text Redis reads a ClientHello as the start of an inline command and waits.
+            raise TimeoutError(f"the TLS handshake with {show_address(endpoint.address)} ran past the deadline "
+                               f"({err}; if that port is not a TLS port, use a redis:// URL)") from None
+
     def close(self) -> None:
+        """Close the socket."""
         self._sock.close()
 
     def stale(self) -> bool:
@@ -176,26 +114,75 @@ class _Connection:
         for chunk in chunks:
             view = memoryview(chunk)
             while view:
-                self._sock.settimeout(_left(deadline))
+                self._sock.settimeout(left(deadline))
                 view = view[self._sock.send(view[:_CHUNK]) :]
 
     # ---- replies -------------------------------------------------------------------------
 
-    def expect_ok(self, command: str, deadline: float) -> None:
-        """Read a reply that must be +OK."""
+    def expect_ok(self, command: str, deadline: float, *, nil: bool = False) -> bool:
+        """Read a reply that must be +OK (True), or with nil=True a nil bulk string (False: SET NX found the key)."""
         kind, rest = self._head(command, deadline)
+        if nil and kind == b"$" and rest == b"-1":
+            self._end(command)
+            return False
         if (kind, rest) != (b"+", b"OK"):
-            raise RemoteReplyError(f"{command} answered {_show(kind + rest)}, expected +OK")
+            expected = "+OK or nil" if nil else "+OK"
+            raise RemoteReplyError(f"{command} answered {_show(kind + rest)}, expected {expected}")
         self._end(command)
+        return True
+
+    def expect_int(self, command: str, deadline: float) -> int:
+        """Read a reply that must be an integer."""
+        kind, rest = self._head(command, deadline)
+        if kind != b":" or not _INTEGER.fullmatch(rest):
+            raise RemoteReplyError(f"{command} answered {_show(kind + rest)}, expected an integer")
+        self._end(command)
+        return int(rest)
 
     def expect_bulk(self, command: str, deadline: float, limit: int) -> bytearray | None:
         """Read a reply that must be a bulk string of at most `limit` bytes, or nil."""
         kind, rest = self._head(command, deadline)
+        value = self._bulk(command, kind, rest, deadline, limit)
+        self._end(command)
+        return value
+
+    def expect_array(self, command: str, deadline: float, limit: int) -> list:
+        """Read an array of integers, bulk strings (None for nil) and arrays, at most `limit` bytes in all."""
+        budget = [limit]
+        value = self._item(command, deadline, budget, 0)
+        if budget[0] < 0:
+            raise RemoteReplyError(f"{command}: a reply larger than {limit} bytes")
+        if not isinstance(value, list):
+            raise RemoteReplyError(f"{command} answered {_show(repr(value).encode())}, expected an array")
+        self._end(command)
+        return value
+
+    def _item(self, command: str, deadline: float, budget: list[int], depth: int):
+        kind, rest = self._head(command, deadline)
+        budget[0] -= len(rest) + 3
+        if kind == b":" and _INTEGER.fullmatch(rest):
+            return int(rest)
+        if kind == b"$":
+            value = self._bulk(command, kind, rest, deadline, max(0, budget[0]))
+            budget[0] -= len(value or b"")
+            return None if value is None else bytes(value)
+        if kind == b"*" and _LENGTH.fullmatch(rest) and rest != b"-1" and depth < _ARRAY_DEPTH:
+            count = int(rest)
+            if count > _ARRAY_ITEMS:
+                raise RemoteReplyError(f"{command}: an array of {count} items")
+            items = []
+            for _ in range(count):
+                items.append(self._item(command, deadline, budget, depth + 1))
+                if budget[0] < 0:
+                    return items  # expect_array says so
+            return items
+        raise RemoteReplyError(f"{command} answered {_show(kind + rest)} inside an array")
+
+    def _bulk(self, command: str, kind: bytes, rest: bytes, deadline: float, limit: int) -> bytearray | None:
         if kind != b"$" or not _LENGTH.fullmatch(rest):
             raise RemoteReplyError(f"{command} answered {_show(kind + rest)}, expected a bulk string or nil")
         size = int(rest)
         if size < 0:
-            self._end(command)
             return None
         if size > limit:
             raise RemoteValueTooLargeError(size, limit)  # before reading any of it
@@ -205,21 +192,23 @@ class _Connection:
         view[:got] = self._buf[:got]
         del self._buf[:got]
         while got < size:
-            self._sock.settimeout(_left(deadline))
+            self._sock.settimeout(left(deadline))
             read = self._sock.recv_into(view[got:], min(size - got, _CHUNK))
             if not read:
                 raise RemoteReplyError(f"the server closed the connection {size - got} bytes short of the value")
             got += read
         if self._line(command, deadline) != b"":
             raise RemoteReplyError(f"{command}: the value is not followed by CRLF")
-        self._end(command)
         return value
 
     def _head(self, command: str, deadline: float) -> tuple[bytes, bytes]:
         line = self._line(command, deadline)
         kind, rest = line[:1], line[1:]
         if kind == b"-":
-            raise RemoteReplyError(f"{command} answered with the error {_show(rest)}")
+            redirect = parse_redirect(rest)
+            if redirect is not None:
+                raise Redirect(*redirect)
+            raise RemoteRefusedError(command, _text(rest))
         return kind, rest
 
     def _line(self, command: str, deadline: float) -> bytes:
@@ -233,11 +222,26 @@ class _Connection:
             if len(self._buf) > _MAX_LINE:
                 raise RemoteReplyError(f"{command}: a reply line longer than {_MAX_LINE} bytes")
             start = max(0, len(self._buf) - 1)
-            self._sock.settimeout(_left(deadline))
-            data = self._sock.recv(_MAX_LINE)
+            self._sock.settimeout(left(deadline))
+            try:
+                data = self._sock.recv(_MAX_LINE)
+            except ConnectionResetError as err:
+                self._first_reply_failed(command, deadline, str(err))
+                raise
             if not data:
+                self._first_reply_failed(command, deadline, "closed")
                 raise RemoteReplyError(f"the server closed the connection in the middle of the {command} reply")
+            self._answered = True
             self._buf += data
+
+    def _first_reply_failed(self, command: str, deadline: float, how: str) -> None:
+        """A plain connection broken before any reply: a TLS port says so (one more connection, same deadline)."""
+        address = self.endpoint.address
+        if self._answered or self.endpoint.tls is not None or isinstance(address, str):
+            return
+        if speaks_tls(address, deadline):
+            raise RemoteReplyError(f"{show_address(address)} speaks TLS and dropped the plain-text {command} "
+                                   f"({how}): use a rediss:// URL for it")
 
     def _end(self, command: str) -> None:
         if self._buf:
@@ -248,66 +252,5 @@ def _show(data: bytes) -> str:
     return repr(data[:60]) + ("..." if len(data) > 60 else "")
 
 
-class RespClient:
-    """GET and SET against one endpoint; a few idle connections are kept for reuse (thread-safe)."""
-
-    def __init__(self, endpoint: Endpoint) -> None:
-        self.endpoint = endpoint
-        self._idle: list[_Connection] = []
-        self._lock = threading.Lock()
-        on_fork_child(self._forget_parent)
-
-    def get(self, key: bytes, limit: int) -> bytearray | None:
-        """The value of `key`, None if it has none; RemoteValueTooLargeError past `limit` bytes."""
-        deadline = time.monotonic() + self.endpoint.timeout
-        conn = self._take(deadline)
-        try:
-            conn.call([b"GET", key], deadline)
-            value = conn.expect_bulk("GET", deadline, limit)
-        except BaseException:
-            conn.close()
-            raise
-        self._give(conn)
-        return value
-
-    def set(self, key: bytes, value: bytes, px: int | None) -> None:
-        """SET `key` to `value`, expiring in `px` milliseconds (None: never)."""
-        deadline = time.monotonic() + self.endpoint.timeout
-        conn = self._take(deadline)
-        try:
-            conn.call([b"SET", key, value, *([b"PX", b"%d" % px] if px else [])], deadline)
-            conn.expect_ok("SET", deadline)
-        except BaseException:
-            conn.close()
-            raise
-        self._give(conn)
-
-    def close(self) -> None:
-        """Close the idle connections (one in use closes when its call ends)."""
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
-
-    def _take(self, deadline: float) -> _Connection:
-        while True:
-            with self._lock:
-                conn = self._idle.pop() if self._idle else None
-            if conn is None:
-                return _Connection(self.endpoint, deadline)
-            if not conn.stale():
-                return conn
-            conn.close()
-
-    def _give(self, conn: _Connection) -> None:
-        with self._lock:
-            if len(self._idle) < _KEEP_IDLE:
-                self._idle.append(conn)
-                return
-        conn.close()
-
-    def _forget_parent(self) -> None:
-        # The parent's sockets are shared with it: never read or write them here, and do not
-        # close them either (a TLS close could send a close_notify on the parent's session).
-        self._lock = threading.Lock()
-        self._idle = []
+def _text(data: bytes) -> str:
+    return data[:300].decode("utf-8", "replace")
