@@ -189,6 +189,44 @@ class ArtifactStore:
         self._cache: diskcache.Cache | ReadOnlyView | None = None
         self._db_id: tuple[int, int] | None = None
         self._lock = threading.Lock()
+        self._reader: sqlite3.Connection | None = None
+        self._reader_lock = threading.Lock()
+
+    def _read_row(self, key: str) -> tuple | None:
+        """The row of `key` through diskcache's connection when the store is open, else a reader's.
+
+        Opening a diskcache store costs a process milliseconds (it writes its settings, closes
+        and reopens its connection: docs/benchmarks.md), and the first lookup of a process pays
+        it. A lookup needs none of that: a plain SQLite connection reads the same table, and
+        opens nothing that is not there (a store not made yet is a miss, not made here).
+        """
+        cache = self._cache
+        if cache is not None and not isinstance(cache, ReadOnlyView):
+            return self._run(lambda: cache._sql(_SELECT, (key, time.time())).fetchone())
+        reader = self._reader
+        if reader is None:
+            db = self.directory / "cache.db"
+            if not db.exists():
+                return None  # no store yet: nothing stored
+            if not writable(self.directory):
+                return self._UNREADABLE  # a read-only directory: ReadOnlyView reads it
+            with self._reader_lock:
+                if self._reader is None:
+                    real_dir(self.directory, self.root)  # never through a link (one check per process)
+                    self._reader = self._run(sqlite3.connect, f"{db.absolute().as_uri()}?mode=rw", uri=True,
+                                             timeout=self.timeout, check_same_thread=False, isolation_level=None)
+                reader = self._reader
+        with self._reader_lock:
+            try:
+                return self._run(lambda: reader.execute(_SELECT, (key, time.time())).fetchone())
+            except sqlite3.Error:
+                # Damaged, or replaced under us (a store started afresh): the next lookup opens again.
+                self._reader = None
+                with contextlib.suppress(sqlite3.Error):
+                    reader.close()
+                raise
+
+    _UNREADABLE = ("unreadable",)
 
     def _open(self) -> diskcache.Cache | ReadOnlyView:
         cache = self._cache
@@ -296,11 +334,11 @@ class ArtifactStore:
 
     def read(self, key: str) -> Row | None:
         """The row stored under `key`: its bytes and, for a value file, the file's path."""
-        cache = self._open()
-        if isinstance(cache, ReadOnlyView):
+        found = self._read_row(key)
+        if found is self._UNREADABLE or isinstance(self._cache, ReadOnlyView):
+            cache = self._open()
             blob = self._run(cache.get, key)
             return None if blob is None else Row(blob, None)
-        found = self._run(lambda: cache._sql(_SELECT, (key, time.time())).fetchone())
         if found is None:
             return None
         mode, filename, value, size = found
@@ -366,10 +404,15 @@ class ArtifactStore:
         return int(self._run(self._writable_cache().cull, retry=False))
 
     def close(self) -> None:
-        """Close the database connection of this process."""
+        """Close the database connections of this process."""
         with self._lock:
             if self._cache is not None:
                 with contextlib.suppress(*STORAGE_ERRORS):
                     self._cache.close()
             self._cache = None
+        with self._reader_lock:
+            if self._reader is not None:
+                with contextlib.suppress(*STORAGE_ERRORS):
+                    self._reader.close()
+            self._reader = None
 
