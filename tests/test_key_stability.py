@@ -30,7 +30,8 @@ import tvm
 import tvm.s_tir  # noqa: F401
 from tvm.script import tirx as T
 
-from codegen_cache._key import input_hash, ir_hash
+from codegen_cache._build._input_hash import input_hash
+from codegen_cache._key import ir_hash
 
 HERE = Path(__file__).parent
 ORDER_DEPENDENT = "relax emit_te concat, two vars"

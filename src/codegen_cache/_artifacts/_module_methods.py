@@ -7,6 +7,7 @@ is handed out (`answer_as_built`). See _as_built's docstring for why, and docs/c
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import tempfile
@@ -46,6 +47,7 @@ def _kind(original):
 
 
 def _get_property_mask(original):
+    @functools.wraps(original)
     def get_property_mask(self):
         found = library_record(self)
         return found.mask if found is not None else original(self)
@@ -54,14 +56,15 @@ def _get_property_mask(original):
 
 def _property(bit: int):
     def make(original):
+        @functools.wraps(original)
         def check(self):
             return bool(self.get_property_mask() & bit)
-        check.__doc__ = original.__doc__
         return check
     return make
 
 
 def _inspect_source(original):
+    @functools.wraps(original)
     def inspect_source(self, fmt=""):
         found = record_of(self)
         if found is None:
@@ -73,6 +76,7 @@ def _inspect_source(original):
 
 
 def _write_to_file(original):
+    @functools.wraps(original)
     def write_to_file(self, file_name, fmt=""):
         found = record_of(self)
         if found is None:
@@ -87,6 +91,7 @@ def _write_to_file(original):
 
 
 def _get_function(original):
+    @functools.wraps(original)
     def get_function(self, name, query_imports=False):
         if name in LLVM_QUERIES and any_registered():
             found = record_of(self)
@@ -98,6 +103,7 @@ def _get_function(original):
 
 
 def _implements_function(original):
+    @functools.wraps(original)
     def implements_function(self, name, query_imports=False):
         found = record_of(self)
         if found is not None and found.implements(name):
@@ -107,6 +113,7 @@ def _implements_function(original):
 
 
 def _export_library(original):
+    @functools.wraps(original)
     def export_library(self, file_name, *, fcompile=None, fpack_imports=None, addons=None, workspace_dir=None,
                        **kwargs):
         if not any_registered():
@@ -123,7 +130,6 @@ def _export_library(original):
         tree = substitute_tree(self)
         return original(self if tree is None else tree, name, fcompile=fcompile, fpack_imports=fpack_imports,
                         addons=addons, workspace_dir=workspace_dir, **kwargs)
-    export_library.__doc__ = original.__doc__
     return export_library
 
 

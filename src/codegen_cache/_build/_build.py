@@ -118,7 +118,7 @@ def build_key(mod: PrimFunc | IRModule, target: str | Target | None = None, pipe
     """The build key of `mod` (the input module) in the current PassContext; None when not keyable.
 
     Parts, in order: input (structural hash of the input IRModule, map_free_vars=True, with
-    independent stores in one order: _key.input_hash), target
+    independent stores in one order: _build/_input_hash.py), target
     (the target bound, with its host, canonical), pipeline_target, pipeline, pass_context
     (opt_level, config, required and disabled passes), the static salts, codegens (name, mode,
     toolchain and salt of each codegen the build may call), index_format. Not keyable: a

@@ -23,7 +23,8 @@ from .. import _compat
 from .._artifacts import frame, unframe
 from .._cache import CodegenCache
 from .._errors import ArtifactError, CacheLinkError, UncacheableError
-from .._key import CacheKey, _encode_part, input_hash, static_salts
+from .._key import CacheKey, _encode_part, static_salts
+from ._input_hash import input_hash
 from .._log import warn_once
 from .._registry import DeviceCodegenRegistry
 from .._storage._disk import STORAGE_ERRORS
