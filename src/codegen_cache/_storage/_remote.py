@@ -8,8 +8,8 @@ Keys, under `codegen-cache:v<format>:` (readers of another layout never see them
 Each value is a framed artifact in a signed envelope (`_envelope`). Writes never replace a
 value they cannot verify: an entry is stored only where its key is absent (SET NX), or over a
 value that this host read and found damaged for every reader (a script compares it first). A
-lookup of an llvm entry reads the library of this host's platform after the IR, and serves
-that when there is one (a library is never loaded from a key of another platform).
+lookup of an llvm build asks for the library of this host's platform first and serves it when
+there is one (a library is never loaded from a key of another platform).
 
 Every Redis call has one deadline (`timeout`, connecting, TLS and redirects included) and no
 retries; the client (`_client`) parses replies strictly and reads a value only if its
