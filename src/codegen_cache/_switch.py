@@ -152,9 +152,9 @@ def _export(name: str, value: str) -> None:
 
 def _active() -> CodegenCache | None:
     cache = _context.active_cache()
-    if isinstance(cache, CodegenCache) and not cache.settings.disable:
+    if isinstance(cache, CodegenCache) and not cache.settings.disable and cache.trusted:
         return cache
-    return None
+    return None  # TVM's own entry point (a directory another user could change stores and serves nothing)
 
 
 def _relax_router(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -106,7 +106,9 @@ def _implements_function(original):
     @functools.wraps(original)
     def implements_function(self, name, query_imports=False):
         found = record_of(self)
-        if found is not None and found.implements(name):
+        # A loaded library knows its own symbols: it answers (a stored function list is metadata, and
+        # metadata is not the code). A module parsed from IR knows them only once compiled: the record.
+        if found is not None and found.library is None and found.implements(name):
             return True
         return original(self, name, query_imports)
     return implements_function

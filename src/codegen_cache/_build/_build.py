@@ -88,8 +88,8 @@ def _build_with_record(mod: PrimFunc | IRModule, target: str | Target | None,
     start = time.perf_counter()
     planned = plan(mod, target, pipeline)
     cache = active_cache()
-    if cache is not None and (not isinstance(cache, CodegenCache) or cache.settings.disable):
-        cache = None  # a cache of another kind serves DeviceCodegen.lower only; a disabled one nothing
+    if cache is not None and (not isinstance(cache, CodegenCache) or cache.settings.disable or not cache.trusted):
+        cache = None  # a cache of another kind serves DeviceCodegen.lower only; a disabled or untrusted one nothing
     registry = cache.registry if cache is not None else default_registry
     key = None
     if cache is not None:
