@@ -35,6 +35,7 @@ from codegen_cache._key import ir_hash
 
 HERE = Path(__file__).parent
 ORDER_DEPENDENT = "relax emit_te concat, two vars"
+MODEL_OF_ORDER_DEPENDENT = "relax model emit_te concat, two vars"
 
 
 def _run(directory: Path) -> dict:
@@ -55,10 +56,17 @@ def test_every_kind_of_input_hits_in_fresh_processes_after_the_first(tmp_path):
                 earlier = [r[name] for r in (first, *later[:i])]
                 params = seen["signature"][0].split()[0]  # the parameter order, not the whole text
                 same = [e for e in earlier if e["signature"][0].split()[0] == params]
-                if not same:  # TVM made another module this time: another function, another key
+                # The model-level input compiles the same Relax module: its cold run's TIR build (in
+                # the first process) stored a module of the order TVM made there, under its build key.
+                by_model = [r[MODEL_OF_ORDER_DEPENDENT] for r in (first, *later[:i])
+                            if r[MODEL_OF_ORDER_DEPENDENT]["signature"]
+                            and r[MODEL_OF_ORDER_DEPENDENT]["signature"][0].split()[0] == params]
+                if not same and not by_model:  # TVM made another module this time: another function, another key
                     assert seen["tiers"] == ["built"] and all(seen["keys"] != e["keys"] for e in earlier), seen
                     continue
-                assert seen["keys"] == same[0]["keys"] and set(seen["tiers"]) <= {"disk", "memory"}, (seen, same)
+                assert set(seen["tiers"]) <= {"disk", "memory"}, (seen, same, by_model)
+                if same:
+                    assert seen["keys"] == same[0]["keys"], (seen, same)
                 continue
             assert seen["tiers"] and set(seen["tiers"]) <= {"disk", "memory"}, (name, seen, first[name])
             assert seen["keys"] == first[name]["keys"], name
