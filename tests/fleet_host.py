@@ -1,7 +1,7 @@
 """One "host" of a simulated fleet: a process with its own cache directory and a shared remote.
 
-usage: fleet_host.py DIR FIRST COUNT --remote URL [--secret S] [--start-at T] [--exit normal|os_exit|wait]
-                     [--lease-wait S] [--codegen slow|llvm] [--flush-upgrades]
+usage: fleet_host.py DIR FIRST COUNT --remote URL [--secret S] [--start-at T] [--start-file F]
+                     [--exit normal|os_exit|wait] [--lease-wait S] [--codegen slow|llvm] [--flush-upgrades]
 
 Lowers variants FIRST..FIRST+COUNT-1 (tests/variants.py: `C[j] = A[j] + i`, llvm), runs each
 result and checks it, and prints one JSON line: the tier of each lowering, wrong results, the
@@ -33,7 +33,7 @@ _caches: dict[tuple, cc.CodegenCache] = {}
 
 
 def lower_range(directory: str, first: int, count: int, remote: str, secret: str | None, codegen: str = "slow",
-                lease_wait: float | None = None, start_at: float | None = None) -> dict:
+                lease_wait: float | None = None, start_at: float | None = None, start_file: str | None = None) -> dict:
     """Lower and check variants first..first+count-1 through the cache of `directory` (one per process)."""
     key = (directory, remote, secret, lease_wait)
     cache = _caches.get(key)
@@ -42,6 +42,10 @@ def lower_range(directory: str, first: int, count: int, remote: str, secret: str
     inputs = [variant(i) for i in range(first, first + count)]
     if start_at:
         time.sleep(max(0.0, start_at - time.time()))  # a common start for every host
+    if start_file:
+        print(json.dumps({"ready": True}), flush=True)
+        while not os.path.exists(start_file):  # the test says when
+            time.sleep(0.01)
     tiers, wrong, seconds, kinds = [], [], [], []
     for i, (mod, target) in zip(range(first, first + count), inputs):
         t0 = time.perf_counter()
@@ -70,9 +74,10 @@ def main() -> None:
     parser.add_argument("--lease-wait", type=float, default=None)
     parser.add_argument("--codegen", choices=["slow", "llvm"], default="slow")
     parser.add_argument("--flush-upgrades", action="store_true")
+    parser.add_argument("--start-file", default=None, help="print a ready line, then start once this file exists")
     args = parser.parse_args()
     result = lower_range(args.directory, args.first, args.count, args.remote, args.secret, args.codegen,
-                         args.lease_wait, args.start_at)
+                         args.lease_wait, args.start_at, args.start_file)
     cache = next(iter(_caches.values()))
     if args.flush_upgrades:
         result["flushed"] = cache.flush(120, upgrades=True)
