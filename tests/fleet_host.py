@@ -6,7 +6,8 @@ usage: fleet_host.py DIR FIRST COUNT --remote URL [--secret S] [--start-at T] [-
 Lowers variants FIRST..FIRST+COUNT-1 (tests/variants.py: `C[j] = A[j] + i`, llvm), runs each
 result and checks it, and prints one JSON line: the tier of each lowering, wrong results, the
 time of each call, and this process's counters. Then it exits as asked: normally (closing the
-cache), with os._exit(0) at once, or by waiting to be killed. With --codegen slow the codegen
+cache), with os._exit(0) right after lowering one more variant (FIRST+COUNT), or by waiting to
+be killed. With --codegen slow the codegen
 sleeps SLOW_CODEGEN_SECONDS and logs each call to SLOW_CODEGEN_LOG (tests/slow_codegen.py).
 `lower_range` is the same work for a multiprocessing pool's workers.
 """
@@ -83,7 +84,10 @@ def main() -> None:
         result["flushed"] = cache.flush(120, upgrades=True)
     print(json.dumps(result), flush=True)
     if args.exit == "os_exit":
-        os._exit(0)  # right after the last lower(): no atexit, no writer drain
+        # One more, and out right after it returns: its entry's push cannot have run.
+        mod, target = variant(args.first + args.count)
+        cache.lower(mod, target, codegen=SLOW_LLVM if args.codegen == "slow" else None)
+        os._exit(0)  # no atexit, no writer drain
     if args.exit == "wait":
         time.sleep(600)  # until the test kills it
     cache.close()
