@@ -323,6 +323,7 @@ def test_tvm_code_around_a_users_function_is_a_users_hook(monkeypatch):
     monkeypatch.setattr(_owner, "TVM_DIR", os.path.dirname(__file__) + os.sep)  # as if this file were TVM's
     assert _owner.owner_name(tvm_ffi.convert(users), _owner.TVM_DIR) is not None  # no closure: "TVM's"
     assert _owner.owner_name(tvm_ffi.convert(wrapper), _owner.TVM_DIR) is None
+    assert _owner.owner_name(tvm_ffi.convert(wrapper), _owner.TVM_DIR, closures=True) is not None  # tilelang's rule
 
 
 def test_the_python_callable_behind_a_function_is_found_and_a_cpp_one_is_not():

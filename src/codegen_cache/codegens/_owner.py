@@ -33,10 +33,13 @@ TVM_DIR = os.path.dirname(os.path.abspath(tvm.__file__)) + os.sep
 _Function = tvm_ffi.Function
 
 
-def owner_name(func: Any, package_dir: str, homes: Iterable[str] = ()) -> str | None:
+def owner_name(func: Any, package_dir: str, homes: Iterable[str] = (), *, closures: bool = False) -> str | None:
     """`module.name` of the tvm-ffi Function `func` where a package in `package_dir` defines it, else None.
 
     `homes`: modules of that package that may hold it as an attribute (checked first, by handle).
+    closures=True: a closure made by the package's code counts as the package's too (for
+    tilelang, whose callbacks were keyed so before; TVM registers none, so there a closure is
+    a wrapper around a user's function).
     """
     handle = func.__chandle__()
     for home in homes:
@@ -48,7 +51,8 @@ def owner_name(func: Any, package_dir: str, homes: Iterable[str] = ()) -> str | 
                 return f"{home}.{attr}"
     target = python_callable(func)
     code = getattr(target, "__code__", None)
-    if isinstance(target, types.FunctionType) and not target.__closure__ and _inside(code.co_filename, package_dir):
+    if isinstance(target, types.FunctionType) and (closures or not target.__closure__) \
+            and _inside(code.co_filename, package_dir):
         # A closure would hold values from wherever it was made: the package's code around a user's.
         return f"{target.__module__}.{target.__qualname__}"
     return None

@@ -260,7 +260,7 @@ def _declare_if_tilelangs_own(name: str) -> None:
     handle = func.__chandle__()
     if _checked.get(handle) is func:
         return
-    own = owner_name(func, _package_dir())
+    own = owner_name(func, _package_dir(), closures=True)  # as before issue 23: tilelang's code is tilelang's
     if own is not None:
         declare_salt_of(name, f"tilelang {tilelang_version()}: {own}")
     if len(_checked) >= 64:
