@@ -68,6 +68,13 @@ def test_every_kind_of_input_hits_in_fresh_processes_after_the_first(tmp_path):
                 if same:
                     assert seen["keys"] == same[0]["keys"], (seen, same)
                 continue
+            if name == MODEL_OF_ORDER_DEPENDENT and seen["tiers"] == ["built"]:
+                # emit_te orders the PrimFunc's parameters in the Relax input itself (a set of
+                # addresses): another order is another model, never served the other's executable.
+                earlier = [r[name] for r in (first, *later[:i])]
+                assert all(seen["keys"] != e["keys"] for e in earlier), seen
+                assert all(e["signature"] != seen["signature"] for e in earlier if e["signature"]), seen
+                continue
             assert seen["tiers"] and set(seen["tiers"]) <= {"disk", "memory"}, (name, seen, first[name])
             assert seen["keys"] == first[name]["keys"], name
             assert seen.get("codegen_keys") == first[name].get("codegen_keys"), name

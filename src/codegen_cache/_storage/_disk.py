@@ -219,12 +219,18 @@ class ArtifactStore:
         with self._reader_lock:
             try:
                 return self._run(lambda: reader.execute(_SELECT, (key, time.time())).fetchone())
-            except sqlite3.Error:
+            except sqlite3.Error as err:
                 # Damaged, or replaced under us (a store started afresh): the next lookup opens again.
                 self._reader = None
                 with contextlib.suppress(sqlite3.Error):
                     reader.close()
-                raise
+                if not (isinstance(err, sqlite3.DatabaseError) and _is_corrupt(err)):
+                    raise
+        # A damaged index: diskcache's open starts the store afresh (as before there was a reader).
+        cache = self._open()
+        if isinstance(cache, ReadOnlyView):
+            return self._UNREADABLE
+        return self._run(lambda: cache._sql(_SELECT, (key, time.time())).fetchone())
 
     _UNREADABLE = ("unreadable",)
 
