@@ -11,16 +11,16 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeVar
 
 from .._compat import tvm, tvm_ffi
 import xxhash
 from .._compat import Target
 from .. import _compat
-from .._artifacts import frame, unframe
+from .._artifacts import Artifact, frame, unframe
 from .._cache import CodegenCache
 from .._errors import ArtifactError, CacheLinkError, UncacheableError
 from .._key import CacheKey, _encode_part, static_salts
@@ -31,8 +31,10 @@ from .._storage._disk import STORAGE_ERRORS
 from .._targets import canonical_target
 from ._plan import Plan
 
-__all__ = ["INDEX_CODEC", "INDEX_ERRORS", "INDEX_FORMAT", "BuildPart", "codegens_json", "compile_device", "key_of",
-           "parse_part", "pass_context_part", "read_index", "write_index"]
+__all__ = ["INDEX_CODEC", "INDEX_ERRORS", "INDEX_FORMAT", "BuildPart", "build_seconds_of", "codegens_json",
+           "compile_device", "key_of", "parse_part", "pass_context_part", "read_entry", "read_index", "write_index"]
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -206,35 +208,53 @@ def write_index(cache: CodegenCache, key: CacheKey, host: BuildPart, devices: Se
 
 def read_index(cache: CodegenCache, key: CacheKey) -> tuple[BuildPart, tuple[BuildPart, ...], float] | None:
     """(host part, device parts, their build seconds) of a build key, or None; a bad entry is dropped."""
+
+    def parse(art: Artifact) -> tuple[BuildPart, tuple[BuildPart, ...], float]:
+        host = parse_part(art.meta.get("host"))
+        devices = art.meta.get("devices")
+        if not isinstance(devices, list):
+            raise ArtifactError("devices is not a list", kind=INDEX_CODEC)
+        return host, tuple(parse_part(d) for d in devices), build_seconds_of(art, INDEX_CODEC)
+
+    return read_entry(cache, key, INDEX_CODEC, parse, "build-index")
+
+
+def build_seconds_of(art: Artifact, codec: str) -> float:
+    """An entry's build_seconds (0 when absent); ArtifactError when it is not a number."""
+    seconds = art.meta.get("build_seconds", 0.0)
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
+        raise ArtifactError("build_seconds is not a number", kind=codec)
+    return float(seconds)
+
+
+def read_entry(cache: CodegenCache, key: CacheKey, codec: str, parse: Callable[[Artifact], T], what: str) -> T | None:
+    """parse() of the builds-store entry of `key` (codec checked), or None.
+
+    A storage failure is warned about once and is a miss; an entry that is not what `parse` takes
+    (ArtifactError) is dropped: a miss either way, and the next cold build writes it again.
+    """
     store = cache.store("builds")
     try:
         blob = store.get(key.digest)
     except INDEX_ERRORS as err:
-        if not isinstance(err, CacheLinkError):
-            warn_once(logger, ("index-read", str(cache.directory)), "codegen_cache.build: cannot read the build "
-                      "index (%s: %s)", type(err).__name__, err)
+        if not isinstance(err, CacheLinkError):  # that one was warned about where it was found
+            warn_once(logger, (f"{codec}-read", str(cache.directory)), "codegen cache: cannot read the %s "
+                      "(%s: %s)", what, type(err).__name__, err)
         return None
     if blob is None:
         return None
     try:
         art = unframe(blob)
-        if art.codec != INDEX_CODEC or art.meta.get("key") != key.digest:
-            raise ArtifactError(f"codec {art.codec!r} with key {str(art.meta.get('key'))[:16]}", kind=INDEX_CODEC)
-        host = parse_part(art.meta.get("host"))
-        devices = art.meta.get("devices")
-        seconds = art.meta.get("build_seconds", 0.0)
-        if not isinstance(devices, list):
-            raise ArtifactError("devices is not a list", kind=INDEX_CODEC)
-        if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
-            raise ArtifactError("build_seconds is not a number", kind=INDEX_CODEC)
-        return host, tuple(parse_part(d) for d in devices), float(seconds)
+        if art.codec != codec or art.meta.get("key") != key.digest:
+            raise ArtifactError(f"codec {art.codec!r} with key {str(art.meta.get('key'))[:16]}", kind=codec)
+        return parse(art)
     except ArtifactError as err:
-        warn_once(logger, ("index-corrupt", str(cache.directory)), "codegen_cache.build: dropping a bad "
-                  "build-index entry %s: %s", key.digest[:16], err)
+        warn_once(logger, (f"{codec}-corrupt", str(cache.directory)), "codegen cache: dropping a bad %s entry "
+                  "%s: %s", what, key.digest[:16], err)
         try:
             store.delete(key.digest)
         except INDEX_ERRORS:
-            pass  # a miss either way; the next cold build overwrites it
+            pass
         return None
 
 

@@ -40,7 +40,7 @@ from typing import Any
 import xxhash
 
 from .. import _compat
-from .._artifacts import frame, unframe
+from .._artifacts import Artifact, frame
 from .._cache import CodegenCache
 from .._compat import IRModule, Module, Target, tvm
 from .._errors import ArtifactError, UncacheableError
@@ -50,7 +50,7 @@ from .._outcome import emit
 from .._registry import DeviceCodegenRegistry
 from .._targets import canonical_target
 from ._build import BuildPart, BuildRecord, capture_builds, serve_parts
-from ._index import INDEX_ERRORS, codegens_json, pass_context_part, parse_part
+from ._index import INDEX_ERRORS, build_seconds_of, codegens_json, pass_context_part, parse_part, read_entry
 
 __all__ = ["MODEL_CODEC", "MODEL_FORMAT", "model_key", "relax_build"]
 
@@ -277,40 +277,23 @@ def _executable_bytes(module: Module, cache: CodegenCache) -> bytes | None:
 
 
 def _read(cache: CodegenCache, key: CacheKey) -> tuple[bytes, BuildRecord | None] | None:
-    store = cache.store("builds")
-    try:
-        blob = store.get(key.digest)
-    except INDEX_ERRORS as err:
-        warn_once(logger, ("model-read", str(cache.directory)), "codegen cache: cannot read compiled models "
-                  "(%s: %s)", type(err).__name__, err)
-        return None
-    if blob is None:
-        return None
-    try:
-        art = unframe(blob)
-        if art.codec != MODEL_CODEC or art.meta.get("key") != key.digest or len(art.fields) != 1:
-            raise ArtifactError(f"codec {art.codec!r} with key {str(art.meta.get('key'))[:16]}", kind=MODEL_CODEC)
-        library = art.meta.get("library")
-        seconds = art.meta.get("build_seconds", 0.0)
-        if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
-            raise ArtifactError("build_seconds is not a number", kind=MODEL_CODEC)
-        if library is None:
-            return bytes(art.fields[0]), None
-        if not isinstance(library, dict) or not isinstance(library.get("devices"), list) \
-                or not isinstance(library.get("build_key"), str):
-            raise ArtifactError("malformed library", kind=MODEL_CODEC)
-        host = parse_part(library.get("host"), MODEL_CODEC)
-        devices = tuple(parse_part(d, MODEL_CODEC) for d in library["devices"])
-        build_key = CacheKey((("build", library["build_key"]),), library["build_key"])
-        return bytes(art.fields[0]), BuildRecord("disk", build_key, host, devices, float(seconds))
-    except ArtifactError as err:
-        warn_once(logger, ("model-corrupt", str(cache.directory)), "codegen cache: dropping a bad compiled-model "
-                  "entry %s: %s", key.digest[:16], err)
-        try:
-            store.delete(key.digest)
-        except INDEX_ERRORS:
-            pass  # a miss either way; the next compile overwrites it
-        return None
+    return read_entry(cache, key, MODEL_CODEC, _parse_entry, "compiled model")
+
+
+def _parse_entry(art: Artifact) -> tuple[bytes, BuildRecord | None]:
+    if len(art.fields) != 1:
+        raise ArtifactError(f"{len(art.fields)} fields, expected 1", kind=MODEL_CODEC)
+    seconds = build_seconds_of(art, MODEL_CODEC)
+    library = art.meta.get("library")
+    if library is None:
+        return bytes(art.fields[0]), None
+    if not isinstance(library, dict) or not isinstance(library.get("devices"), list) \
+            or not isinstance(library.get("build_key"), str):
+        raise ArtifactError("malformed library", kind=MODEL_CODEC)
+    host = parse_part(library.get("host"), MODEL_CODEC)
+    devices = tuple(parse_part(d, MODEL_CODEC) for d in library["devices"])
+    build_key = CacheKey((("build", library["build_key"]),), library["build_key"])
+    return bytes(art.fields[0]), BuildRecord("disk", build_key, host, devices, seconds)
 
 
 def _remember(cache: CodegenCache, key: CacheKey, mod: IRModule, data: bytes, library: Module | None,
