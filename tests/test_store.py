@@ -74,3 +74,15 @@ def test_value_files_are_read_only_and_small_values_stay_in_the_database(tmp_pat
     assert store.read("lib").path is None
     big = store.read("big").path
     assert big is not None and os.stat(big).st_mode & 0o222 == 0  # never changed in place
+
+
+def test_a_store_whose_table_is_not_made_yet_is_a_miss_then_a_hit(tmp_path):
+    # Another thread or process opening the store makes cache.db before its table: a lookup in
+    # between is a miss, never an error, and once the table is there the same reader finds rows.
+    (tmp_path / "s").mkdir(mode=0o700)
+    sqlite3.connect(tmp_path / "s" / "cache.db").close()  # the file, no table yet
+    reader = ArtifactStore(tmp_path / "s", size_limit=1 << 20)
+    assert reader.get("k") is None
+    writer = ArtifactStore(tmp_path / "s", size_limit=1 << 20)
+    assert writer.put("k", b"v")
+    assert reader.get("k") == b"v"
