@@ -117,6 +117,15 @@ class CacheKey:
         return f"CacheKey({self.digest})"
 
     @classmethod
+    def _assemble(cls, ir: tuple[str, str], tail: tuple[tuple[str, str], ...], digest: str) -> CacheKey:
+        # compute_key's constructor: its parts are already split into the ir part and the tail,
+        # which __init__ would join and slice again on every lowering (docs/benchmarks.md,
+        # "Private internals": the key object).
+        key = cls.__new__(cls)
+        key._ir, key._tail, key.digest = ir, tail, digest
+        return key
+
+    @classmethod
     def from_parts(cls, parts: tuple[tuple[str, str], ...] | list[tuple[str, str]]) -> CacheKey:
         """Hash named parts into a key."""
         data = b"".join(_encode_part(name, value) for name, value in parts)
@@ -212,10 +221,8 @@ def compute_key(
         salt, format_version,
     )
     ir_hex = f"{structural_hash & 0xFFFFFFFFFFFFFFFF:016x}"
-    key = CacheKey.__new__(CacheKey)  # skips re-slicing the parts on this hot path
-    key._ir = ("ir", ir_hex)
-    key._tail = tail_parts
-    key.digest = xxhash.xxh3_128_hexdigest(_IR_PREFIX + ir_hex.encode() + tail_bytes)
+    key = CacheKey._assemble(("ir", ir_hex), tail_parts,
+                             xxhash.xxh3_128_hexdigest(_IR_PREFIX + ir_hex.encode() + tail_bytes))
     if logger.isEnabledFor(logging.DEBUG):
         for name, value in key.parts:
             logger.debug("key %s part %s = %s", key.digest[:16], name, value)
