@@ -60,15 +60,12 @@ from ._push import Pusher
 from ._stats import CacheStats, StatsRecorder
 from ._tiers import COLLISION, DiskTier, Entry, Hit, MemoryTierView, Probe, RemoteTierView, TierChain
 from ._writer import writer
+from .._storage._layout import ENTRY_STORES, FRONTEND_DIR, STORE_NAMES
 
 __all__ = ["STORE_NAMES", "CodegenCache", "fresh_results_are_the_callers"]
 
 logger = logging.getLogger(__name__)
 
-ENTRY_STORES = ("compiled", "source")
-STORE_NAMES = ("compiled", "source", "failures", "builds")
-# Whole-kernel entries of frontends (codegen_cache.tilelang), one plain file each: `<key>.so`.
-FRONTEND_DIR = "tilelang"  # a PlainFiles store (_storage/_plain.py)
 # The directories entries are read from: held to the cache directory's own ownership rule.
 _ENTRY_DIRS = (*STORE_NAMES, "pending", *(f"pending/{name}" for name in ENTRY_STORES), FRONTEND_DIR)
 

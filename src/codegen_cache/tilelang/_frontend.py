@@ -49,7 +49,7 @@ from .. import _compat
 from .._artifacts import Artifact, frame, unframe
 from .._artifacts._private import private_file
 from .._cache import CodegenCache
-from .._cache._cache import FRONTEND_DIR
+from .._storage._layout import FRONTEND_DIR
 from .._context import active_cache
 from .._errors import ArtifactError, CacheLinkError
 from .._key import CacheKey, static_salts
