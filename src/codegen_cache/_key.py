@@ -45,9 +45,9 @@ def ir_hash(mod: IRModule) -> int:
 
     A module of several functions is hashed function by function, combined in name order
     with its attributes and global infos (what TVM's module hash covers): TVM's hash of a
-    whole lowered host module costs more than its functions' hashes together (64 llvm
-    functions: 23.5 ms vs 14.4 ms, interleaved rounds on the 2-core machine; equal for a CUDA
-    device module), while the per-function hashes tell the same modules apart (GlobalVar names
+    whole lowered host module costs more than its functions' hashes together (for 64 llvm
+    functions; equal for a CUDA device module: docs/key.md, docs/benchmarks.md "Against the
+    goals"), while the per-function hashes tell the same modules apart (GlobalVar names
     are hashed, also where a body calls one).
     """
     functions = mod.functions
