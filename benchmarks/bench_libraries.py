@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from timing import interleave  # noqa: E402
+from timing import interleave
 
 
 def show(group: str, samples: dict[str, list[float]]) -> None:
@@ -76,17 +76,21 @@ def staging(rounds: int, tmp: Path) -> None:
     from codegen_cache._storage._disk import SafeDisk
     from codegen_cache._storage._pending import PendingFiles
     for size in (4 << 10, 256 << 10):
-        blob = os.urandom(size)
-        spare, fresh = PendingFiles(tmp / f"s{size}" / "pending" / "a"), PendingFiles(tmp / f"s{size}" / "pending" / "b")
-        store = diskcache.Cache(str(tmp / f"s{size}" / "compiled"), disk=SafeDisk, statistics=False)
-        counter = iter(range(10 ** 9))
-        variants = {
-            "PendingFiles.write, spare file ready": (lambda: spare.write(f"{next(counter):032x}", blob), spare.keep_spare),
-            "PendingFiles.write, making its file": lambda: fresh.write(f"{next(counter):032x}", blob),
-            "diskcache Cache.set (caller's thread)": lambda: store.set(f"{next(counter):032x}", blob),
-        }
-        show(f"staging a {size >> 10} KiB entry", interleave(variants, rounds, warmup=3))
+        root = tmp / f"s{size}"
+        spare, fresh = PendingFiles(root / "pending" / "a"), PendingFiles(root / "pending" / "b")
+        store = diskcache.Cache(str(root / "compiled"), disk=SafeDisk, statistics=False)
+        show(f"staging a {size >> 10} KiB entry", interleave(_staging_variants(spare, fresh, store, os.urandom(size)),
+                                                             rounds, warmup=3))
         store.close()
+
+
+def _staging_variants(spare, fresh, store, blob: bytes) -> dict:
+    counter = iter(range(10 ** 9))
+    return {
+        "PendingFiles.write, spare file ready": (lambda: spare.write(f"{next(counter):032x}", blob), spare.keep_spare),
+        "PendingFiles.write, making its file": lambda: fresh.write(f"{next(counter):032x}", blob),
+        "diskcache Cache.set (caller's thread)": lambda: store.set(f"{next(counter):032x}", blob),
+    }
 
 
 def remote(rounds: int, tmp: Path) -> None:
@@ -108,22 +112,24 @@ def remote(rounds: int, tmp: Path) -> None:
         ours = RespClient(Endpoint.from_url(server.url, 2.0))
         theirs = redis.Redis.from_url(server.url, socket_timeout=2.0)
         for size in (4 << 10, 1 << 20):
-            value = os.urandom(size)
-            key = f"bench:{size}".encode()
+            value, key = os.urandom(size), f"bench:{size}".encode()
             ours.set(key, value, None)
-            variants = {
-                "ours GET": lambda: ours.get(key, 64 << 20),
-                f"redis-py {redis.__version__} GET": lambda: theirs.get(key),
-                "ours SET": lambda: ours.set(key + b":w", value, 60_000),
-                f"redis-py {redis.__version__} SET": lambda: theirs.set(key + b":w", value, px=60_000),
-            }
-            samples = interleave(variants, rounds, warmup=3)
+            samples = interleave(_remote_variants(ours, theirs, redis.__version__, key, value), rounds, warmup=3)
             assert ours.get(key, 64 << 20) == value and theirs.get(key) == value
             show(f"remote, a {size >> 10} KiB value", samples)
         ours.close()
         theirs.close()
     finally:
         server.stop()
+
+
+def _remote_variants(ours, theirs, version: str, key: bytes, value: bytes) -> dict:
+    return {
+        "ours GET": lambda: ours.get(key, 64 << 20),
+        f"redis-py {version} GET": lambda: theirs.get(key),
+        "ours SET": lambda: ours.set(key + b":w", value, 60_000),
+        f"redis-py {version} SET": lambda: theirs.set(key + b":w", value, px=60_000),
+    }
 
 
 def llvm_entry(rounds: int, tmp: Path) -> None:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from timing import interleave  # noqa: E402
+from timing import interleave
 
 _CONVERT = r"""
 import sys, time, tvm_ffi

@@ -9,16 +9,15 @@ tests/test_key_callbacks.py (test_the_python_callable_behind_a_function_is_found
 from __future__ import annotations
 
 import inspect
-import os
 import sqlite3
 
 import diskcache
 import pytest
 import tvm_ffi
+from processes import python
 
 from codegen_cache._storage._disk import ArtifactStore, SafeDisk
 from codegen_cache.codegens import _callbacks, _common
-from processes import python
 
 
 def test_os_environ_private_dict_mirrors_every_change(monkeypatch):
