@@ -12,9 +12,12 @@ prints the median per call of each and their difference. The pairs:
 - convert: wrapping a Python function, first call in a fresh process (what _pyfunc's layout
   probe pays once), `tvm_ffi.core._convert_to_ffi_func` against `tvm_ffi.convert_func` and
   `tvm_ffi.convert` (medians of fresh processes);
+- target: a Target from JSON text, first call in a fresh process (_compat.target_from_json),
+  through `tvm.target._ffi_api.Target`, through the public `tvm.get_global_func("target.Target")`
+  (the same function) and through `Target(text)` (medians of fresh processes);
 - key: compute_key's `CacheKey._assemble` (`__new__` plus its slots) against its constructor;
-- row read: ArtifactStore.read of a small entry through diskcache's private `Cache._sql` (a store
-  this process opened) against a plain SQLite connection of its own (a store it did not open);
+- row read: the SELECT of a small entry's row through diskcache's private `Cache._sql` against
+  the store's own plain SQLite connection (what ArtifactStore.read now uses);
 - value file write: a 1 MiB value put into a store through SafeDisk (its own `_write`: one
   chunk) against diskcache's `Disk._write` (a BytesIO written line by line).
 """
@@ -33,6 +36,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from timing import interleave
+
+_TARGET = r"""
+import json, sys, time, tvm
+text = json.dumps({"kind": "cuda", "arch": "sm_90"})
+how = sys.argv[1]
+make = {"private": lambda: tvm.target._ffi_api.Target, "global func": lambda: tvm.get_global_func("target.Target"),
+        "Target()": lambda: tvm.target.Target}[how]()
+t0 = time.perf_counter(); make(text); print(time.perf_counter() - t0)
+"""
 
 _CONVERT = r"""
 import sys, time, tvm_ffi
@@ -95,6 +107,17 @@ def convert_pair(rounds: int) -> None:
     print(f"{'convert (first)':<18} " + "   ".join(f"{h} {t * 1e6:8.1f} us" for h, t in medians.items()))
 
 
+def target_pair(rounds: int) -> None:
+    hows = ("private", "global func", "Target()")
+    times: dict[str, list[float]] = {h: [] for h in hows}
+    for r in range(max(5, rounds // 2)):
+        for how in hows[r % 3:] + hows[:r % 3]:
+            out = subprocess.run([sys.executable, "-c", _TARGET, how], capture_output=True, text=True, check=True)
+            times[how].append(float(out.stdout))
+    medians = {h: statistics.median(xs) for h, xs in times.items()}
+    print(f"{'target (first)':<18} " + "   ".join(f"{h} {t * 1e6:8.1f} us" for h, t in medians.items()))
+
+
 def key_pair(rounds: int) -> None:
     import xxhash
 
@@ -128,17 +151,25 @@ def write_pair(rounds: int) -> None:
 
 
 def row_pair(rounds: int) -> None:
-    from codegen_cache._storage._disk import ArtifactStore
+    from codegen_cache._storage import _disk
     with tempfile.TemporaryDirectory() as tmp:
-        opened = ArtifactStore(Path(tmp) / "compiled", size_limit=1 << 30)
-        opened.put("k", b"x" * 2000)
-        plain = ArtifactStore(Path(tmp) / "compiled", size_limit=1 << 30)
-        assert opened._cache is not None and plain._cache is None
+        store = _disk.ArtifactStore(Path(tmp) / "compiled", size_limit=1 << 30)
+        store.put("k", b"x" * 2000)
+        cache = store._cache  # diskcache's Cache, open in this process
+        assert store.get("k") == b"x" * 2000 and store._reader is not None
+        reader = store._reader  # the store's own plain SQLite connection
+
+        def private():
+            return cache._sql(_disk._SELECT, ("k", time.time())).fetchone()
+
+        def public():
+            return reader.execute(_disk._SELECT, ("k", time.time())).fetchone()
+
+        assert private() == public()
         number = 2000
-        samples = interleave({"Cache._sql": batched(lambda: opened.read("k"), number),
-                              "own connection": batched(lambda: plain.read("k"), number)}, rounds)
-        assert plain._cache is None
-        opened.close(), plain.close()
+        samples = interleave({"Cache._sql": batched(private, number),
+                              "own connection": batched(public, number)}, rounds)
+        store.close()
     show("row read", per_call(samples, number))
 
 
@@ -147,7 +178,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
     started = time.perf_counter()
-    for pair in (env_pair, global_func_pair, key_pair, row_pair, write_pair, convert_pair):
+    for pair in (env_pair, global_func_pair, key_pair, row_pair, write_pair, convert_pair, target_pair):
         pair(args.rounds)
     print(f"({time.perf_counter() - started:.0f} s)")
 
