@@ -61,7 +61,7 @@ def test_private_internals_benchmark_prints_every_pair():
     done = subprocess.run([sys.executable, str(script), "--rounds", "2"], capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     firsts = [line.split()[0] for line in done.stdout.splitlines()[:-1]]
-    assert firsts == ["env", "global", "key", "row", "1", "convert"], done.stdout
+    assert firsts == ["env", "global", "key", "row", "1", "convert", "target"], done.stdout
 
 
 @pytest.mark.timeout(300)
