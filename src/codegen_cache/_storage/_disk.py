@@ -341,6 +341,7 @@ class ArtifactStore:
                 with contextlib.suppress(*STORAGE_ERRORS):
                     cache.close()
                 self._cache = None
+            self._drop_reader()  # it reads the removed database: the next lookup connects to the new one
             cache = self._open()
             if isinstance(cache, ReadOnlyView):
                 raise ReadOnlyStoreError(self.directory)
@@ -429,6 +430,9 @@ class ArtifactStore:
                 with contextlib.suppress(*STORAGE_ERRORS):
                     self._cache.close()
             self._cache = None
+        self._drop_reader()
+
+    def _drop_reader(self) -> None:
         with self._reader_lock:
             if self._reader is not None:
                 with contextlib.suppress(*STORAGE_ERRORS):
