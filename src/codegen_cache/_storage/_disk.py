@@ -308,6 +308,9 @@ class ArtifactStore:
             with contextlib.suppress(*STORAGE_ERRORS):
                 self._cache.close()
         self._cache = None
+        # The reader reads the damaged database too. Dropped without its lock (a lookup holding
+        # it may be what found the damage); the connection closes when the last user lets go.
+        self._reader = None
         aside = self.directory.with_name(f".{self.directory.name}.corrupt-{os.getpid()}-{time.time_ns()}")
         try:
             os.rename(self.directory, aside)
