@@ -96,26 +96,23 @@ def global_func_pair(rounds: int) -> None:
     show(f"global func ({len(names)})", per_call(samples, number))
 
 
-def convert_pair(rounds: int) -> None:
-    hows = ("private", "convert_func", "convert")
+def first_calls(title: str, script: str, hows: tuple[str, ...], rounds: int) -> None:
+    """Each way's first call, timed in fresh processes (their order rotated); medians."""
     times: dict[str, list[float]] = {h: [] for h in hows}
     for r in range(max(5, rounds // 2)):
-        for how in hows[r % 3:] + hows[:r % 3]:
-            out = subprocess.run([sys.executable, "-c", _CONVERT, how], capture_output=True, text=True, check=True)
+        for how in hows[r % len(hows):] + hows[:r % len(hows)]:
+            out = subprocess.run([sys.executable, "-c", script, how], capture_output=True, text=True, check=True)
             times[how].append(float(out.stdout))
     medians = {h: statistics.median(xs) for h, xs in times.items()}
-    print(f"{'convert (first)':<18} " + "   ".join(f"{h} {t * 1e6:8.1f} us" for h, t in medians.items()))
+    print(f"{title:<18} " + "   ".join(f"{h} {t * 1e6:8.1f} us" for h, t in medians.items()))
+
+
+def convert_pair(rounds: int) -> None:
+    first_calls("convert (first)", _CONVERT, ("private", "convert_func", "convert"), rounds)
 
 
 def target_pair(rounds: int) -> None:
-    hows = ("private", "global func", "Target()")
-    times: dict[str, list[float]] = {h: [] for h in hows}
-    for r in range(max(5, rounds // 2)):
-        for how in hows[r % 3:] + hows[:r % 3]:
-            out = subprocess.run([sys.executable, "-c", _TARGET, how], capture_output=True, text=True, check=True)
-            times[how].append(float(out.stdout))
-    medians = {h: statistics.median(xs) for h, xs in times.items()}
-    print(f"{'target (first)':<18} " + "   ".join(f"{h} {t * 1e6:8.1f} us" for h, t in medians.items()))
+    first_calls("target (first)", _TARGET, ("private", "global func", "Target()"), rounds)
 
 
 def key_pair(rounds: int) -> None:
