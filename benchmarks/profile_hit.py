@@ -59,7 +59,8 @@ def _steps(cache, mod, target, compile_device: bool) -> dict:
             lambda: cache._key(mod, target, entry, compile_device, h),  # noqa: SLF001
         "memory get + same_as": lambda: cache._memory.get(key.digest).ir.same_as(mod),  # noqa: SLF001
         "count hit (stats)": lambda: cache._stats.add_for(entry.name, mode, "hits_memory"),  # noqa: SLF001
-        "emit outcome": lambda: _emit_fields("memory", key.digest, entry.name, mode, 0.0, 0.0, 0.0, 0.0, None),
+        "emit outcome": lambda: _emit_fields(tier="memory", key=key.digest, codegen=entry.name, mode=mode,
+                                             key_seconds=0.0, load_seconds=0.0, build_seconds=0.0, total_seconds=0.0),
         "3x perf_counter": lambda: (time.perf_counter(), time.perf_counter(), time.perf_counter()),
         "disk: store.get (SQLite)": lambda: store.get(key.digest),
         "disk: scratch dir": cache._scratch,  # noqa: SLF001

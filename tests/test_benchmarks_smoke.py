@@ -53,3 +53,22 @@ def test_checked_load_benchmark_runs(tmp_path):
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     rows = [line.split() for line in done.stdout.splitlines() if line.startswith(("vadd", "matmul"))]
     assert [row[0] for row in rows] == ["vadd", "matmul"] and all(len(row) == 10 for row in rows), done.stdout
+
+
+@pytest.mark.timeout(300)
+def test_private_internals_benchmark_prints_every_pair():
+    script = RUN.with_name("bench_private.py")
+    done = subprocess.run([sys.executable, str(script), "--rounds", "2"], capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    firsts = [line.split()[0] for line in done.stdout.splitlines()[:-1]]
+    assert firsts == ["env", "global", "key", "row", "1", "convert", "target"], done.stdout
+
+
+@pytest.mark.timeout(300)
+def test_libraries_benchmark_prints_every_group():
+    script = RUN.with_name("bench_libraries.py")
+    done = subprocess.run([sys.executable, str(script), "--rounds", "3"], capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    groups = [line.split(",")[0].split(":")[0] for line in done.stdout.splitlines() if not line.startswith(" ")]
+    assert groups[:3] == ["build lock of a new key", "staging a 4 KiB entry", "staging a 256 KiB entry"], done.stdout
+    assert "an llvm entry on the caller's path" in groups, done.stdout

@@ -152,6 +152,28 @@ def test_stats_counts_cold_and_warm_runs_as_ccache_does(capsys, tmp_path):
     assert "zeroed      20" in out and "nothing counted yet" in out
 
 
+def test_stats_says_what_each_other_counter_counts_and_never_shows_the_zeroed_time_there(capsys, copy):
+    root, _keys = copy
+    code, out, _err = run(capsys, "--dir", str(root), "stats")
+    other = [line for line in out.splitlines() if line.startswith("other")]
+    assert code == 0 and other == ["other       upgrades 1: llvm entries linked into shared libraries by the background "
+                                   "upgrader after their store (later hits load the library)"], out
+    assert run(capsys, "--dir", str(root), "stats", "--reset")[0] == 0
+    cache = cc.CodegenCache(root, write_behind=False)
+    cache.lower(*cc.lower_for_codegen(__import__("kernels").vadd_gpu, CUDA_TARGET), compile_device=False)
+    cache.close()
+    code, out, _err = run(capsys, "--dir", str(root), "stats")
+    assert code == 0 and "zeroed_at" not in out and not any(line.startswith("other") for line in out.splitlines()), out
+
+
+def test_ls_counts_its_entries_in_words(capsys, filled):
+    root, _keys = filled
+    code, _out, err = run(capsys, "--dir", str(root), "ls", "--compiled")
+    assert code == 0 and err.strip().splitlines()[-1].startswith("1 entry, "), err
+    code, _out, err = run(capsys, "--dir", str(root), "ls")
+    assert code == 0 and err.strip().splitlines()[-1].startswith("4 entries, "), err
+
+
 def test_stats_counts_a_build_and_its_memory_hit(capsys, tmp_path):
     """codegen_cache.build on an empty cache: misses and builds, no disk hit; then one memory hit."""
     import kernels

@@ -99,3 +99,32 @@ def test_disable_turns_off_an_explicit_cache_too(monkeypatch, tmp_path, llvm_vad
     assert all(o.build_seconds > 0 for o in outcomes)
     assert cache.stats().builds == 0 and cache.stats().stores == 0
     cache.close()
+
+
+def test_an_outcome_is_recorded_by_named_fields_only():
+    from codegen_cache import _outcome
+
+    with pytest.raises(TypeError, match="positional"):
+        _outcome.emit("memory", "0" * 32, "cuda", "source", 0.0, 0.0, 0.0, 0.0)  # type: ignore[misc]
+    _outcome.emit(tier="disk", key="1" * 32, codegen="cuda", mode="source", key_seconds=1e-5, load_seconds=2e-4,
+                  build_seconds=1e-3, total_seconds=3e-4)
+    outcome = cc.last_outcome()
+    assert (outcome.tier, outcome.key, outcome.load_seconds, outcome.total_seconds, outcome.stored) == (
+        "disk", "1" * 32, 2e-4, 3e-4, None)
+
+
+def test_fetch_reads_a_store_and_fetch_kept_only_this_processs_memory(tmp_path, llvm_vadd):
+    mod, target = llvm_vadd
+    cache = cc.CodegenCache(tmp_path / "cache", write_behind=False)
+    _module, outcome = cache.lower_with_outcome(mod, target, compile_device=True)
+    cache.close()
+    fresh = cc.CodegenCache(tmp_path / "cache")  # an empty memory tier, the same directory
+    with pytest.raises(ValueError, match="unknown mode None"):
+        fresh.fetch(outcome.key, None)  # type: ignore[arg-type]
+    assert fresh.fetch_kept(outcome.key, ir=mod) is None  # on disk, not kept in this process
+    module, meta = fresh.fetch(outcome.key, "compiled", ir=mod)
+    assert module.kind == _module.kind and meta["key"] == outcome.key
+    fresh.keep("2" * 32, module, mod, {"note": "kept"})
+    kept, kept_meta = fresh.fetch_kept("2" * 32, ir=mod)
+    assert kept is module and kept_meta == {"note": "kept"}
+    fresh.close()

@@ -86,3 +86,16 @@ def test_a_store_whose_table_is_not_made_yet_is_a_miss_then_a_hit(tmp_path):
     writer = ArtifactStore(tmp_path / "s", size_limit=1 << 20)
     assert writer.put("k", b"v")
     assert reader.get("k") == b"v"
+
+
+def test_a_store_removed_under_its_process_is_read_again_after_the_next_write(tmp_path):
+    # The store's own reader connection must follow diskcache's reopen: a connection left on
+    # the removed database would miss every entry written after the removal.
+    import shutil
+
+    store = ArtifactStore(tmp_path / "s", size_limit=1 << 20)
+    assert store.put("before", b"1") and store.get("before") == b"1"
+    shutil.rmtree(tmp_path / "s")
+    assert store.put("after", b"2")
+    assert store.get("after") == b"2" and store.get("before") is None
+    store.close()

@@ -71,15 +71,15 @@ class _Tiers:
                 staged[mode].remove(digest, blob)
                 promoted.append(digest)
 
-            tier = DiskTier(stores, staged, self.guard, lambda: str(self.root), promote,
-                            lambda mode, digest: None)
+            tier = DiskTier(stores=stores, staged=staged, guard=self.guard, scratch=lambda: str(self.root),
+                            on_staged_hit=promote, on_raw_hit=lambda mode, digest: None)
             tier.promoted = promoted
             return tier
         from codegen_cache._storage._remote import RedisTier
 
         remote = RedisTier(self.redis_url, secret="s", on_event=self.counts.append)
         self.closers.append(remote.close)
-        return RemoteTierView(remote, self.guard, lambda: str(self.root))
+        return RemoteTierView(remote=remote, guard=self.guard, scratch=lambda: str(self.root))
 
 
 @pytest.fixture(scope="module")

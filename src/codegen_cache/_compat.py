@@ -130,12 +130,19 @@ def target_from_json(text: str) -> Target:
     """Target(text) for a target's JSON text, through TVM's constructor directly.
 
     Target.__init__ first converts a str with tvm_ffi.convert, whose isinstance check against
-    tvm-ffi's Object ABC costs about half a millisecond the first time per process.
+    tvm-ffi's Object ABC costs the first call of a process what docs/benchmarks.md ("Private
+    internals") shows; the constructor is the global function `target.Target` (what
+    tvm.target._ffi_api.Target names), looked up through the public registry.
     """
-    constructor = getattr(getattr(tvm.target, "_ffi_api", None), "Target", None)
+    constructor = _target_constructor()
     if constructor is None:
         return Target(text)
     return constructor(text)
+
+
+@functools.lru_cache(maxsize=1)
+def _target_constructor():
+    return tvm.get_global_func("target.Target", allow_missing=True)
 
 
 def global_func(name: str, *, missing_ok: bool = False):

@@ -45,9 +45,9 @@ def ir_hash(mod: IRModule) -> int:
 
     A module of several functions is hashed function by function, combined in name order
     with its attributes and global infos (what TVM's module hash covers): TVM's hash of a
-    whole lowered host module costs more than its functions' hashes together (64 llvm
-    functions: 23.5 ms vs 14.4 ms, interleaved rounds on the 2-core machine; equal for a CUDA
-    device module), while the per-function hashes tell the same modules apart (GlobalVar names
+    whole lowered host module costs more than its functions' hashes together (for 64 llvm
+    functions; equal for a CUDA device module: docs/key.md, docs/benchmarks.md "Against the
+    goals"), while the per-function hashes tell the same modules apart (GlobalVar names
     are hashed, also where a body calls one).
     """
     functions = mod.functions
@@ -115,6 +115,15 @@ class CacheKey:
 
     def __repr__(self) -> str:
         return f"CacheKey({self.digest})"
+
+    @classmethod
+    def _assemble(cls, ir: tuple[str, str], tail: tuple[tuple[str, str], ...], digest: str) -> CacheKey:
+        # compute_key's constructor: its parts are already split into the ir part and the tail,
+        # which __init__ would join and slice again on every lowering (docs/benchmarks.md,
+        # "Private internals": the key object).
+        key = cls.__new__(cls)
+        key._ir, key._tail, key.digest = ir, tail, digest
+        return key
 
     @classmethod
     def from_parts(cls, parts: tuple[tuple[str, str], ...] | list[tuple[str, str]]) -> CacheKey:
@@ -212,10 +221,8 @@ def compute_key(
         salt, format_version,
     )
     ir_hex = f"{structural_hash & 0xFFFFFFFFFFFFFFFF:016x}"
-    key = CacheKey.__new__(CacheKey)  # skips re-slicing the parts on this hot path
-    key._ir = ("ir", ir_hex)
-    key._tail = tail_parts
-    key.digest = xxhash.xxh3_128_hexdigest(_IR_PREFIX + ir_hex.encode() + tail_bytes)
+    key = CacheKey._assemble(("ir", ir_hex), tail_parts,
+                             xxhash.xxh3_128_hexdigest(_IR_PREFIX + ir_hex.encode() + tail_bytes))
     if logger.isEnabledFor(logging.DEBUG):
         for name, value in key.parts:
             logger.debug("key %s part %s = %s", key.digest[:16], name, value)

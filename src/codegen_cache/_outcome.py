@@ -57,8 +57,14 @@ def last_outcome() -> Outcome | None:
     return Outcome(*value) if isinstance(value, tuple) else value
 
 
-def emit(*fields: object) -> None:
-    """Record an outcome given as Outcome's fields; built into an Outcome only when needed."""
+def emit(*, tier: str, key: str, codegen: str, mode: str, key_seconds: float, load_seconds: float,
+         build_seconds: float, total_seconds: float, stored: bool | None = None) -> None:
+    """Record one lowering's outcome, Outcome's fields by name; built into an Outcome only when needed.
+
+    Keyword-only, kept as a tuple until read: what that costs against positional values and
+    against an Outcome made on every call is in docs/benchmarks.md ("Named outcome fields").
+    """
+    fields = (tier, key, codegen, mode, key_seconds, load_seconds, build_seconds, total_seconds, stored)
     sinks = _sinks.get()
     if sinks:
         outcome = Outcome(*fields)
@@ -71,7 +77,8 @@ def emit(*fields: object) -> None:
 
 def emit_uncached(codegen: str, mode: str, seconds: float, *, failed: bool = False) -> None:
     """Record a lowering that went straight to the codegen (failed: and the codegen raised)."""
-    emit("failure" if failed else "uncached", "", codegen, mode, 0.0, 0.0, seconds, seconds, False)
+    emit(tier="failure" if failed else "uncached", key="", codegen=codegen, mode=mode, key_seconds=0.0,
+         load_seconds=0.0, build_seconds=seconds, total_seconds=seconds, stored=False)
 
 
 def run_uncached(codegen: str, mode: str, call: Callable[[], Any], start: float) -> Any:

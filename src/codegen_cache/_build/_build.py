@@ -101,7 +101,8 @@ def _build_with_record(mod: PrimFunc | IRModule, target: str | Target | None,
     module, host, devices, seconds = _cold(cache, registry, planned)
     if cache is None:
         total = time.perf_counter() - start
-        emit("uncached", "", "build", "build", 0.0, 0.0, seconds, total, False)
+        emit(tier="uncached", key="", codegen="build", mode="build", key_seconds=0.0, load_seconds=0.0,
+             build_seconds=seconds, total_seconds=total, stored=False)
         return module, BuildRecord("uncached", None, host, devices, seconds)
     record = BuildRecord("built", key, host, devices, seconds)
     stored = key is not None and all(p.digest is not None for p in (host, *devices))
@@ -109,7 +110,8 @@ def _build_with_record(mod: PrimFunc | IRModule, target: str | Target | None,
         write_index(cache, key, host, devices, seconds)
         _remember(cache, key, module, planned, record)
     total = time.perf_counter() - start
-    emit("built", key.digest if key is not None else "", "build", "build", 0.0, 0.0, seconds, total, stored)
+    emit(tier="built", key=key.digest if key is not None else "", codegen="build", mode="build", key_seconds=0.0,
+         load_seconds=0.0, build_seconds=seconds, total_seconds=total, stored=stored)
     return module, record
 
 
@@ -133,7 +135,7 @@ def build_key(mod: PrimFunc | IRModule, target: str | Target | None = None, pipe
 
 def _warm(cache: CodegenCache, key: CacheKey, planned: Plan, start: float) -> tuple[Module, BuildRecord] | None:
     key_seconds = time.perf_counter() - start
-    memo = cache.fetch(_MEMO_PREFIX + key.digest, None, ir=planned.original, count=False)
+    memo = cache.fetch_kept(_MEMO_PREFIX + key.digest, ir=planned.original, count=False)
     if memo is not None:
         record: BuildRecord = memo[1]["record"]
         _count_parts(cache, "hits_memory", record)
@@ -188,7 +190,8 @@ def _remember(cache: CodegenCache, key: CacheKey, module: Module, planned: Plan,
 
 def _emit(tier: str, key: CacheKey, key_seconds: float, start: float, saved: float) -> None:
     total = time.perf_counter() - start
-    emit(tier, key.digest, "build", "build", key_seconds, total - key_seconds, saved, total, None)
+    emit(tier=tier, key=key.digest, codegen="build", mode="build", key_seconds=key_seconds,
+         load_seconds=total - key_seconds, build_seconds=saved, total_seconds=total)
 
 
 # ---- cold path: tvm.tirx.build's steps 3-6 and tir_to_runtime -------------------------------

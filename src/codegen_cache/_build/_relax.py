@@ -171,12 +171,13 @@ def relax_build(original: Callable[..., Any], cache: CodegenCache, mod: Any, tar
     seconds = sum(record.build_seconds for record, _module in builds)
     stored = _store(cache, key, executable, builds, snapshot, seconds)
     total = time.perf_counter() - start
-    emit("built", key.digest, "relax.build", "model", key_seconds, 0.0, seconds, total, stored)
+    emit(tier="built", key=key.digest, codegen="relax.build", mode="model", key_seconds=key_seconds, load_seconds=0.0,
+         build_seconds=seconds, total_seconds=total, stored=stored)
     return executable
 
 
 def _warm(cache: CodegenCache, key: CacheKey, mod: IRModule, key_seconds: float, start: float) -> Any:
-    memo = cache.fetch(_MEMO_PREFIX + key.digest, None, ir=mod, count=False)
+    memo = cache.fetch_kept(_MEMO_PREFIX + key.digest, ir=mod, count=False)
     if memo is not None:
         meta = memo[1]
         executable = _executable(meta["executable"], memo[0])
@@ -217,7 +218,8 @@ def _count(cache: CodegenCache, counter: str, record: BuildRecord | None) -> Non
 
 def _emit(tier: str, key: CacheKey, key_seconds: float, start: float, saved: float) -> None:
     total = time.perf_counter() - start
-    emit(tier, key.digest, "relax.build", "model", key_seconds, total - key_seconds, saved, total, None)
+    emit(tier=tier, key=key.digest, codegen="relax.build", mode="model", key_seconds=key_seconds,
+         load_seconds=total - key_seconds, build_seconds=saved, total_seconds=total)
 
 
 # ---- entries ----------------------------------------------------------------------------------

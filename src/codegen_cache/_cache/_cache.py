@@ -60,15 +60,12 @@ from ._push import Pusher
 from ._stats import CacheStats, StatsRecorder
 from ._tiers import COLLISION, DiskTier, Entry, Hit, MemoryTierView, Probe, RemoteTierView, TierChain
 from ._writer import writer
+from .._storage._layout import ENTRY_STORES, FRONTEND_DIR, STORE_NAMES
 
 __all__ = ["STORE_NAMES", "CodegenCache", "fresh_results_are_the_callers"]
 
 logger = logging.getLogger(__name__)
 
-ENTRY_STORES = ("compiled", "source")
-STORE_NAMES = ("compiled", "source", "failures", "builds")
-# Whole-kernel entries of frontends (codegen_cache.tilelang), one plain file each: `<key>.so`.
-FRONTEND_DIR = "tilelang"  # a PlainFiles store (_storage/_plain.py)
 # The directories entries are read from: held to the cache directory's own ownership rule.
 _ENTRY_DIRS = (*STORE_NAMES, "pending", *(f"pending/{name}" for name in ENTRY_STORES), FRONTEND_DIR)
 
@@ -176,12 +173,14 @@ class CodegenCache:
         self._upgrades_asked: set[str] = set()
         self._trusted: bool | None = None  # may entries be loaded from the directory? (checked once)
         self._memory_view = MemoryTierView(self._memory)
-        self._disk = DiskTier(self._stores, self._staged, self._guard, self._scratch, self._promote_later,
-                              self._ask_upgrade, self._promote_fill)
+        self._disk = DiskTier(stores=self._stores, staged=self._staged, guard=self._guard, scratch=self._scratch,
+                              on_staged_hit=self._promote_later, on_raw_hit=self._ask_upgrade,
+                              on_fill=self._promote_fill)
         tiers: list = [self._memory_view, self._disk]
         if self._remote is not None:
-            tiers.append(RemoteTierView(self._remote, self._guard, self._scratch, self._stage_fill, self._promote_fill,
-                                        lambda mode, digest, blob: self._staged[mode].remove(digest, blob)))
+            tiers.append(RemoteTierView(remote=self._remote, guard=self._guard, scratch=self._scratch,
+                                        stage=self._stage_fill, staged=self._promote_fill,
+                                        unstage=lambda mode, digest, blob: self._staged[mode].remove(digest, blob)))
         self._chain = TierChain(tiers)
         if self._pusher is not None:
             # What processes of this directory left unpushed (killed, exited at once, remote down):
@@ -320,7 +319,8 @@ class CodegenCache:
                 # chain's objects; an equal but distinct module goes the chain's way below.
                 saved = float(kept.meta.get("build_seconds", 0.0))
                 self._stats.add_hit(entry.name, mode, "memory", saved)
-                emit("memory", key.digest, entry.name, mode, key_seconds, 0.0, saved, time.perf_counter() - start)
+                emit(tier="memory", key=key.digest, codegen=entry.name, mode=mode, key_seconds=key_seconds,
+                     load_seconds=0.0, build_seconds=saved, total_seconds=time.perf_counter() - start)
                 keep_answering(kept.module)
                 return kept.module
         probe = Probe(key.digest, mode, mod, self.settings.verify, library=compile_device and target.kind.name == "llvm")
@@ -368,7 +368,8 @@ class CodegenCache:
                 self._failures.raise_if_failed(key.digest, entry.name,
                                                ir_digest=(lambda: probe.ir_digest) if self.settings.verify else None)
             except BaseException:
-                emit("failure", key.digest, entry.name, mode, key_seconds, 0.0, 0.0, time.perf_counter() - start)
+                emit(tier="failure", key=key.digest, codegen=entry.name, mode=mode, key_seconds=key_seconds,
+                     load_seconds=0.0, build_seconds=0.0, total_seconds=time.perf_counter() - start)
                 raise
         held = lease = None
         if not collision and not self.settings.recache:
@@ -397,14 +398,15 @@ class CodegenCache:
             # The codegen raised (its error is remembered when cacheable): the outcome says so,
             # rather than leaving the previous call's in place.
             now = time.perf_counter()
-            emit("failure", key.digest, entry.name, mode, key_seconds, 0.0, now - building, now - start, None)
+            emit(tier="failure", key=key.digest, codegen=entry.name, mode=mode, key_seconds=key_seconds,
+                 load_seconds=0.0, build_seconds=now - building, total_seconds=now - start)
             raise
         finally:
             self._flight.release(held)
             if promote is None:
                 FleetFlight.release(lease)  # nothing to push: let the next host in now
-        emit("built", key.digest, entry.name, mode, key_seconds, 0.0, build_seconds, time.perf_counter() - start,
-             promote is not None)
+        emit(tier="built", key=key.digest, codegen=entry.name, mode=mode, key_seconds=key_seconds, load_seconds=0.0,
+             build_seconds=build_seconds, total_seconds=time.perf_counter() - start, stored=promote is not None)
         if promote is not None:
             # Last: once woken, the writer thread takes the GIL whenever this thread waits on a
             # file operation, so anything after this would wait for its SQLite work.
@@ -416,7 +418,8 @@ class CodegenCache:
         self._stats.add_hit(codegen, mode, hit.tier, saved)
         if self._pusher is not None and hit.tier != "memory":
             self._refresh_later(digest, hit.entry.blob)
-        emit(hit.tier, digest, codegen, mode, key_seconds, hit.load_seconds, saved, time.perf_counter() - start)
+        emit(tier=hit.tier, key=digest, codegen=codegen, mode=mode, key_seconds=key_seconds,
+             load_seconds=hit.load_seconds, build_seconds=saved, total_seconds=time.perf_counter() - start)
         if hit.tier == "memory":
             keep_answering(hit.entry.module)  # registered again as the newest (a decoded one is already)
         return hit.entry.module
@@ -689,20 +692,29 @@ class CodegenCache:
 
     # ---- by digest, for codegen_cache.build's index ----------------------------------------
 
-    def fetch(self, digest: str, mode: str | None, *, ir: Any = None, fresh: bool = False, count: bool = True,
+    def fetch(self, digest: str, mode: str, *, ir: Any = None, fresh: bool = False, count: bool = True,
               codegen: str | None = None) -> tuple[Module, dict[str, Any]] | None:
         """The module and metadata stored under a key digest, or None; never calls a codegen.
 
         For codegen_cache.build, whose index knows the digests of a build's entries but not
         their lowered IRModules. Memory first (unless fresh): with `ir`, a hit must hold an
-        equal IRModule, as in lower(); without it the digest is trusted. Then, unless mode is
-        None (memory only), that mode's store and the remote tier. fresh=True returns a newly
-        decoded module the caller may change (import_module). With verify=True nothing is
-        served by digest alone (`ir` is required). A hit is counted (for `codegen`, when
-        given), unless count=False.
+        equal IRModule, as in lower(); without it the digest is trusted. Then that mode's store
+        ("compiled" or "source") and the remote tier. fresh=True returns a newly decoded module
+        the caller may change (import_module). With verify=True nothing is served by digest
+        alone (`ir` is required). A hit is counted (for `codegen`, when given), unless count=False.
         """
-        if mode is not None and mode not in ENTRY_STORES:
-            raise ValueError(f"unknown mode {mode!r}; expected one of {ENTRY_STORES} or None")
+        if mode not in ENTRY_STORES:
+            raise ValueError(f"unknown mode {mode!r}; expected one of {ENTRY_STORES}")
+        return self._fetch(digest, mode, ir=ir, fresh=fresh, count=count, codegen=codegen)
+
+    def fetch_kept(self, digest: str, *, ir: Any = None, count: bool = True,
+                   codegen: str | None = None) -> tuple[Module, dict[str, Any]] | None:
+        """What keep() put under `digest`, from this process's memory tier only, or None; as fetch() does."""
+        return self._fetch(digest, None, ir=ir, fresh=False, count=count, codegen=codegen)
+
+    def _fetch(self, digest: str, mode: str | None, *, ir: Any, fresh: bool, count: bool,
+               codegen: str | None) -> tuple[Module, dict[str, Any]] | None:
+        # mode None: fetch_kept, the memory tier only (the chain stops after it).
         if self.settings.disable or self.settings.recache or (self.settings.verify and ir is None) or not self.trusted:
             return None
         hit = None

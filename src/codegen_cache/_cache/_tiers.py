@@ -116,7 +116,7 @@ class MemoryTierView:
         self.memory.put(entry.digest, MemoryEntry(entry.module, entry.ir, size, entry.meta))
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DiskTier:
     """`<dir>/compiled` and `<dir>/source` (diskcache), with entries still staged in `<dir>/pending`."""
 
@@ -158,7 +158,7 @@ class DiskTier:
         (self.on_fill or self.on_staged_hit)(entry.mode, entry.digest, entry.blob)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RemoteTierView:
     """A shared tier (Redis): `get(digest) -> framed bytes | None`, `put(digest, framed bytes)`.
 

@@ -14,8 +14,8 @@ and the writer can be strict about time:
 
 A caller does not wake the thread while it is busy: it looks for jobs every POLL_SECONDS, and
 only after IDLE_SECONDS without one does it sleep until a submit wakes it. Waking a thread on
-the caller's path costs the caller its CPU and then the GIL on a loaded machine (3 ms per miss
-measured on 2 shared cores, against a 0.3 ms budget for what the cache adds to a miss).
+the caller's path costs the caller its CPU and then the GIL on a loaded machine: more than the
+whole budget for what the cache adds to a miss (docs/benchmarks.md, "Against the goals").
 """
 
 from __future__ import annotations
@@ -126,7 +126,10 @@ def _at_exit() -> None:
         pass  # Ctrl-C while exiting: stop waiting, never abort the interpreter
 
 
-# Before atexit's handlers, which include finalizers of temporary directories a job may use.
+# Before atexit's handlers, which include finalizers of temporary directories a job may use:
+# threading's private hook runs before all of them, atexit.register (the fallback) only before
+# those registered earlier. What it buys is that order, not time (docs/benchmarks.md, "Private
+# internals"); tests/test_private_internals.py fails when the hook goes.
 try:
     threading._register_atexit(_at_exit)  # type: ignore[attr-defined]
 except (AttributeError, RuntimeError):

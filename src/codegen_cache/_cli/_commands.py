@@ -33,6 +33,7 @@ __all__ = [
     "fmt_table",
     "fmt_when",
     "open_cache",
+    "plural",
     "print_json",
     "require_writable",
 ]
@@ -65,6 +66,11 @@ EXIT_CODES = {
 def print_json(data: Any) -> None:
     """Print `data` as indented JSON (anything not JSON-native as its str)."""
     print(json.dumps(data, indent=2, default=str))
+
+
+def plural(count: int, one: str, many: str) -> str:
+    """'1 entry', '0 entries', '2 entries'."""
+    return f"{count} {one if count == 1 else many}"
 
 
 def fmt_seconds(value: float | None) -> str:
@@ -165,7 +171,7 @@ def cmd_ls(args: argparse.Namespace, settings: Settings) -> int:
             print()
         # Remembered codegen errors have no target or functions: their own table.
         print("\n".join(fmt_table(failed, right={4, 5})))
-    print(f"{len(entries)} entries, {format_size(sum(e.size for e in entries))}", file=sys.stderr)
+    print(f"{plural(len(entries), 'entry', 'entries')}, {format_size(sum(e.size for e in entries))}", file=sys.stderr)
     return EXIT_OK
 
 
@@ -254,7 +260,7 @@ def cmd_clear(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         print_json({"directory": str(settings.directory), "stores": list(chosen), "removed": removed})
     else:
-        print(f"removed {removed} entries from {', '.join(s + '/' for s in chosen)} in {settings.directory}")
+        print(f"removed {plural(removed, 'entry', 'entries')} from {', '.join(s + '/' for s in chosen)} in {settings.directory}")
     return EXIT_OK
 
 
@@ -274,7 +280,7 @@ def cmd_prune(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         print_json({"directory": str(settings.directory), "stores": list(chosen), **result})
     else:
-        print(f"removed {result['removed']} entries ({format_size(result['freed_bytes'])}) and "
+        print(f"removed {plural(result['removed'], 'entry', 'entries')} ({format_size(result['freed_bytes'])}) and "
               f"{result['expired']} expired ones; {', '.join(s + '/' for s in chosen)} now "
               f"{format_size(result['bytes_after'])} (was {format_size(result['bytes_before'])})")
     return EXIT_OK
@@ -295,7 +301,7 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
         for bad in result["bad"]:
             where = f"{bad['store']}/{bad['key'][:16] if bad['key'] else '?'}"
             print(f"BAD  {where}: {bad['problem']}" + ("  (removed)" if bad["removed"] else ""))
-        print(f"checked {result['checked']} entries: {len(result['bad'])} bad, {result['removed']} removed")
+        print(f"checked {plural(result['checked'], 'entry', 'entries')}: {len(result['bad'])} bad, {result['removed']} removed")
         if result["bad"] and not args.fix:
             print("run `codegen-cache verify --fix` to remove them (the cache also drops a corrupt entry "
                   "when it reads one)")

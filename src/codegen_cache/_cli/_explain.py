@@ -17,6 +17,7 @@ from typing import Any
 from .._artifacts import unframe
 from .._errors import ArtifactError
 from ._inventory import ENTRY_STORES, Entry, iter_entries
+from ._commands import plural
 from .._storage._disk import STORAGE_ERRORS
 
 __all__ = ["explain", "render"]
@@ -271,7 +272,7 @@ def render(report: dict[str, Any]) -> list[str]:
     from .._config import format_age
 
     names = [n.removeprefix("__tvm_ffi_") for n in report["func_names"]]
-    lines = [f"cache {report['directory']}: {report['entries']} entries"
+    lines = [f"cache {report['directory']}: {plural(report['entries'], 'entry', 'entries')}"
              + (f"; functions {', '.join(names)}" if names else "")]
     for m in report["modes"]:
         lines += ["", f"{m['mode']}: key {m['key']} -> {m['status'].upper()}"]

@@ -17,21 +17,18 @@ from typing import Any
 from .._artifacts import CODECS, read_meta, unframe
 from .._errors import ArtifactError
 from .._key import PART_NAMES
-from .._cache._cache import FRONTEND_DIR
 from .._storage._disk import STORAGE_ERRORS, ArtifactStore
+from .._storage._layout import ALL_STORES, ENTRY_STORES, FRONTEND_DIR
 from .._storage._plain import PlainFiles
 from ..tilelang._frontend import ENTRY_CODEC, entry_problem
 
-__all__ = ["ALL_STORES", "ENTRY_STORES", "FRONTEND_STORE", "LISTED_STORES", "Entry", "find_entries", "iter_entries",
+__all__ = ["ALL_STORES", "ENTRY_STORES", "LISTED_STORES", "Entry", "find_entries", "iter_entries",
            "open_store", "prune", "read_entry", "target_summary", "verify_entries"]
 
-ENTRY_STORES = ("compiled", "source")
 # TVM's symbol for function `name` in a host (llvm, c) module: the user knows it as `name`.
 _FFI_PREFIX = "__tvm_ffi_"
-FRONTEND_STORE = "tilelang"  # tilelang.compile results, one plain file each
-ALL_STORES = ("compiled", "source", "failures", "builds", FRONTEND_STORE)
 # What ls and prune cover unless stores are picked: the entries of lowerings and of frontends.
-LISTED_STORES = (*ENTRY_STORES, FRONTEND_STORE)
+LISTED_STORES = (*ENTRY_STORES, FRONTEND_DIR)
 # The order of the key's parts (_key.compute_key); entry metadata is sorted JSON, so restore it.
 # Payload fields per codec, as the decoder expects them (checked without decoding).
 _CODEC_FIELDS = {**{codec: fields for codec, (fields, _decoder) in CODECS.items()}, "failure": 0,
@@ -67,7 +64,7 @@ class Entry:
     @property
     def codegen(self) -> str | None:
         """The codegen that made the entry ('tilelang' for the frontend's entries)."""
-        return self.meta.get("codegen") or (FRONTEND_STORE if self.store == FRONTEND_STORE else None)
+        return self.meta.get("codegen") or (FRONTEND_DIR if self.store == FRONTEND_DIR else None)
 
     @property
     def functions(self) -> list[str]:
@@ -128,7 +125,7 @@ def target_summary(canonical: str | None) -> str:
 
 def open_store(cache, name: str) -> ArtifactStore | PlainFiles | None:
     """The store `name` of the cache, or None when it was never written (looking creates nothing)."""
-    if name == FRONTEND_STORE:
+    if name == FRONTEND_DIR:
         directory = cache.directory / FRONTEND_DIR
         return PlainFiles(directory) if directory.is_dir() else None
     return cache.store(name) if (cache.directory / name).is_dir() else None
@@ -189,7 +186,7 @@ def _problem(store: str, key: str, blob: bytes) -> str | None:
     expected = _CODEC_FIELDS.get(art.codec)
     if expected is None:
         return f"unknown codec {art.codec!r}"
-    if store == FRONTEND_STORE:
+    if store == FRONTEND_DIR:
         return entry_problem(art, key)  # what a hit checks
     if len(art.fields) != expected:
         return f"{art.codec} entry has {len(art.fields)} payload fields, expected {expected}"

@@ -8,7 +8,32 @@ import argparse
 from .._config import Settings, format_size
 from ._commands import EXIT_OK, fmt_seconds, fmt_table, fmt_when, open_cache, print_json, require_writable
 
-__all__ = ["cmd_stats"]
+__all__ = ["OTHER_COUNTERS", "cmd_stats"]
+
+# The counters `stats` shows under "other" when they are not zero, each with what it counts
+# (docs/cli.md; the remote ones also in docs/remote.md).
+OTHER_COUNTERS = {
+    "uncacheable": "lowerings the cache stepped aside for (an input it cannot key, a callback without a salt)",
+    "evictions": "entries evicted from the disk stores to keep their size limits",
+    "evictions_memory": "modules dropped from the in-process memory tier",
+    "collisions": "disk or remote hits refused as another module under the same key (verify=True)",
+    "corrupt": "damaged entries dropped and rebuilt",
+    "failures_stored": "codegen errors remembered in failures/",
+    "failures_served": "lowerings that raised a remembered codegen error instead of running the codegen",
+    "mutations": "fresh modules not kept in memory because the codegen changed its input",
+    "lease_waits": "misses that waited for another process's build of the same key",
+    "upgrades": "llvm entries linked into shared libraries by the background upgrader after their store "
+                "(later hits load the library)",
+    "remote_stores": "values written to Redis (an llvm library and its IR count one each)",
+    "remote_rejected": "remote values refused (envelope, signature, frame or checksum, or over the size cap)",
+    "remote_misses": "Redis lookups that found no entry",
+    "remote_skipped": "remote writes not attempted: the entry is over the size cap",
+    "remote_offline": "remote calls skipped while their kind of call was backing off",
+    "remote_kept": "remote writes that found a value under the key and left it",
+    "remote_replaced": "damaged remote values replaced by a rebuild",
+    "remote_refreshed": "remote TTLs extended by hits",
+    "remote_lease_waits": "cold misses that waited for another host's build lease",
+}
 
 
 def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
@@ -48,11 +73,9 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     print(f"builds      {c['builds']:>8}   codegen time {fmt_seconds(c['build_seconds'])}")
     print(f"stores      {c['stores']:>8}   skipped {c['stores_skipped']}")
     print(f"time saved  {fmt_seconds(c['saved_seconds']):>8}   (codegen time of the entries that hit)")
-    other = {k: v for k, v in c.items() if isinstance(v, (int, float)) and v and k not in
-             {"hits", "hits_memory", "hits_disk", "hits_remote", "misses", "builds", "stores", "stores_skipped",
-              "build_seconds", "saved_seconds"}}
-    if other:
-        print("other       " + ", ".join(f"{k} {v}" for k, v in other.items()))
+    other = [(name, c[name]) for name in OTHER_COUNTERS if c.get(name)]
+    for i, (name, value) in enumerate(other):
+        print(f"{'other' if i == 0 else '':<12}{name} {value}: {OTHER_COUNTERS[name]}")
     errors = c["errors"]
     print("errors      " + (", ".join(f"{k} {v}" for k, v in sorted(errors.items())) if errors else "none"))
     print("zeroed      " + (fmt_when(c["zeroed_at"]) if c["zeroed_at"] is not None else "never (counting since the "

@@ -3,8 +3,9 @@
 diskcache pickles anything that is not bytes/str/int/float and unpickles whatever rows of
 mode PICKLE are in its database (CVE-2025-69872). `SafeDisk` refuses both directions, so a
 hostile cache directory yields an error that the cache turns into a miss. Reads go through
-`ArtifactStore.read`, which looks the row up itself (diskcache's `Cache` table; diskcache is
-pinned to 5.6.x for that) so that a value file is opened without following symlinks, must be
+`ArtifactStore.read`, which looks the row up itself through its own SQLite connection (the
+columns of diskcache's `Cache` table; diskcache is pinned to 5.6.x for that and for
+`SafeDisk._write`, and tests/test_private_internals.py fails when either changes) so that a value file is opened without following symlinks, must be
 a regular file, and is read no further than the size its row recorded.
 """
 
@@ -193,16 +194,25 @@ class ArtifactStore:
         self._reader_lock = threading.Lock()
 
     def _read_row(self, key: str) -> tuple | None:
-        """The row of `key` through diskcache's connection when the store is open, else a reader's.
+        """The row of `key`, read through a plain SQLite connection of this store's own.
 
         Opening a diskcache store costs a process milliseconds (it writes its settings, closes
         and reopens its connection: docs/benchmarks.md), and the first lookup of a process pays
         it. A lookup needs none of that: a plain SQLite connection reads the same table, and
-        opens nothing that is not there (a store not made yet is a miss, not made here).
+        opens nothing that is not there (a store not made yet is a miss, not made here). It is
+        used also once diskcache's store is open: as fast as diskcache's private `_sql`
+        (docs/benchmarks.md, "Private internals"), and one way to read.
         """
-        cache = self._cache
-        if cache is not None and not isinstance(cache, ReadOnlyView):
-            return self._run(lambda: cache._sql(_SELECT, (key, time.time())).fetchone())
+        found = self._plain_row(key)
+        if found is not self._DAMAGED:
+            return found
+        # A damaged index: diskcache's open starts the store afresh (as before there was a reader).
+        if isinstance(self._open(), ReadOnlyView):
+            return self._UNREADABLE
+        found = self._plain_row(key)
+        return None if found is self._DAMAGED else found
+
+    def _plain_row(self, key: str) -> tuple | None:
         reader = self._reader
         if reader is None:
             db = self.directory / "cache.db"
@@ -232,13 +242,10 @@ class ArtifactStore:
                     reader.close()
                 if not (isinstance(err, sqlite3.DatabaseError) and _is_corrupt(err)):
                     raise
-        # A damaged index: diskcache's open starts the store afresh (as before there was a reader).
-        cache = self._open()
-        if isinstance(cache, ReadOnlyView):
-            return self._UNREADABLE
-        return self._run(lambda: cache._sql(_SELECT, (key, time.time())).fetchone())
+        return self._DAMAGED  # _run started a store this process had open afresh
 
     _UNREADABLE = ("unreadable",)
+    _DAMAGED = ("damaged",)
 
     def _open(self) -> diskcache.Cache | ReadOnlyView:
         cache = self._cache
@@ -301,6 +308,9 @@ class ArtifactStore:
             with contextlib.suppress(*STORAGE_ERRORS):
                 self._cache.close()
         self._cache = None
+        # The reader reads the damaged database too. Dropped without its lock (a lookup holding
+        # it may be what found the damage); the connection closes when the last user lets go.
+        self._reader = None
         aside = self.directory.with_name(f".{self.directory.name}.corrupt-{os.getpid()}-{time.time_ns()}")
         try:
             os.rename(self.directory, aside)
@@ -334,6 +344,7 @@ class ArtifactStore:
                 with contextlib.suppress(*STORAGE_ERRORS):
                     cache.close()
                 self._cache = None
+            self._drop_reader()  # it reads the removed database: the next lookup connects to the new one
             cache = self._open()
             if isinstance(cache, ReadOnlyView):
                 raise ReadOnlyStoreError(self.directory)
@@ -422,6 +433,9 @@ class ArtifactStore:
                 with contextlib.suppress(*STORAGE_ERRORS):
                     self._cache.close()
             self._cache = None
+        self._drop_reader()
+
+    def _drop_reader(self) -> None:
         with self._reader_lock:
             if self._reader is not None:
                 with contextlib.suppress(*STORAGE_ERRORS):

@@ -26,13 +26,14 @@ from pathlib import Path
 
 from .._forksafe import on_fork_child
 from ._faults import FILE_MODE, ensure_dir
+from ._layout import ENTRY_STORES
 
 __all__ = ["KINDS", "Outbox"]
 
 logger = logging.getLogger(__name__)
 
-KINDS = ("compiled", "source", "lib")
-_MARKER = re.compile(r"^(compiled|source|lib)\.([0-9a-f]{32})$")
+KINDS = (*ENTRY_STORES, "lib")
+_MARKER = re.compile(rf"^({'|'.join(KINDS)})\.([0-9a-f]{{32}})$")
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
 # Descriptors of drain locks held now: a child made by fork closes its copies, or it would hold
 # the lock (shared by every copy) for as long as it lives and no process would push.

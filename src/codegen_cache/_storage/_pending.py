@@ -7,9 +7,9 @@ Moving it into the diskcache store (`promote`) comes later, on a background thre
 any process that finds the file: every step is idempotent and the file is complete once it
 is visible. Readers look here after a store miss (one stat).
 
-Making a file is most of what staging costs (0.1-0.4 ms on the loaded 2-core machine, against
-~20 us to write into a file made earlier and rename it), so the background writer keeps a
-spare file or two ready (`keep_spare`), made by this process, used within a minute, dropped
+Making a file is most of what staging costs (several times writing into a file made earlier
+and renaming it: docs/benchmarks.md, "The hand-written parts against the library"), so the
+background writer keeps a spare file or two ready (`keep_spare`), made by this process, used within a minute, dropped
 in a child of fork (the parent may write into them) and removed at exit.
 
 Only names this module made are read or removed: `<digest>` (32 hex digits) for entries and

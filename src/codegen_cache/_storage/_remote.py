@@ -21,6 +21,7 @@ ConfigError for a URL a cluster cannot serve (then the tier stays off in this pr
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import time
@@ -29,7 +30,7 @@ from urllib.parse import urlsplit
 
 from .._artifacts import FORMAT_VERSION, read_meta
 from .._artifacts import portable as portable_form
-from .._config import REMOTE_ACCEPTED, check_remote_url, redact_url
+from .._config import REMOTE_ACCEPTED, Settings, check_remote_url, redact_url
 from .._errors import ArtifactError, ConfigError, RemoteValueTooLargeError
 from ._client import RespClient
 from ._endpoint import Endpoint
@@ -43,10 +44,12 @@ __all__ = ["DEFAULT_LEASE", "DEFAULT_MAX_ENTRY_BYTES", "DEFAULT_TIMEOUT", "DEFAU
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_ENTRY_BYTES = 32 << 20
-DEFAULT_TTL = 14 * 86400.0
-DEFAULT_TIMEOUT = 0.5
-DEFAULT_LEASE = 5.0
+# A tier made without these options gets the settings' defaults (one place: _config.Settings).
+_DEFAULTS = {field.name: field.default for field in dataclasses.fields(Settings)}
+DEFAULT_MAX_ENTRY_BYTES: int = _DEFAULTS["remote_max_entry_bytes"]
+DEFAULT_TTL: float = _DEFAULTS["remote_ttl"]
+DEFAULT_TIMEOUT: float = _DEFAULTS["remote_timeout"]
+DEFAULT_LEASE: float = _DEFAULTS["remote_lease"]
 _LOOPBACK = ("localhost", "127.0.0.1", "::1")
 _ABSENT_SECONDS = 1.0
 _REFRESH_FRACTION = 8  # a hit refreshes an entry's TTL once an eighth of it has passed

@@ -72,10 +72,12 @@ EXCLUDED_GLOBALS: dict[str, str] = {
 }
 
 
-# tvm_ffi's own lookup: the same answer as tvm.get_global_func, in 60% of the time (this runs
-# several times per key).
+# tvm_ffi's own lookup: the same answer as tvm.get_global_func, faster (this runs several times
+# per key).
 _registered = _compat.tvm_ffi.get_global_func
-# Its Cython core, without the Python wrapper's call (callback_parts looks up every name per key).
+# Its Cython core, without the Python wrapper's call: callback_parts looks up every name on every
+# CUDA key, a memory hit included (what that saves: docs/benchmarks.md, "Private internals").
+# Where tvm-ffi lacks it, the public function; tests/test_private_internals.py fails if it goes.
 _lookup = getattr(getattr(_compat.tvm_ffi, "core", None), "_get_global_func", None) or _registered
 
 

@@ -47,9 +47,9 @@ def _layout() -> tuple[int, bool, tuple[tuple[int, int], ...]] | None:
     def probe_b():
         return "b"
 
-    # tvm-ffi's own wrapper for callables: tvm_ffi.convert first asks isinstance(value, Object),
-    # an ABC walk over every TVM type (about a millisecond per new type and process).
-    wrap = getattr(getattr(_compat.tvm_ffi, "core", None), "_convert_to_ffi_func", None) or _compat.tvm_ffi.convert
+    # tvm_ffi.convert_func wraps a callable without convert's isinstance walk over TVM's types
+    # (docs/benchmarks.md, "Private internals"); tvm-ffi before 0.1.14 has only convert.
+    wrap = getattr(_compat.tvm_ffi, "convert_func", None) or _compat.tvm_ffi.convert
     fa, fb = wrap(probe_a), wrap(probe_b)
     wa, wb = _words(fa.__chandle__()), _words(fb.__chandle__())
     for offset in range(1, _WORDS):

@@ -103,7 +103,7 @@ def prepare() -> None:
     """Per-process work done once at enable(), as tilelang does its own at import.
 
     Identifies the tilelang_callback_* functions registered now (tvm-ffi's callback layout is
-    learnt once) and opens the active cache's directory: about 0.7 ms together.
+    learnt once) and opens the active cache's directory (its cost: docs/tilelang.md).
     """
     for kind in ("cuda", "hip"):
         try:

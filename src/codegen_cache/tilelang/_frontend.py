@@ -49,7 +49,7 @@ from .. import _compat
 from .._artifacts import Artifact, frame, unframe
 from .._artifacts._private import private_file
 from .._cache import CodegenCache
-from .._cache._cache import FRONTEND_DIR
+from .._storage._layout import FRONTEND_DIR
 from .._context import active_cache
 from .._errors import ArtifactError, CacheLinkError
 from .._key import CacheKey, static_salts
@@ -409,7 +409,8 @@ def _cached(original, original_module):
 
 def _emit(tier: str, key: CacheKey, key_seconds: float, start: float, seconds: float, stored: bool | None) -> None:
     total = time.perf_counter() - start
-    emit(tier, key.digest, "tilelang.compile", "kernel", key_seconds, total - key_seconds, seconds, total, stored)
+    emit(tier=tier, key=key.digest, codegen="tilelang.compile", mode="kernel", key_seconds=key_seconds,
+         load_seconds=total - key_seconds, build_seconds=seconds, total_seconds=total, stored=stored)
 
 
 def install() -> bool:
