@@ -18,6 +18,14 @@ Per round, in rotated order:
 source-only CUDA. After each cold run the benchmark waits, untimed, for the upgrader it started.
 Goals (issue 22): warm >= 20x plain, a re-run in one process >= 100x, cold within 5% of plain.
 
+Cold against plain is reported three ways, each with PASS/FAIL against 5%: the ratio of the
+medians; the median of the per-round ratios (the two ran back to back, so a slow spell of a
+loaded machine hits both); and the CPU time the compiling process used during tvm.compile
+(time.process_time, every thread of it: what the cache adds to the work, whatever the load).
+What the cache defers until the compile returns (the writer moving staged entries into SQLite,
+the upgrader process linking the llvm library) is not in any of them: the child reports the
+writer's time after the compile as `after` (it runs while the script goes on).
+
 --import-rounds times `import tvm` in fresh interpreters with the variable unset, with the
 package's .pth processed as usual against the same start-up with that one .pth file skipped.
 """
@@ -52,12 +60,16 @@ mod, _ = relax_models.llama(layers=layers)
 if mode != "plain":
     import codegen_cache as cc
     cc.enable(cc.CodegenCache(directory), children=False)
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 tvm.compile(mod, target)
-found = {"compile": time.perf_counter() - t0}
+found = {"compile": time.perf_counter() - t0, "cpu": time.process_time() - c0}
 if mode != "plain":
     from codegen_cache._outcome import last_outcome
+    from codegen_cache._cache._writer import writer
     found["tier"] = last_outcome().tier
+    t0 = time.perf_counter()
+    writer.wait(60)
+    found["after"] = time.perf_counter() - t0
 if mode == "warm":
     t0 = time.perf_counter()
     tvm.compile(mod, target)
@@ -108,7 +120,8 @@ def bench_target(name: str, layers: int, rounds: int, scratch: Path) -> dict:
     warm_dir = str(scratch / f"warm-{name}")
     _child("cold", target, layers, warm_dir)
     _settle(warm_dir)
-    samples: dict[str, list[float]] = {k: [] for k in ("plain", "cold", "warm", "same_object", "equal_module")}
+    samples: dict[str, list[float]] = {k: [] for k in ("plain", "cold", "warm", "same_object", "equal_module",
+                                                      "plain_cpu", "cold_cpu", "cold_after")}
     tiers = set()
     order = ["plain", "cold", "warm"]
     for r in range(rounds):
@@ -116,6 +129,10 @@ def bench_target(name: str, layers: int, rounds: int, scratch: Path) -> dict:
             directory = str(scratch / f"cold-{name}-{r}") if mode == "cold" else warm_dir
             found = _child(mode, target, layers, directory)
             samples[mode].append(found["compile"])
+            if mode in ("plain", "cold"):
+                samples[f"{mode}_cpu"].append(found["cpu"])
+            if mode == "cold":
+                samples["cold_after"].append(found["after"])
             if mode == "warm":
                 samples["same_object"].append(found["same_object"])
                 samples["equal_module"].append(found["equal_module"])
@@ -124,12 +141,19 @@ def bench_target(name: str, layers: int, rounds: int, scratch: Path) -> dict:
                 _settle(directory)
                 shutil.rmtree(directory, ignore_errors=True)
     medians = {k: statistics.median(v) for k, v in samples.items()}
+    paired = statistics.median(c / p for c, p in zip(samples["cold"], samples["plain"]))
     return {"target": name, "layers": layers, "rounds": rounds, "medians": medians, "samples": samples,
-            "warm_tiers": sorted(tiers),
+            "warm_tiers": sorted(tiers), "load": os.getloadavg(),
             "ratios": {"warm_speedup": medians["plain"] / medians["warm"],
                        "same_object_speedup": medians["plain"] / medians["same_object"],
                        "equal_module_speedup": medians["plain"] / medians["equal_module"],
-                       "cold_overhead": medians["cold"] / medians["plain"] - 1}}
+                       "cold_overhead": medians["cold"] / medians["plain"] - 1,
+                       "cold_overhead_paired": paired - 1,
+                       "cold_overhead_cpu": medians["cold_cpu"] / medians["plain_cpu"] - 1}}
+
+
+def _verdict(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
 
 
 def bench_import(rounds: int) -> dict:
@@ -175,13 +199,21 @@ def main(argv: list[str] | None = None) -> int:
                 m, r = found["medians"], found["ratios"]
                 print(f"{name}, {args.layers} layers, medians of {args.rounds} fresh processes "
                       f"(warm served from {', '.join(found['warm_tiers'])}):")
-                print(f"  plain tvm.compile {fmt_time(m['plain'])}   cold through the cache {fmt_time(m['cold'])} "
-                      f"({r['cold_overhead'] * 100:+.1f}%, goal within 5%)")
+                print(f"  plain tvm.compile {fmt_time(m['plain'])}   cold through the cache {fmt_time(m['cold'])}")
+                print(f"  cold / plain (goal within 5%): medians {1 + r['cold_overhead']:.3f} "
+                      f"{_verdict(r['cold_overhead'] <= 0.05)};  per-round pairs {1 + r['cold_overhead_paired']:.3f} "
+                      f"{_verdict(r['cold_overhead_paired'] <= 0.05)};  CPU time {fmt_time(m['plain_cpu'])} -> "
+                      f"{fmt_time(m['cold_cpu'])}, {1 + r['cold_overhead_cpu']:.3f} "
+                      f"{_verdict(r['cold_overhead_cpu'] <= 0.05)}")
+                print(f"  deferred until the compile returned: the writer's {fmt_time(m['cold_after'])} "
+                      f"(and the upgrader, a process of its own)")
                 print(f"  warm, fresh process {fmt_time(m['warm'])}: {fmt_ratio(r['warm_speedup'])} faster "
-                      f"(goal >= 20x)")
+                      f"(goal >= 20x) {_verdict(r['warm_speedup'] >= 20)}")
                 print(f"  again in that process: same module {fmt_time(m['same_object'])} "
                       f"({fmt_ratio(r['same_object_speedup'])}), an equal one built anew "
-                      f"{fmt_time(m['equal_module'])} ({fmt_ratio(r['equal_module_speedup'])}; goal >= 100x)")
+                      f"{fmt_time(m['equal_module'])} ({fmt_ratio(r['equal_module_speedup'])}; goal >= 100x) "
+                      f"{_verdict(min(r['same_object_speedup'], r['equal_module_speedup']) >= 100)}")
+                print(f"  load average at the end: {' '.join(f'{x:.1f}' for x in found['load'])}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0
