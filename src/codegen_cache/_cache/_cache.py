@@ -691,16 +691,16 @@ class CodegenCache:
         (it survives the process), moved into the store by the writer. False: not stored."""
         if not self._guard("stage", self._staged_builds.write, digest, blob):
             return bool(self._guard("write", self._stores["builds"].put, digest, blob))
-        self.promote_build_entry(digest, blob, now=not self.write_behind)
+        self.promote_build_entry(digest, blob)
         return True
 
-    def promote_build_entry(self, digest: str, blob: bytes, *, now: bool = False) -> None:
-        """Move a staged entry of the builds store into the store (a reader found it staged); now: on this thread."""
+    def promote_build_entry(self, digest: str, blob: bytes) -> None:
+        """Move a staged entry of the builds store into the store (by the writer; write_behind=False: now)."""
         job = self._build_promotion(digest, blob)
-        if now:
-            job()
-        else:
+        if self.write_behind:
             writer.submit(job)
+        else:
+            job()
 
     def _build_promotion(self, digest: str, blob: bytes) -> Callable[[], None]:
         store, staged, guard = self._stores["builds"], self._staged_builds, self._guard
