@@ -2,6 +2,7 @@
 
     python benchmarks/bench_compile.py [--layers 4] [--rounds 5] [--targets llvm cuda] [--json out.json]
     python benchmarks/bench_compile.py --import-rounds 15     # what the start-up hook costs `import tvm`
+    python benchmarks/bench_compile.py --cold-steps 5         # where a cold compile's extra time goes
 
 Every measurement is a fresh interpreter that builds the model (tests/relax_models.llama: RMSNorm,
 q/k/v/o projections, softmax attention, SwiGLU; hidden 256, seq 32) and times tvm.compile alone.
@@ -25,6 +26,10 @@ loaded machine hits both); and the CPU time the compiling process used during tv
 What the cache defers until the compile returns (the writer moving staged entries into SQLite,
 the upgrader process linking the llvm library) is not in any of them: the child reports the
 writer's time after the compile as `after` (it runs while the script goes on).
+
+--cold-steps times, in fresh interpreters each doing one cold compile on an empty directory, the
+cache's own steps on the compiling thread (each step's time includes what it calls; the codegen
+and the pipelines themselves are TVM's work, as in plain), medians per step.
 
 --import-rounds times `import tvm` in fresh interpreters with the variable unset, with the
 package's .pth processed as usual against the same start-up with that one .pth file skipped.
@@ -80,6 +85,48 @@ if mode == "warm":
     found["equal_module"] = time.perf_counter() - t0
 print(json.dumps(found))
 """
+
+STEPS_CHILD = r"""
+import functools, importlib, json, sys, tempfile, threading, time
+import tvm
+import relax_models
+target = tvm.target.Target(json.loads(sys.argv[1]) if sys.argv[1].startswith("{") else sys.argv[1])
+mod, _ = relax_models.llama(layers=int(sys.argv[2]))
+import codegen_cache as cc
+cc.enable(cc.CodegenCache(sys.argv[3]), children=False)
+spans, main = {}, threading.main_thread()
+for where, name, step in json.loads(sys.argv[4]):
+    owner = importlib.import_module(where)
+    *path, attr = name.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    def timed(*args, _f=getattr(owner, attr), _step=step, **kwargs):
+        if threading.current_thread() is not main:
+            return _f(*args, **kwargs)
+        t0 = time.perf_counter()
+        try:
+            return _f(*args, **kwargs)
+        finally:
+            spans[_step] = spans.get(_step, 0.0) + time.perf_counter() - t0
+    setattr(owner, attr, timed)
+t0 = time.perf_counter()
+tvm.compile(mod, target)
+spans["tvm.compile, all of it"] = time.perf_counter() - t0
+print(json.dumps(spans))
+"""
+# (module, attribute, step): the cache's steps on a cold compile's thread.
+STEPS = [
+    ("codegen_cache._build._relax", "model_key", "model key (structural hash of the Relax module)"),
+    ("codegen_cache._build._relax", "_warm", "model lookup (memory, builds store, staged)"),
+    ("codegen_cache._build._build", "key_of", "build key (structural hash of the TIR input)"),
+    ("codegen_cache._build._build", "_warm", "build index lookup"),
+    ("codegen_cache._cache._cache", "CodegenCache._key_or_none", "codegen keys (hash of each lowered module)"),
+    ("codegen_cache._cache._cache", "CodegenCache._build", "codegens (TVM's work, as in plain)"),
+    ("codegen_cache._cache._cache", "prepare", "entry contents (llvm: inspect_source('ll'))"),
+    ("codegen_cache._cache._cache", "CodegenCache._stage", "staging the codegen entries"),
+    ("codegen_cache._build._build", "write_index", "the build index (staged)"),
+    ("codegen_cache._build._relax", "_store", "the model entry (VM bytes, staged)"),
+]
 
 IMPORT_CHILD = r"""
 import sys, time
@@ -156,6 +203,24 @@ def _verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
 
 
+def bench_steps(name: str, layers: int, rounds: int, scratch: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CODEGEN_CACHE_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
+    samples: dict[str, list[float]] = {}
+    for r in range(rounds):
+        directory = scratch / f"steps-{name}-{r}"
+        out = subprocess.run([sys.executable, "-c", STEPS_CHILD, TARGETS[name], str(layers), str(directory),
+                              json.dumps(STEPS)], capture_output=True, text=True, env=env, timeout=900, check=False)
+        if out.returncode != 0:
+            raise RuntimeError(f"steps {name} failed:\n{out.stderr[-3000:]}")
+        for step, seconds in json.loads(out.stdout.strip().splitlines()[-1]).items():
+            samples.setdefault(step, []).append(seconds)
+        _settle(str(directory))
+        shutil.rmtree(directory, ignore_errors=True)
+    return {"target": name, "layers": layers, "rounds": rounds, "load": os.getloadavg(),
+            "medians": {k: statistics.median(v) for k, v in samples.items()}, "samples": samples}
+
+
 def bench_import(rounds: int) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "CODEGEN_CACHE_ENABLE"}
     hook = Path(sysconfig.get_paths()["purelib"]) / "codegen_cache_enable.pth"
@@ -179,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--targets", nargs="+", choices=sorted(TARGETS), default=["llvm", "cuda"])
     parser.add_argument("--import-rounds", type=int, default=0, help="time import tvm instead (fresh interpreters)")
+    parser.add_argument("--cold-steps", type=int, default=0, help="time the cache's steps of cold compiles instead")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     if args.import_rounds:
@@ -190,6 +256,16 @@ def main(argv: list[str] | None = None) -> int:
               f"{fmt_time(m['hook_file_skipped'])}   difference {found['difference'] * 1e3:+.1f} ms "
               f"(spread of one variant {found['spread'] * 1e3:.1f} ms)")
         results: object = found
+    elif args.cold_steps:
+        results = []
+        with tempfile.TemporaryDirectory(prefix="bench-compile-") as scratch:
+            for name in args.targets:
+                found = bench_steps(name, args.layers, args.cold_steps, Path(scratch))
+                results.append(found)
+                print(f"{name}, {args.layers} layers, a cold compile's steps on its thread, medians of "
+                      f"{args.cold_steps} fresh processes (load {' '.join(f'{x:.1f}' for x in found['load'])}):")
+                for step, seconds in found["medians"].items():
+                    print(f"  {step:55s} {fmt_time(seconds)}")
     else:
         results = []
         with tempfile.TemporaryDirectory(prefix="bench-compile-") as scratch:
