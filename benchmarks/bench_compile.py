@@ -3,6 +3,7 @@
     python benchmarks/bench_compile.py [--layers 4] [--rounds 5] [--targets llvm cuda] [--json out.json]
     python benchmarks/bench_compile.py --import-rounds 15     # what the start-up hook costs `import tvm`
     python benchmarks/bench_compile.py --cold-steps 5         # where a cold compile's extra time goes
+    python benchmarks/bench_compile.py --fallback-rounds 5    # a warm CUDA compile: TVM's module made again, or not
 
 Every measurement is a fresh interpreter that builds the model (tests/relax_models.llama: RMSNorm,
 q/k/v/o projections, softmax attention, SwiGLU; hidden 256, seq 32) and times tvm.compile alone.
@@ -30,6 +31,10 @@ writer's time after the compile as `after` (it runs while the script goes on).
 --cold-steps times, in fresh interpreters each doing one cold compile on an empty directory, the
 cache's own steps on the compiling thread (each step's time includes what it calls; the codegen
 and the pipelines themselves are TVM's work, as in plain), medians per step.
+
+--fallback-rounds times a warm source-only CUDA compile in fresh processes, interleaved: as the
+cache serves it (TVM's own source-only CUDA module made again by target.build.cuda) against the
+same hit with that step turned off (a source module with the text, what hits returned before).
 
 --import-rounds times `import tvm` in fresh interpreters with the variable unset, with the
 package's .pth processed as usual against the same start-up with that one .pth file skipped.
@@ -128,6 +133,22 @@ STEPS = [
     ("codegen_cache._build._relax", "_store", "the model entry (VM bytes, staged)"),
 ]
 
+FALLBACK_CHILD = r"""
+import json, sys, time
+import tvm
+import relax_models
+mod, _ = relax_models.llama(layers=int(sys.argv[2]))
+import codegen_cache as cc
+from codegen_cache._artifacts import _cuda
+if sys.argv[3] == "source module":
+    _cuda.fallback_module = lambda *args, **kwargs: None
+cc.enable(cc.CodegenCache(sys.argv[1]), children=False)
+t0 = time.perf_counter()
+ex = tvm.compile(mod, tvm.target.Target({"kind": "cuda", "arch": "sm_90"}))
+print(json.dumps({"compile": time.perf_counter() - t0, "tier": cc.last_outcome().tier,
+                  "kind": ex.mod.imports[0].imports[0].kind}))
+"""
+
 IMPORT_CHILD = r"""
 import sys, time
 if sys.argv[1] == "skip":
@@ -221,6 +242,24 @@ def bench_steps(name: str, layers: int, rounds: int, scratch: Path) -> dict:
             "medians": {k: statistics.median(v) for k, v in samples.items()}, "samples": samples}
 
 
+def bench_fallback(layers: int, rounds: int, scratch: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CODEGEN_CACHE_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
+    directory = str(scratch / "fallback")
+    _child("cold", TARGETS["cuda"], layers, directory)
+    _settle(directory)
+    samples: dict[str, list[float]] = {"TVM's module": [], "source module": []}
+    for r in range(rounds):
+        for variant in (list(samples) if r % 2 == 0 else list(samples)[::-1]):
+            out = subprocess.run([sys.executable, "-c", FALLBACK_CHILD, directory, str(layers), variant],
+                                 capture_output=True, text=True, env=env, timeout=900, check=True)
+            found = json.loads(out.stdout.strip().splitlines()[-1])
+            assert found["tier"] == "disk" and found["kind"] == ("cuda" if variant == "TVM's module" else "source")
+            samples[variant].append(found["compile"])
+    return {"layers": layers, "rounds": rounds, "load": os.getloadavg(), "samples": samples,
+            "medians": {k: statistics.median(v) for k, v in samples.items()}}
+
+
 def bench_import(rounds: int) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "CODEGEN_CACHE_ENABLE"}
     hook = Path(sysconfig.get_paths()["purelib"]) / "codegen_cache_enable.pth"
@@ -245,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--targets", nargs="+", choices=sorted(TARGETS), default=["llvm", "cuda"])
     parser.add_argument("--import-rounds", type=int, default=0, help="time import tvm instead (fresh interpreters)")
     parser.add_argument("--cold-steps", type=int, default=0, help="time the cache's steps of cold compiles instead")
+    parser.add_argument("--fallback-rounds", type=int, default=0, help="time warm CUDA hits with and without "
+                        "TVM's source-only module made again")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     if args.import_rounds:
@@ -256,6 +297,14 @@ def main(argv: list[str] | None = None) -> int:
               f"{fmt_time(m['hook_file_skipped'])}   difference {found['difference'] * 1e3:+.1f} ms "
               f"(spread of one variant {found['spread'] * 1e3:.1f} ms)")
         results: object = found
+    elif args.fallback_rounds:
+        with tempfile.TemporaryDirectory(prefix="bench-compile-") as scratch:
+            results = bench_fallback(args.layers, args.fallback_rounds, Path(scratch))
+        made, text = results["medians"]["TVM's module"], results["medians"]["source module"]
+        print(f"warm source-only CUDA compile, {args.layers} layers, medians of {args.fallback_rounds} fresh processes "
+              f"each, interleaved (load {' '.join(f'{x:.1f}' for x in results['load'])}):")
+        print(f"  TVM's source-only module made again {fmt_time(made)}   a source module {fmt_time(text)}   "
+              f"difference {(made - text) * 1e3:+.1f} ms")
     elif args.cold_steps:
         results = []
         with tempfile.TemporaryDirectory(prefix="bench-compile-") as scratch:

@@ -687,8 +687,7 @@ class CodegenCache:
     # ---- the builds store's entries (codegen_cache.build's index, compiled Relax models) --------
 
     def stage_build_entry(self, digest: str, blob: bytes) -> bool:
-        """Store an entry of the builds store as a miss's entry is stored: its file written now
-        (it survives the process), moved into the store by the writer. False: not stored."""
+        """Stage a builds-store entry now (it survives the process) for the writer to store; False: not stored."""
         if not self._guard("stage", self._staged_builds.write, digest, blob):
             return bool(self._guard("write", self._stores["builds"].put, digest, blob))
         self.promote_build_entry(digest, blob)
