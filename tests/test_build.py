@@ -18,6 +18,7 @@ import codegen_cache as cc
 import kernels
 from codegen_cache._build import _build
 from codegen_cache._artifacts import frame, unframe
+from codegen_cache._artifacts._cuda import module_payload
 from conftest import CUDA_TARGET, HAS_NVCC
 from cuda_stub import build_stub
 
@@ -90,9 +91,10 @@ def test_cuda_build_has_tvm_s_source_and_host_imports_it(tmp_path, monkeypatch):
     _forbid_lowering(monkeypatch)
     with cc.use_cache(cc.CodegenCache(tmp_path)):
         warm, r2 = _build.build_with_record(kernels.vadd_gpu, target)
-    # A CUDA source entry comes back as a source module with the same text (see docs/tvm-build.md).
-    assert r2.tier == "disk" and [m.kind for m in warm.imports] == ["source"]
+    # A CUDA source entry comes back as TVM's own source-only module, saving the same bytes.
+    assert r2.tier == "disk" and [m.kind for m in warm.imports] == ["cuda"]
     assert warm.imports[0].inspect_source("") == expected
+    assert module_payload(warm.imports[0]) == module_payload(cold.imports[0])
     assert warm.implements_function("vadd_gpu")
 
 

@@ -80,13 +80,64 @@ def test_compiled_and_source_results_live_in_separate_stores(cache, llvm_vadd):
     assert next(cache.store("compiled").keys()) != next(cache.store("source").keys())
 
 
-def test_cuda_source_hit_is_a_source_module_with_same_text(tmp_path, cuda_vadd):
+def _cuda_facts(module) -> tuple:
+    from codegen_cache._artifacts._cuda import module_payload
+
+    return (module.kind, module.get_property_mask(), module.is_binary_serializable(), module.is_runnable(),
+            module.is_compilation_exportable(), module_payload(module),
+            *(module.inspect_source(fmt) for fmt in ("", "cu", "cuda", "ptx")))
+
+
+def test_a_cuda_source_hit_is_tvms_own_source_only_module_saving_the_same_bytes(tmp_path, cuda_vadd):
+    import tvm_ffi
+
     mod, target = cuda_vadd
     fresh = cc.CodegenCache(tmp_path, write_behind=False).lower(mod, target, compile_device=False)
     hit, outcome = cc.CodegenCache(tmp_path).lower_with_outcome(mod, target, compile_device=False)
+    assert outcome.tier == "disk" and hit is not fresh
+    assert fresh.kind == "cuda" and _cuda_facts(hit) == _cuda_facts(fresh)
+    # The postproc hook it borrowed to make the module is as it was: none registered.
+    assert tvm_ffi.get_global_func("tvm_callback_cuda_postproc", allow_missing=True) is None
+
+
+def test_making_a_cuda_source_hit_puts_back_the_users_postproc_hook(tmp_path, cuda_vadd):
+    import tvm_ffi
+
+    mod, target = cuda_vadd
+    fresh = cc.CodegenCache(tmp_path, write_behind=False).lower(mod, target, compile_device=False)
+    seen = []
+
+    def postproc(code, target):  # a user's hook; its results are not cached (no declared salt)
+        seen.append(len(code))
+        return code
+
+    tvm_ffi.register_global_func("tvm_callback_cuda_postproc", postproc, override=True)
+    try:
+        handle = tvm_ffi.get_global_func("tvm_callback_cuda_postproc").__chandle__()
+        from codegen_cache._artifacts._cuda import fallback_module, module_payload
+
+        again = fallback_module(module_payload(fresh))
+        assert again is not None and _cuda_facts(again) == _cuda_facts(fresh)
+        assert seen == []  # the hook was not called for the cache's own module
+        assert tvm_ffi.get_global_func("tvm_callback_cuda_postproc").__chandle__() == handle
+    finally:
+        tvm_ffi.remove_global_func("tvm_callback_cuda_postproc")
+
+
+def test_a_cuda_source_entry_tvm_cannot_make_again_is_a_source_module_with_its_text(tmp_path, cuda_vadd):
+    from codegen_cache._artifacts import frame, unframe
+
+    mod, target = cuda_vadd
+    cache = cc.CodegenCache(tmp_path, write_behind=False)
+    fresh, outcome = cache.lower_with_outcome(mod, target, compile_device=False)
+    art = unframe(cache.store("source").get(outcome.key))
+    assert art.codec == "cuda-fallback"
+    # A function map naming one kernel under another symbol: not a map target.build.cuda makes.
+    fmap = bytes(art.fields[0]).replace(b"vadd_gpu_kernel", b"vadd_gpu_kernek", 1)
+    cache.store("source").put(outcome.key, frame("cuda-fallback", art.meta, [fmap, art.fields[1]]))
+    hit, outcome = cc.CodegenCache(tmp_path).lower_with_outcome(mod, target, compile_device=False)
     assert outcome.tier == "disk"
-    assert hit.inspect_source("") == fresh.inspect_source("")
-    assert hit.kind == "source" and fresh.kind == "cuda"
+    assert hit.kind == "source" and hit.inspect_source("") == fresh.inspect_source("")
 
 
 def _flip_every_file(directory: Path) -> int:

@@ -767,6 +767,70 @@ def test_the_writer_runs_jobs_unwoken_while_busy_and_is_woken_once_asleep(monkey
     assert ran.wait(5) and notified == [1]
 
 
+@pytest.mark.timeout(60)
+def test_a_held_writer_starts_no_job_until_the_hold_ends_or_someone_waits(monkeypatch):
+    import threading
+
+    from codegen_cache._cache import _writer
+
+    writer = _writer.Writer("test-writer")
+    ran = threading.Event()
+    with writer.hold():
+        writer.submit(ran.set)
+        assert not ran.wait(0.5) and writer.pending() == 1  # held: a compile is running
+    assert ran.wait(5)
+    # A wait() (flush, close, the exit) ends a hold: it would otherwise wait for nothing.
+    ran.clear()
+    with writer.hold():
+        writer.submit(ran.set)
+        assert writer.wait(5) and ran.is_set()
+    # A hold keeps no job waiting longer than HOLD_SECONDS (overlapping compiles without end).
+    monkeypatch.setattr(_writer, "HOLD_SECONDS", 0.3)
+    ran.clear()
+    with writer.hold():
+        writer.submit(ran.set)
+        assert ran.wait(5)
+
+
+BUILD_HELD_AND_END = """
+    import os, sys, threading
+    import codegen_cache as cc
+    import kernels
+    from codegen_cache._cache._writer import writer
+    ran = []
+    real_submit = writer.submit
+    writer.submit = lambda job: (ran.append(threading.current_thread().name), real_submit(job))
+    cache = cc.CodegenCache(sys.argv[1])
+    with cc.use_cache(cache):
+        cc.build(kernels.vadd, "llvm")
+    # The build returned: nothing of it went into SQLite yet (the writer was held), all is staged.
+    print(len(ran), writer.pending(), len(list(cache.staged("compiled").digests())),
+          len(list(cache.staged("builds").digests())), os.path.exists(os.path.join(sys.argv[1], "builds", "cache.db")),
+          flush=True)
+    os._exit(0)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_build_writes_no_store_before_it_returns_and_its_staged_entries_serve_the_next_process(tmp_path):
+    import kernels
+    from codegen_cache._build import _build
+
+    directory = tmp_path / "cache"
+    done = _python(BUILD_HELD_AND_END, str(directory))
+    assert done.returncode == 0, done.stderr[-3000:]
+    submitted, pending, staged, staged_builds, db = done.stdout.split()
+    assert (pending, staged, staged_builds, db) == (submitted, "1", "1", "False"), done.stdout
+    cache = cc.CodegenCache(directory, write_behind=False)
+    with cc.use_cache(cache):
+        _module, record = _build.build_with_record(kernels.vadd, "llvm")
+    assert record.tier == "disk", record
+    # The reader moved the staged index entry into its store; clear() removes staged ones too.
+    assert len(cache.store("builds")) == 1 and list(cache.staged("builds").digests()) == []
+    cache.staged("builds").write(record.key.digest, cache.store("builds").get(record.key.digest))
+    assert cache.clear() >= 2 and list(cache.staged("builds").digests()) == []
+
+
 def _timed_calls(cache) -> tuple[dict[str, float], bool]:
     """Seconds that cache.flush(0.5), stats() and close(0.5) take; and what flush said."""
     timings, flushed = {}, None

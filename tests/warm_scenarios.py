@@ -259,8 +259,37 @@ def relax_dynamic(out: str, jobs: list) -> dict:
     return seen
 
 
+def _cuda_source_facts(module) -> dict:
+    """What a test looks at on TVM's source-only CUDA module (it has no functions to ask without a runtime)."""
+    packed = tvm.get_global_func("runtime.ModulePackImportsToTensor")(module).numpy().tobytes()
+    facts = {"kind": module.kind, "mask": module.get_property_mask(),
+             "binary_serializable": module.is_binary_serializable(), "runnable": module.is_runnable(),
+             "compilation_exportable": module.is_compilation_exportable(),
+             "write_formats": list(module.get_write_formats()), "saved_bytes": _digest(packed),
+             "get_function": _error(lambda: module.get_function("no_such_kernel"))["type"]}
+    for fmt in ("", "cu", "cuda", "ptx"):
+        facts[f"source[{fmt}]"] = _digest(module.inspect_source(fmt))
+    return facts
+
+
+def relax_cuda_source(out: str, jobs: list) -> dict:
+    """A Relax model for CUDA where no driver is: TVM's source-only CUDA module in the executable, exported."""
+    import relax_models
+
+    mod, _named = relax_models.mlp()
+    ex = tvm.compile(mod, tvm.target.Target({"kind": "cuda", "arch": "sm_90"}))
+    library = ex.mod.imports[0]
+    seen = {"executable": ex.mod.kind, "library": library.kind,
+            "devices": [_cuda_source_facts(m) for m in library.imports]}
+    for name in ("model.so", "model.tar"):
+        seen[f"export[{name}]"] = _error(lambda: ex.export_library(os.path.join(out, name)))
+    # Without a driver the exported file cannot be loaded here (no CUDA loader), cached or not;
+    # what it holds for the CUDA module is the saved bytes compared above.
+    return seen
+
+
 SCENARIOS = {f.__name__: f for f in (tir_llvm, tir_system_lib, relax_vm, relax_system_lib, relax_dynamic,
-                                     codegen_errors, cross_target)}
+                                     codegen_errors, cross_target, relax_cuda_source)}
 
 
 # ---- loading what was exported, in a process that built nothing ---------------------------------

@@ -7,6 +7,8 @@
 |           |                                         | as the built llvm module (_module_methods)   |
 | cuda-bin  | fmt, function map, binary, CUDA source  | TVM's CUDA module (needs TVM's CUDA runtime) |
 | cuda-module | fmt, function map, data, sources (JSON) | the same CUDA module, sources included (ffi.Module.create.cuda) |
+| cuda-fallback | function map, CUDA source          | TVM's source-only CUDA module, made again by target.build.cuda |
+|           |                                         | and checked byte for byte (else a source module of the text) |
 | c         | C source                                | a C source module with the function names    |
 | source    | source text (CUDA, OpenCL, Metal, ...)  | runtime.SourceModuleCreate(text, format)     |
 
@@ -78,8 +80,9 @@ def prepare(module: Module, meta: Mapping[str, Any], *, func_names: Sequence[str
         return "llvm-ir", meta, [ir.encode()]
     if kind == "cuda":
         payload = _cuda.module_payload(module)
-        if payload.fmt == "cuda":
-            return "source", {**meta, "source_format": "cu"}, [payload.code]
+        if payload.fmt == _cuda.FALLBACK_FMT:
+            # TVM's source-only module: its function map too, so that a hit is that module again.
+            return "cuda-fallback", {**meta, "source_format": "cu"}, [payload.fmap, payload.code]
         sources = _cuda.module_sources(module)
         if sources and _cuda.can_create_module():
             # A module that carries its source (tilelang's codegens, compiled or not): kept whole,
@@ -165,6 +168,27 @@ def _cuda_module(fields, meta, path, scratch) -> Module:
     raise CudaRuntimeUnavailableError("load a compiled CUDA module")
 
 
+def _cuda_fallback(fields, meta, path, scratch) -> Module:
+    fmap, code = (bytes(f) for f in fields)
+    payload = _cuda.CudaPayload.from_bytes(_cuda.CudaPayload(_cuda.FALLBACK_FMT, fmap, code).to_bytes())
+    module = _cuda.fallback_module(payload, _entry_target(meta))
+    if module is not None:
+        return module
+    # Where TVM cannot make its module again: a source module with the same text (docs/cache.md).
+    return _compat.builtin_func("runtime.SourceModuleCreate")(code.decode("utf-8"), "cu")
+
+
+def _entry_target(meta) -> dict | None:
+    """The target an entry was built for (its key's canonical target), or None."""
+    parts = meta.get("parts")
+    text = parts.get("target") if isinstance(parts, dict) else None
+    try:
+        found = json.loads(text) if isinstance(text, str) else None
+    except json.JSONDecodeError:
+        return None
+    return found if isinstance(found, dict) else None
+
+
 def _c_source(fields, meta, path, scratch) -> Module:
     names = [str(n) for n in meta.get("c_func_names", [])]
     return _compat.builtin_func("runtime.CSourceModuleCreate")(str(fields[0], "utf-8"), "c", names, [])
@@ -182,6 +206,7 @@ CODECS: dict[str, tuple[int, Decoder]] = {
     "llvm-so": (2, _llvm_so),
     "cuda-bin": (4, _cuda_bin),
     "cuda-module": (4, _cuda_module),
+    "cuda-fallback": (2, _cuda_fallback),
     "c": (1, _c_source),
     "source": (1, _source),
 }

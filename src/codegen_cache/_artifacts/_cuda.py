@@ -4,25 +4,38 @@ A compiled CUDA module saves as [fmt][function map][code] (each length-prefixed)
 `ffi.Module.load_from_bytes.cuda` reads it back where TVM's CUDA runtime is loaded (a GPU
 driver). The format lives here, beside the other codecs, so that any CUDA codegen (ours or a
 user's) produces entries every reader can decode.
+
+A source-only module (TVM's fallback module: kind `cuda`, format "cuda", the CUDA source as its
+data) is what `target.build.cuda` returns without TVM's CUDA runtime, or with it under
+TVM_COMPILE_FORCE_FALLBACK. TVM gives Python no constructor for it, so `fallback_module` has
+target.build.cuda make one again (see there); a hit is then the module TVM built, and exports
+as it does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import struct
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .. import _compat
-from .._compat import Module
+from .._compat import IRModule, Module, Target
 from .._errors import ArtifactError, CudaRuntimeUnavailableError
+from .._registry import call_codegen_function, codegen_function
 
 __all__ = [
+    "FALLBACK_FMT",
     "SOURCE_KEYS",
     "CudaPayload",
     "can_create_module",
     "create_cuda_module",
+    "fallback_module",
+    "forced_fallback",
     "function_infos",
     "is_placeholder",
     "load_cuda_payload",
@@ -209,3 +222,103 @@ def create_cuda_module(payload: CudaPayload, sources: dict[str, str]) -> Module:
     meta = json.dumps({"tvm_version": _compat.tvm.__version__, "func_info": function_infos(payload.fmap)})
     fmap = _compat.builtin_func("runtime.LoadMetaDataFromJSON")(meta)
     return _compat.builtin_func("ffi.Module.create.cuda")(payload.code, payload.fmt, fmap, sources)
+
+
+# ---- TVM's source-only CUDA module (its fallback module), made again -------------------------
+
+FALLBACK_FMT = "cuda"  # the format of TVM's source-only CUDA module: its data is the CUDA source
+_TENSOR_MAP = 1  # runtime::ArgExtraTags::kTensorMap
+_POSTPROC = "tvm_callback_cuda_postproc"
+# TVM_COMPILE_FORCE_FALLBACK and the postproc hook are process-wide: one thread at a time.
+_fallback_lock = threading.RLock()
+_DEFAULT_TARGET = {"kind": "cuda", "arch": "sm_90"}
+
+
+@contextlib.contextmanager
+def forced_fallback() -> Iterator[None]:
+    """Inside the block, target.build.cuda returns its source-only module, also where TVM's CUDA runtime is loaded."""
+    with _fallback_lock:
+        if not _compat.cuda_runtime_available():
+            yield  # the fallback is all this TVM makes
+            return
+        previous = os.environ.get("TVM_COMPILE_FORCE_FALLBACK")
+        os.environ["TVM_COMPILE_FORCE_FALLBACK"] = "1"
+        try:
+            yield
+        finally:
+            if previous is None:
+                del os.environ["TVM_COMPILE_FORCE_FALLBACK"]
+            else:
+                os.environ["TVM_COMPILE_FORCE_FALLBACK"] = previous
+
+
+def fallback_module(payload: CudaPayload, target: object = None) -> Module | None:
+    """TVM's own source-only CUDA module that saves to `payload` exactly, or None where none can be made.
+
+    Only target.build.cuda makes one. It is given a module of empty kernels with the payload's
+    function map (names, argument types, tensor-map arguments, launch parameters: all that
+    TVM's ExtractFuncInfo reads), and `tvm_callback_cuda_postproc` answers the stored source
+    for this thread's call (for any other thread's, what was registered before, or the source
+    unchanged); the hook is put back after the call. The result is checked: its save-to-bytes
+    payload must equal `payload` byte for byte, else None (the caller falls back to a source
+    module with the same text). While the hook is swapped, another thread's CUDA key sees a
+    function of unknown owner and lowers uncached once (docs/cache.md).
+    """
+    remove = getattr(_compat.tvm_ffi, "remove_global_func", None)
+    if payload.fmt != FALLBACK_FMT or remove is None:
+        return None
+    try:
+        code = payload.code.decode("utf-8")
+        kernels = _empty_kernels(function_infos(payload.fmap))
+        target = Target(target if target is not None else _DEFAULT_TARGET)
+    except (ArtifactError, UnicodeDecodeError, RuntimeError, TypeError, ValueError):
+        return None
+    build = codegen_function("target.build.cuda")
+    owner = threading.get_ident()
+    with _fallback_lock:
+        previous = _compat.tvm_ffi.get_global_func(_POSTPROC, allow_missing=True)
+
+        def postproc(text, target):
+            if threading.get_ident() == owner:
+                return code
+            return previous(text, target) if previous is not None else text
+
+        _compat.tvm_ffi.register_global_func(_POSTPROC, postproc, override=True)
+        try:
+            with forced_fallback():
+                module = call_codegen_function("target.build.cuda", build, kernels, target)
+        except (RuntimeError, TypeError, ValueError):
+            return None
+        finally:
+            if previous is None:
+                remove(_POSTPROC)
+            else:
+                _compat.tvm_ffi.register_global_func(_POSTPROC, previous, override=True)  # the same handle
+    try:
+        if module.kind != "cuda" or module_payload(module) != payload:
+            return None
+    except (ArtifactError, RuntimeError, struct.error):
+        return None
+    return module
+
+
+def _empty_kernels(infos: dict[str, dict]) -> IRModule:
+    """Kernels with nothing in their bodies whose function map is `infos` (function_infos' form)."""
+    tirx, ir = _compat.tvm.tirx, _compat.tvm.ir
+    functions = {}
+    for symbol, info in infos.items():
+        if info["name"] != symbol or len(info["arg_extra_tags"]) != len(info["arg_types"]):
+            raise ValueError(f"function map entry {symbol!r} is not one target.build.cuda makes")
+        params = []
+        for i, (dtype, extra) in enumerate(zip(info["arg_types"], info["arg_extra_tags"])):
+            if extra == _TENSOR_MAP:
+                params.append(tirx.Var(f"arg{i}", ir.PointerType(ir.TensorMapType())))
+            elif dtype == "handle":
+                params.append(tirx.Var(f"arg{i}", ir.PointerType(ir.PrimType("uint8"))))
+            else:
+                params.append(tirx.Var(f"arg{i}", dtype))
+        func = tirx.PrimFunc(params, tirx.Evaluate(tirx.const(0, "int32"))).with_attrs({
+            "global_symbol": symbol, "calling_conv": 2,  # CallingConv::kDeviceKernelLaunch
+            "tirx.kernel_launch_params": list(info["launch_param_tags"]), "tirx.noalias": True})
+        functions[symbol] = func
+    return IRModule(functions)

@@ -31,7 +31,7 @@ __all__ = ["FORMAT_VERSION", "HOT_META", "MAGIC", "Artifact", "frame", "read_met
 
 # Bump when the frame or a codec's payload changes: the version is also a key part, so entries
 # of another layout are never looked up, and the remote tier's key prefix.
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4  # 4: source-only CUDA entries keep their function map (codec cuda-fallback)
 MAGIC = b"CGCA"
 _FOOTER = struct.Struct("<QIIHBBHQ4s")
 _U64 = struct.Struct("<Q")

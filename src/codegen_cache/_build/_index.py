@@ -4,6 +4,11 @@ An index entry lives in the cache's `builds` store (`<dir>/builds/`, owned, clea
 and verified by the cache like its other stores) as framed bytes (codec "build-index", JSON
 metadata, checksum; nothing pickled). It names each part of a build (host and device codegen
 calls) by role, kind, codegen, mode and device-level key digest.
+
+Entries of the builds store (the index, compiled Relax models) are stored as a miss's device
+entries are: staged in `<dir>/pending/builds/` before the build returns (so they survive the
+process), moved into the store by the background writer. Opening and writing SQLite on the
+caller's thread was the largest part of what a cold build paid over TVM's own (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ from .._targets import canonical_target
 from ._plan import Plan
 
 __all__ = ["INDEX_CODEC", "INDEX_ERRORS", "INDEX_FORMAT", "BuildPart", "build_seconds_of", "codegens_json",
-           "compile_device", "key_of", "parse_part", "pass_context_part", "read_entry", "read_index", "write_index"]
+           "compile_device", "key_of", "parse_part", "pass_context_part", "read_entry", "read_index", "write_entry",
+           "write_index"]
 
 T = TypeVar("T")
 
@@ -198,12 +204,12 @@ def write_index(cache: CodegenCache, key: CacheKey, host: BuildPart, devices: Se
     """Store the index entry of a build; a storage failure is logged once and skipped."""
     meta = {"key": key.digest, "parts": key.as_dict(), "host": host.as_dict(),
             "devices": [p.as_dict() for p in devices], "build_seconds": build_seconds, "created": time.time()}
-    try:
-        cache.store("builds").put(key.digest, frame(INDEX_CODEC, meta, []))
-    except INDEX_ERRORS as err:
-        if not isinstance(err, CacheLinkError):  # that one was warned about where it was found
-            warn_once(logger, ("index-write", str(cache.directory)), "codegen_cache.build: cannot write the build "
-                      "index (%s: %s); builds still work, warm builds lower again", type(err).__name__, err)
+    write_entry(cache, key, frame(INDEX_CODEC, meta, []))
+
+
+def write_entry(cache: CodegenCache, key: CacheKey, blob: bytes) -> bool:
+    """Store a framed builds-store entry (staged now, in the store soon); False where that failed (warned)."""
+    return cache.stage_build_entry(key.digest, blob)
 
 
 def read_index(cache: CodegenCache, key: CacheKey) -> tuple[BuildPart, tuple[BuildPart, ...], float] | None:
@@ -236,6 +242,11 @@ def read_entry(cache: CodegenCache, key: CacheKey, codec: str, parse: Callable[[
     store = cache.store("builds")
     try:
         blob = store.get(key.digest)
+        if blob is None:
+            # Staged by a build that returned; its writer may not have moved it yet (or is gone).
+            blob = cache.staged("builds").read(key.digest)
+            if blob is not None:
+                cache.promote_build_entry(key.digest, blob)
     except INDEX_ERRORS as err:
         if not isinstance(err, CacheLinkError):  # that one was warned about where it was found
             warn_once(logger, (f"{codec}-read", str(cache.directory)), "codegen cache: cannot read the %s "
@@ -253,6 +264,7 @@ def read_entry(cache: CodegenCache, key: CacheKey, codec: str, parse: Callable[[
                   "%s: %s", what, key.digest[:16], err)
         try:
             store.delete(key.digest)
+            cache.staged("builds").remove(key.digest, blob)
         except INDEX_ERRORS:
             pass
         return None

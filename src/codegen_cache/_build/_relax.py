@@ -42,6 +42,7 @@ import xxhash
 from .. import _compat
 from .._artifacts import Artifact, frame
 from .._cache import CodegenCache
+from .._cache._writer import writer
 from .._compat import IRModule, Module, Target, tvm
 from .._errors import ArtifactError, UncacheableError
 from .._key import CacheKey, _encode_part, static_salts
@@ -50,7 +51,7 @@ from .._outcome import emit
 from .._registry import DeviceCodegenRegistry
 from .._targets import canonical_target
 from ._build import BuildPart, BuildRecord, capture_builds, serve_parts
-from ._index import INDEX_ERRORS, build_seconds_of, codegens_json, pass_context_part, parse_part, read_entry
+from ._index import build_seconds_of, codegens_json, pass_context_part, parse_part, read_entry, write_entry
 
 __all__ = ["MODEL_CODEC", "MODEL_FORMAT", "model_key", "relax_build"]
 
@@ -166,10 +167,13 @@ def relax_build(original: Callable[..., Any], cache: CodegenCache, mod: Any, tar
     if served is not None:
         return served
     snapshot = mod.clone() if hasattr(mod, "clone") else mod  # the pipeline may not change the caller's module
-    with capture_builds() as builds:
-        executable = original(mod, target, **call)
-    seconds = sum(record.build_seconds for record, _module in builds)
-    stored = _store(cache, key, executable, builds, snapshot, seconds)
+    # The background writer waits until the compile returns: its SQLite work and the llvm
+    # upgrader it starts would take the cores the pipeline runs on (every entry is staged first).
+    with writer.hold():
+        with capture_builds() as builds:
+            executable = original(mod, target, **call)
+        seconds = sum(record.build_seconds for record, _module in builds)
+        stored = _store(cache, key, executable, builds, snapshot, seconds)
     total = time.perf_counter() - start
     emit(tier="built", key=key.digest, codegen="relax.build", mode="model", key_seconds=key_seconds, load_seconds=0.0,
          build_seconds=seconds, total_seconds=total, stored=stored)
@@ -249,11 +253,7 @@ def _store(cache: CodegenCache, key: CacheKey, executable: Any, builds: list[tup
             "library": None if record is None else {"build_key": record.key.digest,
                                                     "host": record.host.as_dict(),
                                                     "devices": [p.as_dict() for p in record.devices]}}
-    try:
-        cache.store("builds").put(key.digest, frame(MODEL_CODEC, meta, [data]))
-    except INDEX_ERRORS as err:
-        warn_once(logger, ("model-write", str(cache.directory)), "codegen cache: cannot store a compiled "
-                  "model (%s: %s); compiles still work, warm ones run the pipelines again", type(err).__name__, err)
+    if not write_entry(cache, key, frame(MODEL_CODEC, meta, [data])):
         return False
     _remember(cache, key, snapshot, data, imports[0] if len(imports) else None, record)
     return True

@@ -8,7 +8,7 @@ entries into shared libraries. The directory holds:
 
     compiled/ source/    diskcache stores of framed entries (compile_device True / False)
     failures/ builds/    remembered codegen failures; codegen_cache.build's index
-    pending/<store>/     entries written but not yet in their store
+    pending/<store>/     entries written but not yet in their store (builds/ too: stage_build_entry)
     locks/               per-key build locks (flock)
     stats/ stats.sqlite  per-process counters, and the folded totals
     upgrade/ tmp/        llvm entries waiting for a shared library (and the upgrader's lock); scratch files
@@ -67,7 +67,7 @@ __all__ = ["STORE_NAMES", "CodegenCache", "fresh_results_are_the_callers"]
 logger = logging.getLogger(__name__)
 
 # The directories entries are read from: held to the cache directory's own ownership rule.
-_ENTRY_DIRS = (*STORE_NAMES, "pending", *(f"pending/{name}" for name in ENTRY_STORES), FRONTEND_DIR)
+_ENTRY_DIRS = (*STORE_NAMES, "pending", *(f"pending/{name}" for name in (*ENTRY_STORES, "builds")), FRONTEND_DIR)
 
 _FORMAT = str(FORMAT_VERSION)
 # Set while a caller takes the fresh module of a miss as its own (codegen_cache.build imports its
@@ -156,6 +156,7 @@ class CodegenCache:
                                             on_evict=lambda n: self._stats.add("evictions", n))
                         for name in STORE_NAMES}
         self._staged = {name: PendingFiles(self.directory / "pending" / name) for name in ENTRY_STORES}
+        self._staged_builds = PendingFiles(self.directory / "pending" / "builds")  # stage_build_entry's
         self._failures = FailureCache(self._stores["failures"], ttl=self.settings.failure_ttl, guard=self._guard,
                                       count=self._stats.add)
         self._flight: SingleFlight[Hit] = SingleFlight(KeyLocks(self.directory / "locks"),
@@ -585,7 +586,7 @@ class CodegenCache:
             # <dir>/tmp unless it is unwritable or mounted noexec (dlopen of a cached llvm
             # library fails there); sweeps killed processes' leftovers.
             self._scratch_dir = (os.getpid(), scratch_dir(self.directory / "tmp", root=self.directory))
-            for staged in self._staged.values():  # and what writers killed mid-write left there
+            for staged in (*self._staged.values(), self._staged_builds):  # and what killed writers left there
                 staged.sweep()
         return self._scratch_dir[1]
 
@@ -635,6 +636,8 @@ class CodegenCache:
                 removed += self._guard("clear", self._stores[name].clear) or 0
                 if name in self._staged:
                     removed += self._staged[name].clear()
+                elif name == "builds":
+                    removed += self._staged_builds.clear()
         if builds:
             removed += PlainFiles(Path(self.directory) / FRONTEND_DIR).clear()
         return removed
@@ -647,11 +650,14 @@ class CodegenCache:
             raise ValueError(f"unknown store {name!r}; expected one of {', '.join(STORE_NAMES)}") from None
 
     def staged(self, name: str) -> PendingFiles:
-        """Entries of store 'compiled' or 'source' written but not yet moved into it (for tools)."""
+        """Entries of store 'compiled', 'source' or 'builds' written but not yet moved into it (for tools)."""
+        if name == "builds":
+            return self._staged_builds
         try:
             return self._staged[name]
         except KeyError:
-            raise ValueError(f"unknown store {name!r}; expected one of {', '.join(ENTRY_STORES)}") from None
+            raise ValueError(f"unknown store {name!r}; expected one of {', '.join((*ENTRY_STORES, 'builds'))}") \
+                from None
 
     def promote_staged(self, *, remote: str | None = None) -> int:
         """Move every staged entry into its store now (tools do, to see all); how many moved.
@@ -670,11 +676,42 @@ class CodegenCache:
                 if blob is not None:
                     self._promotion(mode, digest, blob, pusher is not None, pusher=pusher)()
                     moved += 1
+        for digest in list(self._staged_builds.digests()):
+            blob = self._staged_builds.read(digest)
+            if blob is not None:
+                self._build_promotion(digest, blob)()
+                moved += 1
         if pusher is not None:
             self._push_pending(pusher)
             if pusher is not self._pusher:
                 pusher.remote.close()
         return moved
+
+    # ---- the builds store's entries (codegen_cache.build's index, compiled Relax models) --------
+
+    def stage_build_entry(self, digest: str, blob: bytes) -> bool:
+        """Stage a builds-store entry now (it survives the process) for the writer to store; False: not stored."""
+        if not self._guard("stage", self._staged_builds.write, digest, blob):
+            return bool(self._guard("write", self._stores["builds"].put, digest, blob))
+        self.promote_build_entry(digest, blob)
+        return True
+
+    def promote_build_entry(self, digest: str, blob: bytes) -> None:
+        """Move a staged entry of the builds store into the store (by the writer; write_behind=False: now)."""
+        job = self._build_promotion(digest, blob)
+        if self.write_behind:
+            writer.submit(job)
+        else:
+            job()
+
+    def _build_promotion(self, digest: str, blob: bytes) -> Callable[[], None]:
+        store, staged, guard = self._stores["builds"], self._staged_builds, self._guard
+
+        def promote() -> None:
+            if guard("write", store.put, digest, blob):
+                staged.remove(digest, blob)
+
+        return promote
 
     def close(self, timeout: float | None = FLUSH_SECONDS) -> bool:
         """Finish this process's background stores (at most `timeout` s) and close the stores.

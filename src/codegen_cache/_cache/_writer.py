@@ -16,26 +16,35 @@ A caller does not wake the thread while it is busy: it looks for jobs every POLL
 only after IDLE_SECONDS without one does it sleep until a submit wakes it. Waking a thread on
 the caller's path costs the caller its CPU and then the GIL on a loaded machine: more than the
 whole budget for what the cache adds to a miss (docs/benchmarks.md, "Against the goals").
+
+While a whole compile runs (`hold()`: codegen_cache.build, a Relax model's tvm.compile), the
+thread starts no job: what it does (opening SQLite stores, writing them, starting the llvm
+upgrader, which imports TVM) would take the cores that compile is using, and nothing in it is
+needed before the compile returns. A hold is bounded (HOLD_SECONDS after the oldest queued
+job, a wait() from any thread) so that a long or endless run of overlapping holds never keeps
+entries out of their stores for long.
 """
 
 from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from .._forksafe import on_fork_child
 
-__all__ = ["EXIT_SECONDS", "Writer", "writer"]
+__all__ = ["EXIT_SECONDS", "HOLD_SECONDS", "Writer", "writer"]
 
 logger = logging.getLogger(__name__)
 
 EXIT_SECONDS = 5.0
 POLL_SECONDS = 0.05
 IDLE_SECONDS = 5.0
+HOLD_SECONDS = 10.0  # the longest a hold keeps the oldest queued job waiting
 Job = Callable[[], None]
 
 
@@ -53,17 +62,40 @@ class Writer:
         self._running = 0
         self._thread: threading.Thread | None = None
         self._asleep = False
+        self._holds = 0  # hold() blocks open now (a fork child starts with none: its jobs are its own)
+        self._waiters = 0  # wait() calls in progress: they end any hold
+        self._queued_at: collections.deque[float] = collections.deque()  # time.monotonic() of each job
         self.failures = 0
 
     def submit(self, job: Job) -> None:
         """Queue `job`; the thread runs it within POLL_SECONDS (woken only if it sleeps)."""
         with self._cond:
             self._jobs.append(job)
+            self._queued_at.append(time.monotonic())
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
                 self._thread.start()
             elif self._asleep:
                 self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """Inside the block (any thread's), the thread starts no job, for HOLD_SECONDS at most."""
+        with self._cond:
+            self._holds += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._holds = max(0, self._holds - 1)
+                if not self._holds and self._jobs:
+                    self._cond.notify_all()
+
+    def _held(self) -> bool:
+        # Called with the lock held.
+        if not self._holds or self._waiters:
+            return False
+        return not self._queued_at or time.monotonic() - self._queued_at[0] < HOLD_SECONDS
 
     def pending(self) -> int:
         """Jobs queued or running."""
@@ -74,25 +106,29 @@ class Writer:
         """Until every job is done or `timeout` seconds passed; True when the queue drained."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            self._cond.notify_all()  # a polling thread starts now rather than at its next look
-            while self._jobs or self._running:
-                if self._thread is None or not self._thread.is_alive():
-                    # Nothing will run them (the thread could not start): the jobs are extras,
-                    # their entries are on disk already.
-                    return False
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return False
-                self._cond.wait(remaining if remaining is None else min(remaining, 0.5))
-            return True
+            self._waiters += 1  # a hold must not make a flush (or the exit) wait for nothing
+            try:
+                self._cond.notify_all()  # a polling thread starts now rather than at its next look
+                while self._jobs or self._running:
+                    if self._thread is None or not self._thread.is_alive():
+                        # Nothing will run them (the thread could not start): the jobs are extras,
+                        # their entries are on disk already.
+                        return False
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        return False
+                    self._cond.wait(remaining if remaining is None else min(remaining, 0.5))
+                return True
+            finally:
+                self._waiters -= 1
 
     def _loop(self) -> None:
         cond = self._cond
         last_job = time.monotonic()
         while True:
             with cond:
-                while not self._jobs:
-                    if time.monotonic() - last_job < IDLE_SECONDS:
+                while not self._jobs or self._held():
+                    if self._jobs or time.monotonic() - last_job < IDLE_SECONDS:
                         cond.wait(POLL_SECONDS)
                         continue
                     self._asleep = True
@@ -101,6 +137,7 @@ class Writer:
                     finally:
                         self._asleep = False
                 job = self._jobs.popleft()
+                self._queued_at.popleft()
                 self._running += 1
             try:
                 job()

@@ -242,6 +242,8 @@ def _code_of(art) -> str | None:
         return art.fields[0].decode(errors="replace")
     if art.codec == "cuda-bin":
         return art.fields[3].decode(errors="replace") or None
+    if art.codec == "cuda-fallback":  # function map, CUDA source
+        return bytes(art.fields[1]).decode(errors="replace") or None
     if art.codec == "tilelang-kernel" and len(art.fields) == 3:  # library, device source, host source
         return bytes(art.fields[1]).decode(errors="replace") or None
     return None

@@ -14,11 +14,11 @@ import functools
 import os
 import shutil
 import subprocess
-import threading
 
 from .. import _compat
 from .._artifacts._cuda import (
     CudaPayload,
+    forced_fallback,
     load_cuda_payload,
     module_payload,
     remember_source,
@@ -56,25 +56,13 @@ CALLBACKS = (
     "tirx.intrinsics.cuda.get_codegen",
     "tirx.intrinsics.cuda.header_generator",
 )
-# TVM_COMPILE_FORCE_FALLBACK is process-wide: one thread at a time may set it.
-_fallback_lock = threading.Lock()
-
-
 def cuda_source_module(mod: IRModule, target: Target) -> Module:
     """CUDA source as TVM's source-only (fallback) module, never compiled."""
     build = codegen_function("target.build.cuda")
     if not _compat.cuda_runtime_available():
         return call_codegen_function("target.build.cuda", build, mod, target)
-    with _fallback_lock:
-        previous = os.environ.get("TVM_COMPILE_FORCE_FALLBACK")
-        os.environ["TVM_COMPILE_FORCE_FALLBACK"] = "1"
-        try:
-            return call_codegen_function("target.build.cuda", build, mod, target)
-        finally:
-            if previous is None:
-                del os.environ["TVM_COMPILE_FORCE_FALLBACK"]
-            else:
-                os.environ["TVM_COMPILE_FORCE_FALLBACK"] = previous
+    with forced_fallback():  # TVM_COMPILE_FORCE_FALLBACK is process-wide: one thread at a time
+        return call_codegen_function("target.build.cuda", build, mod, target)
 
 
 def find_nvcc() -> str | None:
