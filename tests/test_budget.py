@@ -243,3 +243,45 @@ def test_the_first_calls_one_time_costs_do_not_decide():
         budget.built("cg", "source", 10e-3, 50e-6)
         budget.missed("cg", "source", 200e-6, disk=True)
     assert budget.plan("cg", "source").disk
+
+
+def test_a_new_cache_on_the_directory_starts_from_what_the_last_one_learnt(tmp_path, cuda_vadd):
+    mod, target = cuda_vadd
+    first = cc.CodegenCache(tmp_path / "c", write_behind=False, min_build_time="auto")
+    codegen = _constant_codegen()
+    for i in range(LEARN_BUILDS + 1):
+        first.lower(mod, target, compile_device=False, codegen=_salted(codegen, i))
+    assert cc.last_outcome().tier == "uncached"
+    first.close()  # the background writer has written tiers.json
+    assert (tmp_path / "c" / "tiers.json").is_file()
+    second = cc.CodegenCache(tmp_path / "c", write_behind=False, min_build_time="auto")  # a new process
+    _module, outcome = second.lower_with_outcome(mod, target, compile_device=False, codegen=_salted(codegen, "new"))
+    assert outcome.tier == "uncached" and second.stats(shared=False).builds == 0
+    second.close()
+
+
+@pytest.mark.parametrize("content", [b"{not json", b'{"version": 99, "codegens": {}}', b'[1, 2]',
+                                     b'{"version": 1, "codegens": {"cheap/source": {"builds": ["x", -1, 1e300]}}}'])
+def test_a_damaged_tiers_file_is_ignored(tmp_path, cuda_vadd, content):
+    mod, target = cuda_vadd
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "tiers.json").write_bytes(content)
+    cache = cc.CodegenCache(tmp_path / "c", write_behind=False, min_build_time="auto")
+    assert cache.lower_with_outcome(mod, target, compile_device=False, codegen=_constant_codegen())[1].tier == "built"
+    cache.close()
+
+
+def test_a_link_at_the_tiers_file_is_neither_read_nor_written_through(tmp_path, cuda_vadd):
+    mod, target = cuda_vadd
+    elsewhere = tmp_path / "elsewhere.json"
+    learnt = b'{"version": 1, "codegens": {"cheap/source": {"builds": [1e-06, 1e-06, 1e-06], "key_share": [50]}}}'
+    elsewhere.write_bytes(learnt)
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "tiers.json").symlink_to(elsewhere)
+    cache = cc.CodegenCache(tmp_path / "c", write_behind=False, min_build_time="auto")
+    codegen = _constant_codegen()
+    assert cache.lower_with_outcome(mod, target, compile_device=False, codegen=codegen)[1].tier == "built"
+    for i in range(LEARN_BUILDS + 1):
+        cache.lower(mod, target, compile_device=False, codegen=_salted(codegen, i))
+    cache.close()
+    assert elsewhere.read_bytes() == learnt  # the file outside the cache is untouched

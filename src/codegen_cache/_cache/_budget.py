@@ -19,13 +19,28 @@ uncached and computes no key.
 
 What is decided is only where an entry goes; a key and a hit are exactly as before. Measured
 hit costs replace the defaults below as soon as a tier served one.
+
+The measurements are kept in `<dir>/tiers.json` (JSON of numbers, written by the background
+writer whenever a decision changes, read once by the next cache object on the directory), so
+a new process starts from what the last one learnt instead of storing its first builds. A file
+that is missing, damaged, a link or too large is ignored: every tier is used until learnt again.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import math
+import os
 import statistics
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+
+from .._storage._faults import FILE_MODE, READ_FLAGS, read_whole
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["DISK_HIT_SECONDS", "EVERY_TIER", "LEARN_BUILDS", "MEMORY_HIT_SECONDS", "NO_TIER", "REMOTE_HIT_SECONDS",
            "WINDOW", "Plan", "TierBudget", "miss_budget"]
@@ -46,6 +61,9 @@ PAYBACK = 5.0
 _REDECIDE = 4
 # Once a window is full, a hit is measured one time in this many (a hit must stay microseconds).
 _HIT_SAMPLING = 8
+_FILE_VERSION = 1
+_MAX_FILE_BYTES = 256 << 10
+_WINDOWS = ("builds", "key_share", "miss_disk", "miss_memory", "load_disk", "load_remote")
 
 
 def miss_budget(build_seconds: float) -> float:
@@ -76,7 +94,7 @@ class _Times:
     """What was measured for one codegen and mode (the last WINDOW of each)."""
 
     __slots__ = ("builds", "key_share", "miss_disk", "miss_memory", "load_disk", "load_remote", "hits", "plan",
-                 "fresh")
+                 "fresh", "saved")
 
     def __init__(self) -> None:
         self.builds: deque[float] = deque(maxlen=WINDOW)
@@ -88,12 +106,22 @@ class _Times:
         self.hits = 0
         self.plan: Plan | None = None  # decided from the samples; None: decide again
         self.fresh = 0  # samples since the plan was decided
+        self.saved: tuple[bool, bool, bool] | None = None  # the tiers last written to tiers.json
 
     def added(self) -> None:
         """A sample came in: decide again now while learning, else after every _REDECIDE samples."""
         self.fresh += 1
         if self.plan is not None and (len(self.builds) <= LEARN_BUILDS or self.fresh >= _REDECIDE):
             self.plan = None
+
+
+def _tiers(plan: Plan) -> tuple[bool, bool, bool]:
+    return (plan.memory, plan.disk, plan.remote)
+
+
+def _usable(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        and 0 <= value < 1e5
 
 
 def _least(samples: deque[float], default: float) -> float:
@@ -110,9 +138,13 @@ class TierBudget:
     always). Not thread-safe by design: a lost sample under a race only delays a decision.
     """
 
-    def __init__(self, min_build_time: str | float = "auto") -> None:
+    def __init__(self, min_build_time: str | float = "auto", *, path: Path | None = None,
+                 save_later: Callable[[Callable[[], None]], None] | None = None) -> None:
         self.min_build_time = min_build_time
         self._times: dict[tuple[str, str], _Times] = {}
+        self._path = path  # <dir>/tiers.json: what earlier processes learnt (None: nothing kept)
+        self._save_later = save_later  # runs a job off the caller's path (the writer thread)
+        self._loaded = path is None
 
     def plan(self, codegen: str, mode: str) -> Plan:
         """The tiers a lowering of `codegen` in `mode` uses now."""
@@ -120,12 +152,81 @@ class TierBudget:
             return EVERY_TIER
         times = self._times.get((codegen, mode))
         if times is None:
-            return EVERY_TIER
+            if not self._loaded:
+                self._load()
+                times = self._times.get((codegen, mode))
+            if times is None:
+                return EVERY_TIER
         plan = times.plan
         if plan is None:
             plan = times.plan = self._decide(times)
             times.fresh = 0
+            if self._save_later is not None and _tiers(plan) != (times.saved or _tiers(EVERY_TIER)):
+                times.saved = _tiers(plan)
+                self._save_later(self._saver())
         return plan
+
+    # ---- what earlier processes learnt ------------------------------------------------------
+
+    def _load(self) -> None:  # noqa: C901 - one sequence of checks
+        """Seed the windows from tiers.json (once per object); a bad file is ignored."""
+        self._loaded = True
+        try:
+            fd = os.open(self._path, READ_FLAGS)  # type: ignore[arg-type]
+        except OSError:
+            return None
+        try:
+            data = read_whole(fd, _MAX_FILE_BYTES)
+        except OSError:
+            data = None
+        finally:
+            os.close(fd)
+        try:
+            found = json.loads(data) if data else None
+        except (ValueError, UnicodeDecodeError):
+            found = None
+        if not isinstance(found, dict) or found.get("version") != _FILE_VERSION \
+                or not isinstance(found.get("codegens"), dict):
+            logger.debug("codegen cache: ignoring %s (not a tiers file of version %d)", self._path, _FILE_VERSION)
+            return None
+        for name, windows in found["codegens"].items():
+            codegen, _, mode = str(name).rpartition("/")
+            if not codegen or mode not in ("compiled", "source") or not isinstance(windows, dict) \
+                    or (codegen, mode) in self._times:
+                continue
+            times = _Times()
+            for window in _WINDOWS:
+                values = windows.get(window, [])
+                if isinstance(values, list):
+                    getattr(times, window).extend(v for v in values[-WINDOW:] if _usable(v))
+            self._times[(codegen, mode)] = times
+        return None
+
+    def _saver(self) -> Callable[[], None]:
+        """A job writing every window to tiers.json (a copy taken now; written by replacing the file)."""
+        snapshot = {f"{codegen}/{mode}": {w: list(getattr(t, w)) for w in _WINDOWS}
+                    for (codegen, mode), t in self._times.items()}
+        path = self._path
+
+        def save() -> None:
+            data = json.dumps({"version": _FILE_VERSION, "codegens": snapshot}).encode()
+            temporary = f"{path}.{os.getpid()}.{os.urandom(4).hex()}"
+            try:
+                fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             FILE_MODE)
+                try:
+                    os.write(fd, data)
+                finally:
+                    os.close(fd)
+                os.replace(temporary, path)  # a link at `path` is replaced, never followed
+            except OSError as err:
+                logger.debug("codegen cache: could not keep what was learnt in %s: %s", path, err)
+                try:
+                    os.unlink(temporary)
+                except OSError:
+                    pass
+
+        return save
 
     def built(self, codegen: str, mode: str, build_seconds: float, key_seconds: float | None = None) -> None:
         """A codegen ran for `build_seconds` (key_seconds: the key of that call, None: not computed)."""

@@ -171,7 +171,8 @@ class CodegenCache:
         self.registry = default_registry if registry is None else registry
         self.write_behind = write_behind
         self._stats = StatsRecorder(self.directory)
-        self._budget = TierBudget(self.settings.min_build_time)
+        self._budget = TierBudget(self.settings.min_build_time, path=self.directory / "tiers.json",
+                                  save_later=writer.submit)
         self._guard = StorageGuard(self.directory, self._stats.add)
         limits = {"compiled": self.settings.compiled_size_limit, "source": self.settings.source_size_limit,
                   "failures": 64 << 20, "builds": _INDEX_SIZE_LIMIT}
