@@ -325,6 +325,11 @@ class HitBench:
             # The cache a user gets, the same kernel again in one process (a re-run cell, a
             # repeated trial): a memory hit where memory pays, else the codegen itself.
             variants["auto"] = lambda: self.auto.lower(mod, target, compile_device=compile_device)
+            # A new process on that directory: it reads what the cache learnt (tiers.json) and has
+            # nothing in memory (memory_entries=0: each call is a new process's first of this kernel).
+            self.auto.flush()
+            fresh = CodegenCache(self.root / "auto", memory_entries=0, min_build_time="auto")
+            variants["auto_fresh"] = lambda: fresh.lower(mod, target, compile_device=compile_device)
             # The codegen in the same rounds, where that is cheap, and where the cache runs it anyway.
             if estimate < 2e-3 or not self.auto._budget.plan(entry.name, mode).keyed:  # noqa: SLF001
                 variants["bare_w"] = lambda: bare_fn(mod, target)
@@ -358,6 +363,11 @@ class HitBench:
         if load:
             self.auto.lower(mod, target, compile_device=compile_device)
             row["auto_warm_tier"] = self.auto.lower_with_outcome(mod, target, compile_device=compile_device)[1].tier
+            row["auto_fresh_tier"] = fresh.lower_with_outcome(mod, target, compile_device=compile_device)[1].tier
+            fresh.close()
+            if hits.get("auto_fresh") and hits.get("bare_w"):
+                row["paired"]["fresh_minus_bare"] = statistics.median(
+                    a - b for a, b in zip(hits["auto_fresh"], hits["bare_w"]))
         return row
 
     def _check_tiers(self, variants, mod, target, compile_device, key, load) -> dict[str, str]:

@@ -33,11 +33,15 @@ def auto_row(row: dict) -> dict[str, Any] | None:
     if warm_diff is None and warm is not None and bare_w:
         warm_diff = warm - bare_w
     budget = max(GOALS["miss_overhead"] * bare, GOALS["miss_overhead_abs"]) if bare else None
-    fresh_warm = _m(row, "disk")
+    fresh_warm = _m(row, "auto_fresh")
+    fresh_diff = row.get("paired", {}).get("fresh_minus_bare")
+    if fresh_diff is None and fresh_warm is not None and bare_w:
+        fresh_diff = fresh_warm - bare_w
     return {"plan": row.get("auto_plan", "-"), "tiers": row.get("auto_tiers", {}), "bare": bare, "cold": cold,
             "cold_diff": cold - bare if cold and bare else None, "budget": budget,
             "warm": warm, "bare_w": bare_w, "warm_diff": warm_diff, "warm_tier": row.get("auto_warm_tier", "-"),
-            "fresh_cold": _m(row, "miss"), "fresh_warm": fresh_warm}
+            "fresh_warm": fresh_warm, "fresh_diff": fresh_diff, "fresh_tier": row.get("auto_fresh_tier", "-"),
+            "every_tier_miss": _m(row, "miss")}
 
 
 def _m(row: dict, name: str) -> float | None:
@@ -140,6 +144,9 @@ def evaluate_goals(results: dict) -> list[dict[str, Any]]:
         if a is not None and a["warm_diff"] is not None:
             add(7, f"auto, warm in-process: call - bare <= 10us: {case}", a["warm_diff"], GOALS["no_slower"],
                 a["warm_diff"] <= GOALS["no_slower"], f"{_signed(a['warm_diff'])} ({a['warm_tier']})")
+        if a is not None and a["fresh_diff"] is not None and a["budget"] is not None:
+            add(7, f"auto, warm in a new process: call - bare <= max(10%, 0.3ms): {case}", a["fresh_diff"],
+                a["budget"], a["fresh_diff"] <= a["budget"], f"{_signed(a['fresh_diff'])} ({a['fresh_tier']})")
     scaling = results.get("scaling", {}).get("store", {})
     for case in scaling.get("cases", []):
         lo, hi = scaling["sizes"][0], scaling["sizes"][-1]
@@ -292,16 +299,21 @@ def tables(results: dict) -> str:
         for r, a in auto:
             body.append([r["kernel"], r["codegen"], _tiers(a["tiers"]), fmt_time(a["bare"]), fmt_time(a["cold"]),
                          _signed(a["cold_diff"]), fmt_time(a["budget"]), a["warm_tier"], fmt_time(a["warm"]),
-                         _signed(a["warm_diff"]), fmt_time(a["fresh_cold"]), fmt_time(a["fresh_warm"])])
+                         _signed(a["warm_diff"]), a["fresh_tier"], fmt_time(a["fresh_warm"]),
+                         _signed(a["fresh_diff"]), fmt_time(a["every_tier_miss"])])
         parts.append(_table(["kernel", "codegen", "new kernels went", "bare", "cold", "cold-bare", "budget",
-                             "again", "warm", "warm-bare", "fresh cold", "fresh warm"], body))
+                             "again", "warm", "warm-bare", "new process", "its call", "-bare", "every-tier miss"],
+                            body))
         parts.append("One cache object for every row (as one process lowering many kernels), learning each codegen's "
                      "tiers from its calls: cold = a new kernel (a fresh key) through it, interleaved with the bare "
                      "codegen; 'new kernels went' = what those calls did (stored: every tier; memory: kept in memory "
                      "only; uncached: no key computed); again/warm = the same kernel again in that process (warm-bare: "
-                     "paired by round where the codegen is under 2 ms, else against the cold rounds' bare). A fresh "
-                     "process has learnt nothing: its first 3 builds per codegen use every tier, as section 5's miss "
-                     "('fresh cold'), and what they stored is a disk hit later ('fresh warm' = section 1's disk hit).")
+                     "paired by round where the codegen is under 2 ms or runs anyway, else against the cold rounds' "
+                     "bare); new process = a cache object made on that directory after the cold calls (it reads "
+                     "tiers.json: what was learnt) with no memory tier, so each call is a new process's first of "
+                     "this kernel: a disk hit where disk pays, else the key and the build, or the build alone. "
+                     "every-tier miss = section 5's miss (min_build_time=0, and a process with no tiers.json: its "
+                     "first 3 builds per codegen).")
         for r, a in auto:
             parts.append(f"  {r['kernel']} / {r['codegen']}: {a['plan']}")
 
