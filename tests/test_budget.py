@@ -285,3 +285,30 @@ def test_a_link_at_the_tiers_file_is_neither_read_nor_written_through(tmp_path, 
         cache.lower(mod, target, compile_device=False, codegen=_salted(codegen, i))
     cache.close()
     assert elsewhere.read_bytes() == learnt  # the file outside the cache is untouched
+
+
+def test_threads_lowering_at_once_get_modules_and_a_plan(tmp_path, cuda_vadd):
+    import threading
+
+    mod, target = cuda_vadd
+    cache = cc.CodegenCache(tmp_path / "c", min_build_time="auto")
+    codegen = _constant_codegen()
+    errors, tiers = [], []
+
+    def lower(worker):
+        try:
+            for i in range(40):
+                module, outcome = cache.lower_with_outcome(mod, target, compile_device=False,
+                                                           codegen=_salted(codegen, f"{worker}-{i}"))
+                assert module.inspect_source() == "// cheap"
+                tiers.append(outcome.tier)
+        except BaseException as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=lower, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == [] and len(tiers) == 160 and "uncached" in tiers
+    cache.close()

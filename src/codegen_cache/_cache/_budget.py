@@ -135,7 +135,8 @@ class TierBudget:
     """Plans per codegen and mode: `min_build_time` "auto" (learnt), or seconds (a fixed threshold).
 
     With seconds, a codegen whose median build is shorter is kept in memory only (0: every tier,
-    always). Not thread-safe by design: a lost sample under a race only delays a decision.
+    always). Lock-free: threads append samples to deques (atomic in CPython); a decision that
+    meets a window changing under it is made again at the next call.
     """
 
     def __init__(self, min_build_time: str | float = "auto", *, path: Path | None = None,
@@ -159,7 +160,10 @@ class TierBudget:
                 return EVERY_TIER
         plan = times.plan
         if plan is None:
-            plan = times.plan = self._decide(times)
+            try:
+                plan = times.plan = self._decide(times)
+            except RuntimeError:  # "deque mutated during iteration": another thread's sample; decide next call
+                return EVERY_TIER
             times.fresh = 0
             if self._save_later is not None and _tiers(plan) != (times.saved or _tiers(EVERY_TIER)):
                 times.saved = _tiers(plan)
@@ -204,11 +208,16 @@ class TierBudget:
 
     def _saver(self) -> Callable[[], None]:
         """A job writing every window to tiers.json (a copy taken now; written by replacing the file)."""
-        snapshot = {f"{codegen}/{mode}": {w: list(getattr(t, w)) for w in _WINDOWS}
-                    for (codegen, mode), t in self._times.items()}
+        try:
+            snapshot = {f"{codegen}/{mode}": {w: list(getattr(t, w)) for w in _WINDOWS}
+                        for (codegen, mode), t in list(self._times.items())}
+        except RuntimeError:  # a window changed under us (another thread): kept at the next decision
+            snapshot = None
         path = self._path
 
         def save() -> None:
+            if snapshot is None:
+                return
             data = json.dumps({"version": _FILE_VERSION, "codegens": snapshot}).encode()
             temporary = f"{path}.{os.getpid()}.{os.urandom(4).hex()}"
             try:
