@@ -312,3 +312,26 @@ def test_threads_lowering_at_once_get_modules_and_a_plan(tmp_path, cuda_vadd):
         t.join(60)
     assert errors == [] and len(tiers) == 160 and "uncached" in tiers
     cache.close()
+
+
+def test_a_memory_only_codegen_fails_as_itself_every_time_and_writes_no_failure(tmp_path, cuda_vadd):
+    mod, target = cuda_vadd
+    cache = cc.CodegenCache(tmp_path / "c", write_behind=False, min_build_time=3600)
+    inner = cc.resolve_device_codegen(target)
+    broken = {"now": False}
+
+    def flaky(m, t):
+        if broken["now"]:
+            raise ValueError("no registers left")
+        return inner.build_without_compile(m, t)
+
+    codegen = cc.DeviceCodegen("flaky", build=flaky, build_without_compile=flaky)
+    for i in range(LEARN_BUILDS):
+        cache.lower(mod, target, compile_device=False, codegen=_salted(codegen, i))
+    broken["now"] = True
+    for _ in range(2):
+        with pytest.raises(ValueError, match="no registers left") as raised:
+            cache.lower(mod, target, compile_device=False, codegen=_salted(codegen, "bad"))
+        assert not isinstance(raised.value, cc.CachedCodegenError)
+    assert cache.stats().failures_stored == 0 and cache.stats().failures_served == 0
+    cache.close()

@@ -7,8 +7,8 @@ max(10% of the build, 0.3 ms). A tier "pays" for a codegen and mode when
 
     build > key + that tier's hit (beyond the key)    and    key + what a miss adds there <= budget
 
-with the build the median of the last `WINDOW` builds of that codegen and mode in this cache
-object, and each of the cache's own costs the least of its last `WINDOW` measurements: build seconds (misses, uncached runs, and the build time a hit's entry recorded),
+with the build and what a miss adds the median of the last `WINDOW` measurements of that
+codegen and mode in this cache object, and the key and a hit's load the least of them: build seconds (misses, uncached runs, and the build time a hit's entry recorded),
 the key's share of a build (key seconds / build seconds: the key's structural hash grows with
 the IR as the build does, so that ratio predicts the key of the next kernel from its
 build), the hit's load seconds per tier, and the caller's miss time beyond build and key. Until
@@ -125,10 +125,16 @@ def _usable(value: object) -> bool:
 
 
 def _least(samples: deque[float], default: float) -> float:
-    # The cache's own costs (key, load, what a miss adds) are fixed work that noise only makes
-    # longer, and a first call pays one-time costs (a store's database made, toolchain salts):
-    # the least of the window is the estimate. Builds vary by kernel: their median is.
+    # A key's hash and a hit's load are fixed work that noise only makes longer, and a first call
+    # pays one-time costs (toolchain salts): the least of the window is their estimate.
     return min(samples) if samples else default
+
+
+def _median(samples: deque[float], default: float) -> float:
+    # Builds vary by kernel, and what a miss adds (lookup, lock, staging: file system calls) is
+    # what the budget is about in the typical call: their median (one first call's store made
+    # is one sample of three or more).
+    return statistics.median(samples) if samples else default
 
 
 class TierBudget:
@@ -281,9 +287,9 @@ class TierBudget:
             return Plan(True, False, False, f"builds in {build * 1e3:.3g} ms, under min_build_time")
         key = _least(times.key_share, 0.0) * build
         budget = miss_budget(build)
-        memory = build > key + MEMORY_HIT_SECONDS and key + _least(times.miss_memory, MEMORY_HIT_SECONDS) <= budget
+        memory = build > key + MEMORY_HIT_SECONDS and key + _median(times.miss_memory, MEMORY_HIT_SECONDS) <= budget
         saved = build - key - _least(times.load_disk, DISK_HIT_SECONDS)  # by one disk hit
-        stored_miss = key + _least(times.miss_disk, 0.0)  # what a stored miss adds to the build
+        stored_miss = key + _median(times.miss_disk, 0.0)  # what a stored miss adds to the build
         disk = memory and saved > 0 and (stored_miss <= budget or saved >= PAYBACK * stored_miss)
         remote = disk and build > key + _least(times.load_remote, REMOTE_HIT_SECONDS)
         if not memory:

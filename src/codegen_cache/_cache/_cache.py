@@ -405,7 +405,9 @@ class CodegenCache:
         # One fstat per miss (not per hit): a directory removed under us gets its counts anew.
         self._stats.check_directory()
         self._stats.add_for(entry.name, mode, "misses")
-        if not self.settings.recache:
+        # A codegen only memory pays for fails as cheaply as a remembered failure is raised: its
+        # failures are neither read nor written (the exception is the codegen's own either way).
+        if not self.settings.recache and plan.disk:
             try:
                 self._failures.raise_if_failed(key.digest, entry.name,
                                                ir_digest=(lambda: probe.ir_digest) if self.settings.verify else None)
@@ -432,7 +434,8 @@ class CodegenCache:
         promote = None
         building = time.perf_counter()
         try:
-            module, build_seconds = self._build(entry, key.digest, mod, target, compile_device, probe)
+            module, build_seconds = self._build(entry, key.digest, mod, target, compile_device, probe,
+                                                remember=plan.disk)
             self._budget.built(entry.name, mode, build_seconds, key_seconds)
             if collision:
                 pass
@@ -473,7 +476,7 @@ class CodegenCache:
         return hit.entry.module
 
     def _build(self, entry: Any, digest: str, mod: IRModule, target: Target, compile_device: bool,
-               probe: Probe) -> tuple[Module, float]:
+               probe: Probe, *, remember: bool = True) -> tuple[Module, float]:
         mode = probe.mode
         t0 = time.perf_counter()
         try:
@@ -483,6 +486,8 @@ class CodegenCache:
         except CACHEABLE_FAILURES as err:
             if self._flight.reentered(digest):
                 raise ReentrantLoweringError(entry.name, digest) from err  # the codegen's misuse: not remembered
+            if not remember:
+                raise
             self._failures.remember(digest, entry.name, err,
                                     ir_digest=probe.ir_digest if self.settings.verify else None)
             raise
