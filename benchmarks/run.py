@@ -5,8 +5,9 @@
 Sections: 1 hit vs floor vs cold per kernel and codegen (memory, disk, remote hits; floor;
 cold miss), 2 scaling (store size; key cost vs IR size), 3 contention (1/2/4 processes),
 4 autotuning sweep (2 workers, cold then warm), 5 miss overhead, 6 alternatives (no cache;
-a file-per-entry cache), 7 the cache a user gets (min_build_time auto) against no cache. Prints the tables and PASS/FAIL per goal; --json writes every
-measurement, --plot draws a summary figure. --quick takes under 2 minutes on 2 cores.
+a file-per-entry cache), 7 the cache a user gets (min_build_time auto) against no cache.
+Prints the tables and PASS/FAIL per goal; --json writes every measurement, --plot draws a
+summary figure. --quick takes under 2 minutes on 2 cores.
 """
 
 from __future__ import annotations

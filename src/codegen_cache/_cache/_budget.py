@@ -8,14 +8,14 @@ max(10% of the build, 0.3 ms). A tier "pays" for a codegen and mode when
     build > key + that tier's hit (beyond the key)    and    key + what a miss adds there <= budget
 
 with the build and what a miss adds the median of the last `WINDOW` measurements of that
-codegen and mode in this cache object, and the key and a hit's load the least of them: build seconds (misses, uncached runs, and the build time a hit's entry recorded),
-the key's share of a build (key seconds / build seconds: the key's structural hash grows with
-the IR as the build does, so that ratio predicts the key of the next kernel from its
-build), the hit's load seconds per tier, and the caller's miss time beyond build and key. Until
-`LEARN_BUILDS` builds were seen every tier is used (as before), so no decision comes from one
-call, and one slow call among them moves no median. A stored miss over the budget is still
-made where one hit saves `PAYBACK` times what it adds. Where no tier pays, the call runs
-uncached and computes no key.
+codegen and mode in this cache object, and the key and a hit's load the least of them. The
+samples: build seconds (misses, uncached runs, and the build time a hit's entry recorded), the
+key's share of a build (key seconds / build seconds: the key's structural hash grows with the IR
+as the build does, so that ratio predicts the key of the next kernel from its build), a hit's
+load seconds per tier, and the caller's miss time beyond build and key. Until `LEARN_BUILDS`
+builds were seen every tier is used (as before), so no decision comes from one call, and one
+slow call among them moves no median. A stored miss over the budget is still made where one hit
+saves `PAYBACK` times what it adds. Where no tier pays, the call runs uncached and computes no key.
 
 What is decided is only where an entry goes; a key and a hit are exactly as before. Measured
 hit costs replace the defaults below as soon as a tier served one.

@@ -118,9 +118,10 @@ class CodegenCache:
     Options (keyword-only; None: the CODEGEN_CACHE_* variable, else the default, see
     docs/configuration.md): compiled_size_limit, source_size_limit, memory_entries,
     memory_bytes, verify, trusted_dirs, remote (a URL, or an object with get(digest) and put(digest, blob)),
-    remote_secret, lease_wait, failure_ttl, recache, min_build_time ("auto": the tiers that pay, learnt
-    per codegen; seconds: builds shorter are kept in memory only; 0: every tier); write_behind=False moves staged entries
-    into their store before lower() returns; registry: the codegens to resolve targets with.
+    remote_secret, lease_wait, failure_ttl, recache, min_build_time ("auto": the tiers that pay,
+    learnt per codegen; seconds: builds shorter are kept in memory only; 0: every tier);
+    write_behind=False moves staged entries into their store before lower() returns; registry:
+    the codegens to resolve targets with.
     """
 
     def __init__(
