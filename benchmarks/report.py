@@ -142,8 +142,14 @@ def evaluate_goals(results: dict) -> list[dict[str, Any]]:
                 a["cold_diff"] <= a["budget"],
                 f"{_signed(a['cold_diff'])} (budget {fmt_time(a['budget'])}; {_tiers(a['tiers'])})")
         if a is not None and a["warm_diff"] is not None:
-            add(7, f"auto, warm in-process: call - bare <= 10us: {case}", a["warm_diff"], GOALS["no_slower"],
-                a["warm_diff"] <= GOALS["no_slower"], f"{_signed(a['warm_diff'])} ({a['warm_tier']})")
+            noise = row.get("paired", {}).get("auto_minus_bare_resolution")
+            if a["warm_diff"] > GOALS["no_slower"] and (noise is None or noise > GOALS["no_slower"]):
+                # The codegen's own spread hides a 10 us margin (or it was not in the same rounds).
+                add(7, f"auto, warm in-process: call - bare <= 10us: {case}", a["warm_diff"], GOALS["no_slower"],
+                    None, f"{_signed(a['warm_diff'])} ({a['warm_tier']}; noise +-{fmt_time(noise)})")
+            else:
+                add(7, f"auto, warm in-process: call - bare <= 10us: {case}", a["warm_diff"], GOALS["no_slower"],
+                    a["warm_diff"] <= GOALS["no_slower"], f"{_signed(a['warm_diff'])} ({a['warm_tier']})")
         if a is not None and a["fresh_diff"] is not None and a["budget"] is not None:
             add(7, f"auto, warm in a new process: call - bare <= max(10%, 0.3ms): {case}", a["fresh_diff"],
                 a["budget"], a["fresh_diff"] <= a["budget"], f"{_signed(a['fresh_diff'])} ({a['fresh_tier']})")

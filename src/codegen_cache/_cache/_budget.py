@@ -7,8 +7,8 @@ max(10% of the build, 0.3 ms). A tier "pays" for a codegen and mode when
 
     build > key + that tier's hit (beyond the key)    and    key + what a miss adds there <= budget
 
-with the build and what a miss adds the median of the last `WINDOW` measurements of that
-codegen and mode in this cache object, and the key and a hit's load the least of them. The
+with each term but a hit's load (the least) the median of the last `WINDOW` measurements of
+that codegen and mode in this cache object. The
 samples: build seconds (misses, uncached runs, and the build time a hit's entry recorded), the
 key's share of a build (key seconds / build seconds: the key's structural hash grows with the IR
 as the build does, so that ratio predicts the key of the next kernel from its build), a hit's
@@ -125,15 +125,15 @@ def _usable(value: object) -> bool:
 
 
 def _least(samples: deque[float], default: float) -> float:
-    # A key's hash and a hit's load are fixed work that noise only makes longer, and a first call
-    # pays one-time costs (toolchain salts): the least of the window is their estimate.
+    # A hit's load is fixed work that noise only makes longer: the least of the window.
     return min(samples) if samples else default
 
 
 def _median(samples: deque[float], default: float) -> float:
-    # Builds vary by kernel, and what a miss adds (lookup, lock, staging: file system calls) is
-    # what the budget is about in the typical call: their median (one first call's store made
-    # is one sample of three or more).
+    # Builds and the key's share of them vary by kernel, and what a miss adds (lookup, lock,
+    # staging: file system calls) is what the budget is about in the typical call: their median
+    # (a first call's one-time costs, toolchain salts or a store's database made, are one sample
+    # of three or more; the least of a window mixing kernels was measured too hopeful).
     return statistics.median(samples) if samples else default
 
 
@@ -285,7 +285,7 @@ class TierBudget:
             if build >= float(self.min_build_time):
                 return EVERY_TIER
             return Plan(True, False, False, f"builds in {build * 1e3:.3g} ms, under min_build_time")
-        key = _least(times.key_share, 0.0) * build
+        key = _median(times.key_share, 0.0) * build
         budget = miss_budget(build)
         memory = build > key + MEMORY_HIT_SECONDS and key + _median(times.miss_memory, MEMORY_HIT_SECONDS) <= budget
         saved = build - key - _least(times.load_disk, DISK_HIT_SECONDS)  # by one disk hit
