@@ -295,9 +295,11 @@ class TierBudget:
         disk = memory and saved > 0 and (stored_miss <= budget or saved >= PAYBACK * stored_miss)
         remote = disk and build > key + _least(times.load_remote, REMOTE_HIT_SECONDS)
         if not memory:
+            kept = key + _median(times.miss_memory, MEMORY_HIT_SECONDS)  # what a memory-only miss adds
             why = "no tier pays: " + (f"a {build * 1e3:.3g} ms build against a {key * 1e3:.3g} ms key"
                                       if build <= key + MEMORY_HIT_SECONDS else
-                                      f"the key ({key * 1e3:.3g} ms) breaks the miss budget ({budget * 1e3:.3g} ms)")
+                                      f"a miss would add {kept * 1e3:.3g} ms (the key {key * 1e3:.3g} ms), over the "
+                                      f"budget ({budget * 1e3:.3g} ms)")
             return Plan(False, False, False, why)
         if not disk:
             return Plan(True, False, False, f"memory only: a disk hit or a stored miss costs more than a "
