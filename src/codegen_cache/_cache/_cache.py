@@ -438,11 +438,9 @@ class CodegenCache:
             module, build_seconds = self._build(entry, key.digest, mod, target, compile_device, probe,
                                                 remember=plan.disk)
             self._budget.built(entry.name, mode, build_seconds, key_seconds)
-            if collision:
-                pass
-            elif plan.disk:
+            if not collision and plan.disk:
                 promote = self._store(entry.name, key, mode, module, mod, target, build_seconds, before, lease)
-            else:
+            elif not collision:
                 self._keep(entry.name, key, mode, module, mod, build_seconds, before)
         except BaseException:
             # The codegen raised (its error is remembered when cacheable): the outcome says so,
