@@ -143,6 +143,19 @@ def _parse_dir_list(name: str, value: str | os.PathLike[str] | tuple | list) -> 
 _DIR_LIST_ACCEPTED = f"absolute directory paths separated by {os.pathsep!r}; <path>/* for every directory below it; * for all"
 
 
+def _parse_min_build_time(name: str, value: str | float) -> str | float:
+    """`auto` (learnt per codegen: docs/cache.md), or a duration: builds shorter are kept in memory only."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        return parse_age(name, value)
+    except ConfigError:
+        raise ConfigError(name, value, _MIN_BUILD_ACCEPTED) from None
+
+
+_MIN_BUILD_ACCEPTED = "auto, or seconds of 0 or more, e.g. 0 (store every entry) or 0.002"
+
+
 def _parse_text(name: str, value: str) -> str | None:
     return str(value) or None
 
@@ -263,6 +276,7 @@ class Settings:
     remote_lease: float = 5.0
     lease_wait: float = 600.0
     failure_ttl: float = 24 * 3600.0
+    min_build_time: str | float = "auto"
     log_level: str | None = None
 
 
@@ -293,6 +307,8 @@ ENV_VARS: dict[str, tuple[str, object, str]] = {
                                    "expiry of a fleet-wide build lease, renewed while building (0: no lease)"),
     "CODEGEN_CACHE_LEASE_WAIT": ("lease_wait", parse_age, "longest wait for another process's compile"),
     "CODEGEN_CACHE_FAILURE_TTL": ("failure_ttl", parse_age, "how long a codegen failure is remembered"),
+    "CODEGEN_CACHE_MIN_BUILD_TIME": ("min_build_time", _parse_min_build_time,
+                                     "entries that build faster are not stored on disk (auto: where no tier pays)"),
     "CODEGEN_CACHE_LOG_LEVEL": ("log_level", _parse_level, "level of the codegen_cache logger"),
 }
 
@@ -307,6 +323,7 @@ ACCEPTED: dict[object, str] = {
     _parse_deadline: "a duration above 0, e.g. 0.5 (seconds) or 2s",
     _parse_level: "one of " + ", ".join(_LOG_LEVELS),
     _parse_text: "text (empty: unset)",
+    _parse_min_build_time: _MIN_BUILD_ACCEPTED,
     _parse_dir_list: _DIR_LIST_ACCEPTED,
     _parse_remote: REMOTE_ACCEPTED + " (empty: unset)",
 }

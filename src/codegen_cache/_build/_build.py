@@ -24,7 +24,7 @@ from typing import Any
 from .._compat import tvm, IRModule, Module, PrimFunc, Target
 
 from .._cache import CodegenCache
-from .._cache._cache import fresh_results_are_the_callers
+from .._cache._cache import fresh_results_are_the_callers, store_in_every_tier
 from .._cache._writer import writer
 from .._context import active_cache
 from .._key import CacheKey
@@ -248,7 +248,8 @@ def _codegen(cache: CodegenCache | None, registry: DeviceCodegenRegistry, mod: I
         t0 = time.perf_counter()
         module = _call(entry, mod, target, compiled)
         return module, BuildPart(role, target.kind.name, entry.name, mode, None), time.perf_counter() - t0
-    module, outcome = cache.lower_with_outcome(mod, target, compile_device=compiled, codegen=entry)
+    with store_in_every_tier():  # the build's index needs each part stored, cheap or not
+        module, outcome = cache.lower_with_outcome(mod, target, compile_device=compiled, codegen=entry)
     # An entry that was not stored (a mutating codegen, a collision, a skipped store) cannot be indexed.
     digest = outcome.key if (outcome.hit or outcome.stored) else None
     return module, BuildPart(role, target.kind.name, entry.name, mode, digest), outcome.build_seconds

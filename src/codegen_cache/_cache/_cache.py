@@ -52,6 +52,7 @@ from .._storage._trust import untrusted
 from .._targets import TargetLike, as_target
 from .._validate import check_bool, check_timeout
 from . import _upgrade
+from ._budget import EVERY_TIER, Plan, TierBudget
 from ._failures import CACHEABLE_FAILURES, ENVIRONMENT_FAILURES, FailureCache
 from ._flight import FleetFlight, Lease, SingleFlight
 from ._guard import StorageGuard
@@ -62,7 +63,7 @@ from ._tiers import COLLISION, DiskTier, Entry, Hit, MemoryTierView, Probe, Remo
 from ._writer import writer
 from .._storage._layout import ENTRY_STORES, FRONTEND_DIR, STORE_NAMES
 
-__all__ = ["STORE_NAMES", "CodegenCache", "fresh_results_are_the_callers"]
+__all__ = ["STORE_NAMES", "CodegenCache", "fresh_results_are_the_callers", "store_in_every_tier"]
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +74,9 @@ _FORMAT = str(FORMAT_VERSION)
 # Set while a caller takes the fresh module of a miss as its own (codegen_cache.build imports its
 # device modules into the host module it built): the memory tier must not hand that object out.
 _caller_keeps: contextvars.ContextVar[bool] = contextvars.ContextVar("codegen_cache_caller_keeps", default=False)
+# Set while a whole build's parts are lowered (codegen_cache.build, tvm.compile): its index and the
+# model-level entry need every part stored, whatever one codegen call would be worth on its own.
+_every_tier: contextvars.ContextVar[bool] = contextvars.ContextVar("codegen_cache_every_tier", default=False)
 
 
 @contextlib.contextmanager
@@ -83,6 +87,18 @@ def fresh_results_are_the_callers() -> Iterator[None]:
         yield
     finally:
         _caller_keeps.reset(token)
+
+
+@contextlib.contextmanager
+def store_in_every_tier() -> Iterator[None]:
+    """Inside the block, lowerings use every tier, whatever their codegen's builds cost (_budget.py)."""
+    token = _every_tier.set(True)
+    try:
+        yield
+    finally:
+        _every_tier.reset(token)
+
+
 _ENCODE_ERRORS = (ValueError, RuntimeError, OSError)
 # Bound of flush(): the background jobs are extras (every entry is staged on disk already).
 FLUSH_SECONDS = 30.0
@@ -99,8 +115,10 @@ class CodegenCache:
     Options (keyword-only; None: the CODEGEN_CACHE_* variable, else the default, see
     docs/configuration.md): compiled_size_limit, source_size_limit, memory_entries,
     memory_bytes, verify, trusted_dirs, remote (a URL, or an object with get(digest) and put(digest, blob)),
-    remote_secret, lease_wait, failure_ttl, recache; write_behind=False moves staged entries
-    into their store before lower() returns; registry: the codegens to resolve targets with.
+    remote_secret, lease_wait, failure_ttl, recache, min_build_time ("auto": the tiers that pay,
+    learnt per codegen; seconds: builds shorter are kept in memory only; 0: every tier);
+    write_behind=False moves staged entries into their store before lower() returns; registry:
+    the codegens to resolve targets with.
     """
 
     def __init__(
@@ -118,6 +136,7 @@ class CodegenCache:
         lease_wait: float | str | None = None,
         failure_ttl: float | str | None = None,
         recache: bool | None = None,
+        min_build_time: float | str | None = None,
         write_behind: bool = True,
         registry: DeviceCodegenRegistry | None = None,
         settings: Settings | None = None,
@@ -137,6 +156,7 @@ class CodegenCache:
             "trusted_dirs": trusted_dirs,
             "remote": remote if isinstance(remote, str) else None, "remote_secret": remote_secret,
             "lease_wait": lease_wait, "failure_ttl": failure_ttl, "recache": recache,
+            "min_build_time": min_build_time,
         }
         if settings is None:
             warn_unknown_env()
@@ -149,6 +169,8 @@ class CodegenCache:
         self.registry = default_registry if registry is None else registry
         self.write_behind = write_behind
         self._stats = StatsRecorder(self.directory)
+        self._budget = TierBudget(self.settings.min_build_time, path=self.directory / "tiers.json",
+                                  save_later=writer.submit)
         self._guard = StorageGuard(self.directory, self._stats.add)
         limits = {"compiled": self.settings.compiled_size_limit, "source": self.settings.source_size_limit,
                   "failures": 64 << 20, "builds": _INDEX_SIZE_LIMIT}
@@ -309,6 +331,10 @@ class CodegenCache:
         if not self.trusted:
             # Another user could change what is stored here: nothing is read, stored or counted.
             return self._run_uncached(entry, mod, target, compile_device, mode, start, count=False)
+        plan = self._budget.plan(entry.name, mode) if isinstance(entry, DeviceCodegen) and not _every_tier.get() \
+            else EVERY_TIER
+        if not plan.keyed:
+            return self._run_cheap(entry, mod, target, compile_device, mode, start)
         key = self._key_or_none(entry, mod, target, compile_device)
         if key is None:
             return self._run_uncached(entry, mod, target, compile_device, mode, start)
@@ -325,10 +351,12 @@ class CodegenCache:
                 keep_answering(kept.module)
                 return kept.module
         probe = Probe(key.digest, mode, mod, self.settings.verify, library=compile_device and target.kind.name == "llvm")
-        found = None if self.settings.recache else self._chain.lookup(probe)
+        # The tiers that do not pay for this codegen are not asked either (_budget.py).
+        found = None if self.settings.recache else \
+            self._chain.lookup(probe, stop=None if plan.remote else 2 if plan.disk else 1)
         if isinstance(found, Hit):
             return self._served(found, entry.name, mode, key.digest, key_seconds, start)
-        return self._miss(entry, key, probe, target, compile_device, found is COLLISION, key_seconds, start)
+        return self._miss(entry, key, probe, target, compile_device, found is COLLISION, key_seconds, start, plan)
 
     def _key_or_none(self, entry: Any, mod: Any, target: Target, compile_device: bool) -> CacheKey | None:
         """The key of this lowering, or None where nothing can key it (the codegen runs uncached)."""
@@ -347,6 +375,17 @@ class CodegenCache:
             self._guard.warn(f"uncacheable:{err.what}", "codegen cache: not caching %r results: %s", entry.name, err)
             return None
 
+    def _run_cheap(self, entry: DeviceCodegen, mod: Any, target: Target, compile_device: bool, mode: str,
+                   start: float) -> Module:
+        """No tier pays for this codegen (_budget.py): it runs without a key, timed, to keep learning."""
+        function = _mode_function(entry, compile_device)
+        if function is None:
+            entry._func_for(target, compile_device)  # noqa: SLF001 - raises the seed's ValueError
+        self._stats.add_for(entry.name, mode, "uncached_cheap")
+        module = run_uncached(entry.name, mode, lambda: function(mod, target), start)
+        self._budget.built(entry.name, mode, time.perf_counter() - start)
+        return module
+
     def _run_uncached(self, entry: Any, mod: Any, target: Target, compile_device: bool, mode: str,
                       start: float, *, count: bool = True) -> Module:
         if count:
@@ -356,15 +395,21 @@ class CodegenCache:
         return run_uncached(entry.name, mode, lambda: entry.lower(mod, target, compile_device=compile_device), start)
 
     def _miss(self, entry: DeviceCodegen, key: CacheKey, probe: Probe, target: Target, compile_device: bool,
-              collision: bool, key_seconds: float, start: float) -> Module:
-        """Serve a remembered failure, or wait for a live build of this key, or build and stage."""
+              collision: bool, key_seconds: float, start: float, plan: Plan = EVERY_TIER) -> Module:
+        """Serve a remembered failure, or wait for a live build of this key, or build and stage.
+
+        Where only the memory tier pays (`plan`), no build lock is taken and nothing is staged:
+        another process building the same cheap kernel meanwhile costs less than the lock.
+        """
         mode, mod = probe.mode, probe.ir
         if collision:
             self._count_collision(key.digest)
         # One fstat per miss (not per hit): a directory removed under us gets its counts anew.
         self._stats.check_directory()
         self._stats.add_for(entry.name, mode, "misses")
-        if not self.settings.recache:
+        # A codegen only memory pays for fails as cheaply as a remembered failure is raised: its
+        # failures are neither read nor written (the exception is the codegen's own either way).
+        if not self.settings.recache and plan.disk:
             try:
                 self._failures.raise_if_failed(key.digest, entry.name,
                                                ir_digest=(lambda: probe.ir_digest) if self.settings.verify else None)
@@ -373,7 +418,7 @@ class CodegenCache:
                      load_seconds=0.0, build_seconds=0.0, total_seconds=time.perf_counter() - start)
                 raise
         held = lease = None
-        if not collision and not self.settings.recache:
+        if not collision and not self.settings.recache and plan.disk:
             # The recheck reads this directory only: the remote was asked a moment ago, and a
             # lock holder sharing this directory stages its entry here first.
             held, found = self._flight.begin(key.digest, lambda: self._chain.lookup(probe, start=1, stop=2),
@@ -392,9 +437,13 @@ class CodegenCache:
         promote = None
         building = time.perf_counter()
         try:
-            module, build_seconds = self._build(entry, key.digest, mod, target, compile_device, probe)
-            if not collision:
+            module, build_seconds = self._build(entry, key.digest, mod, target, compile_device, probe,
+                                                remember=plan.disk)
+            self._budget.built(entry.name, mode, build_seconds, key_seconds)
+            if not collision and plan.disk:
                 promote = self._store(entry.name, key, mode, module, mod, target, build_seconds, before, lease)
+            elif not collision:
+                self._keep(entry.name, key, mode, module, mod, build_seconds, before)
         except BaseException:
             # The codegen raised (its error is remembered when cacheable): the outcome says so,
             # rather than leaving the previous call's in place.
@@ -412,13 +461,17 @@ class CodegenCache:
             # Last: once woken, the writer thread takes the GIL whenever this thread waits on a
             # file operation, so anything after this would wait for its SQLite work.
             promote()
+        self._budget.missed(entry.name, mode, time.perf_counter() - start - build_seconds - key_seconds,
+                            disk=plan.disk)
         return module
 
     def _served(self, hit: Hit, codegen: str, mode: str, digest: str, key_seconds: float, start: float) -> Module:
         saved = float(hit.entry.meta.get("build_seconds", 0.0))
         self._stats.add_hit(codegen, mode, hit.tier, saved)
-        if self._pusher is not None and hit.tier != "memory":
-            self._refresh_later(digest, hit.entry.blob)
+        if hit.tier != "memory":
+            self._budget.hit(codegen, mode, hit.tier, hit.load_seconds, key_seconds, saved)
+            if self._pusher is not None:
+                self._refresh_later(digest, hit.entry.blob)
         emit(tier=hit.tier, key=digest, codegen=codegen, mode=mode, key_seconds=key_seconds,
              load_seconds=hit.load_seconds, build_seconds=saved, total_seconds=time.perf_counter() - start)
         if hit.tier == "memory":
@@ -426,7 +479,7 @@ class CodegenCache:
         return hit.entry.module
 
     def _build(self, entry: Any, digest: str, mod: IRModule, target: Target, compile_device: bool,
-               probe: Probe) -> tuple[Module, float]:
+               probe: Probe, *, remember: bool = True) -> tuple[Module, float]:
         mode = probe.mode
         t0 = time.perf_counter()
         try:
@@ -436,6 +489,8 @@ class CodegenCache:
         except CACHEABLE_FAILURES as err:
             if self._flight.reentered(digest):
                 raise ReentrantLoweringError(entry.name, digest) from err  # the codegen's misuse: not remembered
+            if not remember:
+                raise
             self._failures.remember(digest, entry.name, err,
                                     ir_digest=probe.ir_digest if self.settings.verify else None)
             raise
@@ -466,6 +521,21 @@ class CodegenCache:
         if not _caller_keeps.get():
             self._memory_view.put(Entry(key.digest, mode, module, mod, meta, blob))
         return self._stage(codegen, mode, key.digest, blob, lease)
+
+    def _keep(self, codegen: str, key: CacheKey, mode: str, module: Module, mod: IRModule, build_seconds: float,
+              before: tuple) -> None:
+        """A miss only the memory tier pays for (_budget.py): the fresh module is kept there, not encoded."""
+        change = changed(before, parts_of(mod))
+        if change:
+            self._stats.add("mutations")
+            logger.warning("codegen %r changed its input IRModule (%s); the result was returned but is not cached",
+                           codegen, change)
+            return
+        if _caller_keeps.get():
+            return
+        self._stats.add_for(codegen, mode, "memory_only")
+        meta = {"key": key.digest, "codegen": codegen, "mode": mode, "build_seconds": build_seconds}
+        self._memory_view.put(Entry(key.digest, mode, module, mod, meta))
 
     def _stage(self, codegen: str, mode: str, digest: str, blob: bytes,
                lease: Lease | None = None) -> Callable[[], None] | None:

@@ -1,8 +1,10 @@
 """The cache's counters: what each lowering did, per tier and per codegen and mode.
 
 Every lowering counts exactly one of: a hit (of the tier that served it), a miss (the codegen
-ran or a remembered failure was raised), or uncached (the cache stepped aside: an input it
-cannot key, a user's callback without a declared salt). On a cold run misses = builds = stores.
+ran or a remembered failure was raised), uncacheable (the cache stepped aside: an input it
+cannot key, a user's callback without a declared salt), or uncached_cheap (no tier pays for
+that codegen's builds: `_budget.py`; no key was computed). On a cold run misses = builds =
+stores + memory_only (misses kept in memory only: a disk hit would cost more than the build).
 The counts live in `_storage._counters` (a mapped file per process, folded into `<dir>/stats.sqlite`), so
 they survive the process and need no flushing.
 """
@@ -25,6 +27,8 @@ COUNTERS = (
     "stores",
     "stores_skipped",
     "uncacheable",
+    "uncached_cheap",
+    "memory_only",
     "evictions",
     "evictions_memory",
     "collisions",
@@ -47,7 +51,8 @@ COUNTERS = (
     "saved_seconds",
 )
 # Counted per codegen and mode too ("by:<codegen>:<mode>:<name>").
-BREAKDOWN = ("hits", "misses", "builds", "stores", "uncacheable", "build_seconds", "saved_seconds")
+BREAKDOWN = ("hits", "misses", "builds", "stores", "uncacheable", "uncached_cheap", "memory_only", "build_seconds",
+             "saved_seconds")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +60,7 @@ class CacheStats:
     """A snapshot of the counters; `errors` maps an error kind to its count.
 
     `by_codegen` maps "codegen/mode" (e.g. "cuda/source") to that pair's hits, misses, builds,
-    stores, uncacheable, build_seconds and saved_seconds. `zeroed_at`: when the counters were
+    stores, uncacheable, uncached_cheap, memory_only, build_seconds and saved_seconds. `zeroed_at`: when the counters were
     last reset (seconds since the epoch; None: never).
     """
 
@@ -67,6 +72,8 @@ class CacheStats:
     stores: int = 0
     stores_skipped: int = 0
     uncacheable: int = 0
+    uncached_cheap: int = 0
+    memory_only: int = 0
     evictions: int = 0
     evictions_memory: int = 0
     collisions: int = 0

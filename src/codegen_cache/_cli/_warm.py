@@ -28,7 +28,8 @@ def _init_worker(spec: str, directory: str, names: list[str] | None) -> None:
     from .._cache._cache import CodegenCache
 
     # Settings other than the directory come from the environment this process inherited.
-    _worker.update(spec=spec, names=names, cache=CodegenCache(directory, write_behind=False), kernels={})
+    _worker.update(spec=spec, names=names, cache=CodegenCache(directory, write_behind=False, min_build_time=0),
+                   kernels={})  # warm fills the stores: every entry, cheap or not
 
 
 def _modes(target, mode: str) -> list[bool]:

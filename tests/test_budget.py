@@ -1,0 +1,337 @@
+"""A minimum build time per tier (issue 25): an entry goes only where a hit costs less than its build."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+
+import codegen_cache as cc
+from codegen_cache._cache import _cache as cache_module
+from codegen_cache._cache._budget import (
+    DISK_HIT_SECONDS,
+    EVERY_TIER,
+    LEARN_BUILDS,
+    NO_TIER,
+    REMOTE_HIT_SECONDS,
+    WINDOW,
+    TierBudget,
+    miss_budget,
+)
+from codegen_cache._cache._cache import store_in_every_tier
+from codegen_cache._compat import tvm
+
+# ---- the decision, from measurements fed in (no clock involved) ------------------------------
+
+
+def _fed(builds, key_share=0.0, *, min_build_time="auto", disk_loads=(), remote_loads=(), stored_misses=()):
+    budget = TierBudget(min_build_time)
+    for seconds in builds:
+        budget.built("cg", "source", seconds, key_share * seconds)
+    for load in disk_loads:
+        budget.hit("cg", "source", "disk", load, 0.0, 0.0)
+    for load in remote_loads:
+        budget.hit("cg", "source", "remote", load, 0.0, 0.0)
+    for extra in stored_misses:
+        budget.missed("cg", "source", extra, disk=True)
+    return budget
+
+
+def test_every_tier_is_used_until_a_codegen_has_built_three_times():
+    budget = _fed([1e-6] * (LEARN_BUILDS - 1), key_share=10.0)
+    assert budget.plan("cg", "source") is EVERY_TIER
+    assert budget.plan("never-seen", "source") is EVERY_TIER
+    budget.built("cg", "source", 1e-6, 1e-5)
+    assert budget.plan("cg", "source").keyed is False
+
+
+def test_a_codegen_cheaper_than_its_key_uses_no_tier():
+    plan = _fed([20e-6] * 5, key_share=1.0).plan("cg", "source")
+    assert plan == dataclasses.replace(NO_TIER, why=plan.why) and "no tier pays" in plan.why
+
+
+def test_a_key_that_breaks_the_miss_budget_uses_no_tier():
+    # 10 ms builds with a 5 ms key: memory hits would save 5 ms, but every miss would cost 50%.
+    plan = _fed([10e-3] * 5, key_share=0.5).plan("cg", "source")
+    assert not plan.keyed and "over the budget" in plan.why
+
+
+def test_a_build_cheaper_than_a_disk_hit_is_kept_in_memory_only():
+    plan = _fed([50e-6] * 5, key_share=0.1).plan("cg", "source")  # 5 us key, 60 us default disk hit
+    assert (plan.memory, plan.disk, plan.remote) == (True, False, False)
+    assert 50e-6 < 5e-6 + DISK_HIT_SECONDS
+
+
+def test_a_measured_disk_hit_replaces_the_default():
+    assert not _fed([50e-6] * 5, key_share=0.1).plan("cg", "source").disk
+    assert _fed([50e-6] * 5, key_share=0.1, disk_loads=[20e-6] * 3).plan("cg", "source").disk
+    assert not _fed([200e-6] * 5, key_share=0.1, disk_loads=[300e-6] * 3).plan("cg", "source").disk
+
+
+def test_a_stored_miss_over_budget_keeps_later_entries_in_memory():
+    # A 100 us build may cost a miss 0.3 ms; staging measured at 0.4 ms does not fit.
+    assert _fed([100e-6] * 5, disk_loads=[10e-6] * 3).plan("cg", "source").disk
+    plan = _fed([100e-6] * 5, disk_loads=[10e-6] * 3, stored_misses=[400e-6] * 3).plan("cg", "source")
+    assert (plan.memory, plan.disk) == (True, False)
+
+
+def test_the_remote_is_left_out_where_its_round_trip_costs_more_than_the_build():
+    plan = _fed([300e-6] * 5, key_share=0.01).plan("cg", "source")
+    assert plan.disk and not plan.remote and 300e-6 < REMOTE_HIT_SECONDS
+    assert _fed([300e-6] * 5, key_share=0.01, remote_loads=[100e-6] * 3).plan("cg", "source").remote
+
+
+def test_a_slow_codegen_uses_every_tier():
+    # nvcc: 0.4 s builds against a key of microseconds.
+    assert _fed([0.4] * WINDOW, key_share=1e-4).plan("cg", "source") == dataclasses.replace(EVERY_TIER)
+
+
+def test_one_slow_call_changes_no_decision():
+    cheap = _fed([10e-6] * 5, key_share=1.0)
+    cheap.built("cg", "source", 2.0, None)  # preempted once
+    assert not cheap.plan("cg", "source").keyed
+    slow = _fed([0.4] * 5, key_share=1e-4)
+    slow.built("cg", "source", 1e-6, 1e-6)
+    assert slow.plan("cg", "source") == EVERY_TIER
+
+
+def test_the_decision_follows_the_builds_when_they_change():
+    budget = _fed([8e-6] * WINDOW, key_share=0.05)  # under a memory hit's fixed cost
+    assert not budget.plan("cg", "source").keyed
+    for _ in range(WINDOW // 2 + 1):
+        budget.built("cg", "source", 0.1, None)  # uncached runs are timed too: bigger kernels now
+    assert budget.plan("cg", "source").keyed
+
+
+def test_a_fixed_min_build_time_keeps_shorter_builds_in_memory_and_zero_stores_everything():
+    plan = _fed([1e-3] * 5, min_build_time=0.01).plan("cg", "source")
+    assert (plan.memory, plan.disk) == (True, False) and "min_build_time" in plan.why
+    assert _fed([0.1] * 5, min_build_time=0.01).plan("cg", "source") == EVERY_TIER
+    assert _fed([1e-6] * 5, key_share=10.0, min_build_time=0.0).plan("cg", "source") is EVERY_TIER
+
+
+def test_miss_budget_is_ten_percent_or_point_three_ms():
+    assert miss_budget(1e-3) == 0.3e-3 and miss_budget(0.1) == pytest.approx(0.01)
+
+
+# ---- through CodegenCache: a real codegen, a real directory --------------------------------
+
+
+def _constant_codegen(name="cheap"):
+    """A codegen that returns a module made beforehand: cheaper than any key."""
+    made = tvm.get_global_func("runtime.SourceModuleCreate")("// cheap", "cu")
+    return cc.DeviceCodegen(name, build=lambda mod, target: made, build_without_compile=lambda mod, target: made)
+
+
+def _salted(codegen, i):
+    return dataclasses.replace(codegen, salt=f"kernel-{i}")  # the same codegen, a fresh key
+
+
+def test_where_no_tier_pays_the_codegen_runs_uncached_without_a_key(tmp_path, cuda_vadd, monkeypatch):
+    mod, target = cuda_vadd
+    cache = cc.CodegenCache(tmp_path / "c", write_behind=False, min_build_time="auto")
+    codegen = _constant_codegen()
+    for i in range(LEARN_BUILDS):
+        assert cache.lower_with_outcome(mod, target, compile_device=False, codegen=_salted(codegen, i))[1].tier \
+            == "built"
+    hashed = []
+    real_hash = cache_module.ir_hash
+    monkeypatch.setattr(cache_module, "ir_hash", lambda m: hashed.append(m) or real_hash(m))
+    module, outcome = cache.lower_with_outcome(mod, target, compile_device=False, codegen=_salted(codegen, 99))
+    assert (outcome.tier, outcome.key, outcome.stored) == ("uncached", "", False)
+    assert module.inspect_source() == "// cheap" and hashed == []
+    stats = cache.stats()
+    assert (stats.uncached_cheap, stats.misses, stats.builds, stats.stores) == (1, LEARN_BUILDS, LEARN_BUILDS,
+                                                                                LEARN_BUILDS)
+    assert stats.by_codegen["cheap/source"]["uncached_cheap"] == 1
+    assert cache.stats().uncacheable == 0  # a cheap call is not an input the key cannot hold
+    cache.close()
+
+
+def test_a_missing_mode_still_raises_the_seed_error_when_uncached(tmp_path, cuda_vadd):
+    mod, target = cuda_vadd
+    cache = cc.CodegenCache(tmp_path / "c", write_behind=False, min_build_time="auto")
+    made = tvm.get_global_func("runtime.SourceModuleCreate")("// cheap", "cu")
+    codegen = cc.DeviceCodegen("source-only", build_without_compile=lambda mod, target: made)
+    for i in range(LEARN_BUILDS + 1):
+        cache.lower(mod, target, compile_device=False, codegen=_salted(codegen, i))
+    assert cc.last_outcome().tier == "uncached"
+    with pytest.raises(ValueError, match="source-only.*with compilation"):
+        cache.lower(mod, target, compile_device=True, codegen=codegen)
+    cache.close()
+
+
+def test_memory_only_entries_are_hits_here_and_never_reach_the_disk(tmp_path, cuda_vadd):
+    mod, target = cuda_vadd
+    cache = cc.CodegenCache(tmp_path / "c", write_behind=False, min_build_time=3600)  # every build is shorter
+    codegen = cc.resolve_device_codegen(target)
+    for i in range(LEARN_BUILDS):
+        cache.lower(mod, target, compile_device=False, codegen=_salted(codegen, i))
+    later = _salted(codegen, "later")
+    built, outcome = cache.lower_with_outcome(mod, target, compile_device=False, codegen=later)
+    assert outcome.tier == "built" and outcome.stored is False
+    again, hit = cache.lower_with_outcome(mod, target, compile_device=False, codegen=later)
+    assert hit.tier == "memory" and again.same_as(built) and hit.key == outcome.key
+    assert cache.store("source").get(outcome.key) is None and cache.staged("source").read(outcome.key) is None
+    fresh = cc.CodegenCache(tmp_path / "c", write_behind=False, min_build_time=0)  # another process
+    assert fresh.lower_with_outcome(mod, target, compile_device=False, codegen=later)[1].tier == "built"
+    stats = cache.stats(shared=False)
+    assert (stats.misses, stats.builds, stats.stores, stats.memory_only) == (LEARN_BUILDS + 1, LEARN_BUILDS + 1,
+                                                                             LEARN_BUILDS, 1)
+    cache.close()
+    fresh.close()
+
+
+def test_a_codegen_slower_than_any_hit_keeps_storing_on_disk(tmp_path, cuda_vadd):
+    mod, target = cuda_vadd
+    cache = cc.CodegenCache(tmp_path / "c", write_behind=False, min_build_time="auto")
+    inner = cc.resolve_device_codegen(target)
+
+    def slow(m, t):
+        time.sleep(0.02)  # a compile: far more than a key, a disk hit or a remote hit
+        return inner.build_without_compile(m, t)
+
+    codegen = cc.DeviceCodegen("slow", build=slow, build_without_compile=slow)
+    keys = [cache.lower_with_outcome(mod, target, compile_device=False, codegen=_salted(codegen, i))[1].key
+            for i in range(LEARN_BUILDS + 3)]
+    assert all(cache.store("source").get(key) is not None for key in keys)
+    assert cache.stats().stores == len(keys) and cache.stats().uncached_cheap == 0
+    cache.close()
+
+
+def test_a_whole_build_stores_every_part_however_cheap(tmp_path, cuda_vadd):
+    mod, target = cuda_vadd
+    cache = cc.CodegenCache(tmp_path / "c", write_behind=False, min_build_time="auto")
+    codegen = _constant_codegen()
+    for i in range(LEARN_BUILDS):
+        cache.lower(mod, target, compile_device=False, codegen=_salted(codegen, i))
+    cache.lower(mod, target, compile_device=False, codegen=_salted(codegen, "cheap-now"))
+    assert cc.last_outcome().tier == "uncached"
+    with store_in_every_tier():
+        _module, outcome = cache.lower_with_outcome(mod, target, compile_device=False,
+                                                    codegen=_salted(codegen, "in-a-build"))
+    assert outcome.tier == "built" and outcome.stored and cache.store("source").get(outcome.key) is not None
+    cache.close()
+
+
+def test_min_build_time_is_a_setting_with_its_variable():
+    assert cc.settings_from_env({}).min_build_time == "auto"
+    assert cc.settings_from_env({"CODEGEN_CACHE_MIN_BUILD_TIME": "0.002"}).min_build_time == 0.002
+    assert cc.settings_from_env({"CODEGEN_CACHE_MIN_BUILD_TIME": " AUTO "}).min_build_time == "auto"
+    with pytest.raises(cc.ConfigError, match="CODEGEN_CACHE_MIN_BUILD_TIME.*auto, or seconds"):
+        cc.settings_from_env({"CODEGEN_CACHE_MIN_BUILD_TIME": "fast"})
+    with pytest.raises(cc.ConfigError, match="min_build_time"):
+        cc.CodegenCache(min_build_time=-1)
+
+
+def test_a_stored_miss_over_budget_is_made_where_one_hit_pays_it_back_many_times():
+    # An llvm-like 100 ms build whose miss adds 11 ms (budget 10 ms): one 2 ms hit saves 95 ms.
+    plan = _fed([0.1] * 5, key_share=0.03, disk_loads=[2e-3] * 3, stored_misses=[8e-3] * 3).plan("cg", "source")
+    assert plan.disk
+    # A C-like 5.5 ms build with a 1.6 ms key: a hit saves 3.5 ms, a stored miss adds 2.5 ms; memory
+    # alone would still cost the key on every miss (over the 0.55 ms budget): no tier.
+    assert not _fed([5.5e-3] * 5, key_share=0.3, stored_misses=[0.9e-3] * 3).plan("cg", "source").keyed
+
+
+def test_the_first_calls_one_time_costs_do_not_decide():
+    # The first key pays the toolchain salts, the first miss makes the store's database.
+    budget = TierBudget("auto")
+    budget.built("cg", "source", 10e-3, 5e-3)
+    budget.missed("cg", "source", 20e-3, disk=True)
+    for _ in range(3):
+        budget.built("cg", "source", 10e-3, 50e-6)
+        budget.missed("cg", "source", 200e-6, disk=True)
+    assert budget.plan("cg", "source").disk
+
+
+def test_a_new_cache_on_the_directory_starts_from_what_the_last_one_learnt(tmp_path, cuda_vadd):
+    mod, target = cuda_vadd
+    first = cc.CodegenCache(tmp_path / "c", write_behind=False, min_build_time="auto")
+    codegen = _constant_codegen()
+    for i in range(LEARN_BUILDS + 1):
+        first.lower(mod, target, compile_device=False, codegen=_salted(codegen, i))
+    assert cc.last_outcome().tier == "uncached"
+    first.close()  # the background writer has written tiers.json
+    assert (tmp_path / "c" / "tiers.json").is_file()
+    second = cc.CodegenCache(tmp_path / "c", write_behind=False, min_build_time="auto")  # a new process
+    _module, outcome = second.lower_with_outcome(mod, target, compile_device=False, codegen=_salted(codegen, "new"))
+    assert outcome.tier == "uncached" and second.stats(shared=False).builds == 0
+    second.close()
+
+
+@pytest.mark.parametrize("content", [b"{not json", b'{"version": 99, "codegens": {}}', b'[1, 2]',
+                                     b'{"version": 1, "codegens": {"cheap/source": {"builds": ["x", -1, 1e300]}}}'])
+def test_a_damaged_tiers_file_is_ignored(tmp_path, cuda_vadd, content):
+    mod, target = cuda_vadd
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "tiers.json").write_bytes(content)
+    cache = cc.CodegenCache(tmp_path / "c", write_behind=False, min_build_time="auto")
+    assert cache.lower_with_outcome(mod, target, compile_device=False, codegen=_constant_codegen())[1].tier == "built"
+    cache.close()
+
+
+def test_a_link_at_the_tiers_file_is_neither_read_nor_written_through(tmp_path, cuda_vadd):
+    mod, target = cuda_vadd
+    elsewhere = tmp_path / "elsewhere.json"
+    learnt = b'{"version": 1, "codegens": {"cheap/source": {"builds": [1e-06, 1e-06, 1e-06], "key_share": [50]}}}'
+    elsewhere.write_bytes(learnt)
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "tiers.json").symlink_to(elsewhere)
+    cache = cc.CodegenCache(tmp_path / "c", write_behind=False, min_build_time="auto")
+    codegen = _constant_codegen()
+    assert cache.lower_with_outcome(mod, target, compile_device=False, codegen=codegen)[1].tier == "built"
+    for i in range(LEARN_BUILDS + 1):
+        cache.lower(mod, target, compile_device=False, codegen=_salted(codegen, i))
+    cache.close()
+    assert elsewhere.read_bytes() == learnt  # the file outside the cache is untouched
+
+
+def test_threads_lowering_at_once_get_modules_and_a_plan(tmp_path, cuda_vadd):
+    import threading
+
+    mod, target = cuda_vadd
+    cache = cc.CodegenCache(tmp_path / "c", min_build_time="auto")
+    codegen = _constant_codegen()
+    errors, tiers = [], []
+
+    def lower(worker):
+        try:
+            for i in range(40):
+                module, outcome = cache.lower_with_outcome(mod, target, compile_device=False,
+                                                           codegen=_salted(codegen, f"{worker}-{i}"))
+                assert module.inspect_source() == "// cheap"
+                tiers.append(outcome.tier)
+        except BaseException as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=lower, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == [] and len(tiers) == 160 and "uncached" in tiers
+    cache.close()
+
+
+def test_a_memory_only_codegen_fails_as_itself_every_time_and_writes_no_failure(tmp_path, cuda_vadd):
+    mod, target = cuda_vadd
+    cache = cc.CodegenCache(tmp_path / "c", write_behind=False, min_build_time=3600)
+    inner = cc.resolve_device_codegen(target)
+    broken = {"now": False}
+
+    def flaky(m, t):
+        if broken["now"]:
+            raise ValueError("no registers left")
+        return inner.build_without_compile(m, t)
+
+    codegen = cc.DeviceCodegen("flaky", build=flaky, build_without_compile=flaky)
+    for i in range(LEARN_BUILDS):
+        cache.lower(mod, target, compile_device=False, codegen=_salted(codegen, i))
+    broken["now"] = True
+    for _ in range(2):
+        with pytest.raises(ValueError, match="no registers left") as raised:
+            cache.lower(mod, target, compile_device=False, codegen=_salted(codegen, "bad"))
+        assert not isinstance(raised.value, cc.CachedCodegenError)
+    assert cache.stats().failures_stored == 0 and cache.stats().failures_served == 0
+    cache.close()
