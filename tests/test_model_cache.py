@@ -282,3 +282,25 @@ def test_the_codegens_of_a_modules_virtual_devices_are_in_its_key():
 
     first, second = (_key(mod, target=None, registry=registry(salt)) for salt in ("one", "two"))
     assert first is not None and first.digest != second.digest  # no target given: the vdevice's codegen counts
+
+
+def test_verify_knows_a_compiled_model_and_fix_keeps_it(enabled):
+    # `codegen-cache verify --fix` removes what it cannot read: a model entry must not be one of them.
+    import subprocess
+    import sys
+
+    mod, named = _decoder()
+    cold = tvm.compile(mod, "llvm")
+    done = subprocess.run([sys.executable, "-m", "codegen_cache", "--dir", str(enabled.directory), "verify", "--fix"],
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 bad" in done.stdout and "unknown codec" not in done.stdout, done.stdout
+    again = cc.CodegenCache(enabled.directory, write_behind=False)
+    cc.enable(again, children=False)
+    try:
+        with cc.record_outcomes() as outcomes:
+            warm = tvm.compile(mod, "llvm")
+        assert _model_outcomes(outcomes) == ["disk"]
+        np.testing.assert_allclose(_run_decoder(warm, named), _run_decoder(cold, named), rtol=1e-6)
+    finally:
+        again.close()

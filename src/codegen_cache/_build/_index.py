@@ -33,6 +33,7 @@ from ._input_hash import input_hash
 from .._log import warn_once
 from .._registry import DeviceCodegenRegistry
 from .._storage._disk import STORAGE_ERRORS
+from .._storage._layout import INDEX_CODEC
 from .._targets import canonical_target
 from ._plan import Plan
 
@@ -46,7 +47,6 @@ logger = logging.getLogger(__name__)
 
 # Bump when the index entry's layout or the build key's parts change.
 INDEX_FORMAT = "2"
-INDEX_CODEC = "build-index"
 # Function targets of these kinds stay in the host module (tvm.tirx.build's is_host_func).
 _HOST_KINDS = frozenset({"llvm", "c", "cuda_host"})
 INDEX_ERRORS = (*STORAGE_ERRORS, TypeError, ArtifactError)

@@ -49,6 +49,7 @@ from .._key import CacheKey, _encode_part, static_salts
 from .._log import warn_once
 from .._outcome import emit
 from .._registry import DeviceCodegenRegistry
+from .._storage._layout import MODEL_CODEC
 from .._targets import canonical_target
 from ._build import BuildPart, BuildRecord, capture_builds, serve_parts
 from ._index import build_seconds_of, codegens_json, pass_context_part, parse_part, read_entry, write_entry
@@ -59,7 +60,6 @@ logger = logging.getLogger(__name__)
 
 # Bump when the entry's layout or the model key's parts change.
 MODEL_FORMAT = "1"
-MODEL_CODEC = "relax-executable"
 _MEMO_PREFIX = "relax:"
 _PIPELINE_TYPES = (str, type(None))
 

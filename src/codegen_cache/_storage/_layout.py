@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ALL_STORES", "ENTRY_STORES", "FRONTEND_DIR", "STORE_NAMES"]
+__all__ = ["ALL_STORES", "BUILDS_CODECS", "ENTRY_STORES", "FRONTEND_DIR", "INDEX_CODEC", "MODEL_CODEC", "STORE_NAMES"]
 
 # A lowering's entry lives in the store named after its mode (the key's `mode` part).
 ENTRY_STORES = ("compiled", "source")
@@ -13,3 +13,9 @@ STORE_NAMES = (*ENTRY_STORES, "failures", "builds")
 FRONTEND_DIR = "tilelang"
 # Every store the command line reports on.
 ALL_STORES = (*STORE_NAMES, FRONTEND_DIR)
+# What the builds store holds: codegen_cache.build's index entries (no payload field) and
+# compiled Relax models (tvm.compile through enable(): one field, the VMExecutable's bytes).
+INDEX_CODEC = "build-index"
+MODEL_CODEC = "relax-executable"
+# Payload fields of each, for the command line's verify.
+BUILDS_CODECS = {INDEX_CODEC: 0, MODEL_CODEC: 1}
