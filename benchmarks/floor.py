@@ -94,6 +94,12 @@ def floor_loader(blob: bytes, scratch: str | os.PathLike[str]) -> tuple[str, Cal
         fmt = str(art.meta.get("source_format", ""))
         (a, b), = spans
         return codec, lambda data: create(data[a:b].decode(), fmt)
+    if codec == "cuda-fallback":
+        # TVM's source-only CUDA module has no constructor outside target.build.cuda: the floor
+        # is the plain source module of the same text (what the hit itself makes it from).
+        create = tvm.get_global_func("runtime.SourceModuleCreate")
+        _fmap, (a, b) = spans
+        return codec, lambda data: create(data[a:b].decode(), "cu")
     if codec == "cuda-bin":
         from codegen_cache._artifacts import CudaPayload
 
