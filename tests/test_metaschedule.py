@@ -157,11 +157,20 @@ def test_gpu_builds_export_a_fresh_host_with_the_cached_compiled_device_code(tmp
     assert (stats.builds, stats.hits_disk) == (2, 2)
 
 
-def test_gpu_builds_without_the_device_runtime_fail_to_export_with_a_clear_error(tmp_path):
+def test_a_warm_gpu_build_without_the_device_runtime_exports_as_the_cold_one(tmp_path):
+    # No CUDA driver here: TVM's CUDA codegen makes a source-only module. A warm build in a new
+    # cache object (no memory tier: from disk) is that module again, so MetaSchedule's export of it
+    # packs the same device code as the cold build's, rather than failing on a plain source module.
+    from codegen_cache._build._metaschedule import cached_export
+
     mod = tvm.IRModule({"main": kernels.vadd_gpu.with_attr("global_symbol", "main")})
-    CachedBuild(tmp_path / "cache")(mod, Target(CUDA_TARGET), None)
-    with pytest.raises(ValueError, match="cached device code is source only"):
-        CachedBuild(tmp_path / "cache", cache_options={"memory_entries": 0})(mod, Target(CUDA_TARGET), None)
+    cold = CachedBuild(tmp_path / "cache")(mod, Target(CUDA_TARGET), None)
+    warm = CachedBuild(tmp_path / "cache", cache_options={"memory_entries": 0})(mod, Target(CUDA_TARGET), None)
+    assert [m.kind for m in warm.imports] == [m.kind for m in cold.imports] == ["cuda"]
+    assert warm.imports[0].inspect_source("cu") == cold.imports[0].inspect_source("cu")
+    for built in (cold, warm):
+        path = cached_export(built)
+        assert Path(path).stat().st_size > 0 and path.endswith(".tar")
 
 
 @derived_object
