@@ -1,11 +1,14 @@
 """Where a hit's time goes: each step of CodegenCache's hit path timed alone, then cProfile.
 
-    python benchmarks/profile_hit.py [--codegen cuda-src|c|llvm] [--reps N] [--remote]
+    python benchmarks/profile_hit.py [--codegen cuda-src|cuda-nvcc|c|llvm] [--reps N] [--remote]
 
 The steps are the calls `CodegenCache._lower` makes on a memory hit and a disk hit (private
 helpers are called directly: this is a profiling tool, not a user of the API), timed in
 interleaved rounds with the whole hit, so "sum of steps" can be compared with "measured".
-The miss path is profiled too (cProfile only; a miss is timed in run.py).
+The miss path is profiled too (cProfile only; a miss is timed in run.py). `cuda-nvcc` (a small
+compiled-CUDA entry) re-runs itself with the stub libcuda.so.1 of tests/cuda_stub.py on
+LD_LIBRARY_PATH, as bench_nvcc.py does, so that TVM's CUDA loader really runs; its rows add the
+floor's own steps (benchmarks/floor.py): what a hit cannot do without.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ def _steps(cache, mod, target, compile_device: bool) -> dict:
     blob = store.get(key.digest)
     scratch = cache._scratch()  # noqa: SLF001
     toolchain = entry.toolchain
+    floor = _floor_steps(blob, scratch) if compile_device and getattr(target.kind, "name", "") == "cuda" else {}
     return {
         "resolve (registry lookup per call)": lambda: cache.resolve(target, None),
         "structural hash": lambda: ir_hash(mod),
@@ -66,13 +70,43 @@ def _steps(cache, mod, target, compile_device: bool) -> dict:
         "disk: scratch dir": cache._scratch,  # noqa: SLF001
         "disk: unframe (parse + checksum)": lambda: unframe(blob, **hot),
         "disk: decode (unframe + load)": lambda: decode(blob, scratch=scratch),
+        **floor,
     }
+
+
+def _floor_steps(blob: bytes, scratch: str) -> dict:
+    """The independent floor's steps for a compiled-CUDA entry: TVM's hash, a raw SELECT, TVM's load."""
+    from floor import floor_loader
+
+    _codec, load = floor_loader(blob, scratch)
+    return {"floor: TVM load_from_bytes.cuda of the stored bytes": lambda: load(blob)}
+
+
+def _compat_cuda_runtime() -> bool:
+    from codegen_cache import _compat
+
+    return _compat.cuda_runtime_available()
+
+
+def _rerun_with_stub() -> int:
+    """This script again, with the stub CUDA driver on LD_LIBRARY_PATH (bench_nvcc's way)."""
+    import os
+    import subprocess
+
+    from bench_nvcc import _stub_env
+
+    root = Path(tempfile.mkdtemp(prefix="profile-hit-stub-"))
+    env = _stub_env(root)
+    if env is None or os.environ.get("CGC_PROFILE_STUB"):
+        raise SystemExit("cuda-nvcc needs TVM's CUDA runtime: no stub driver could be built (gcc, libcudart)")
+    env["CGC_PROFILE_STUB"] = "1"
+    return subprocess.run([sys.executable, str(Path(__file__)), *sys.argv[1:]], env=env, check=False).returncode
 
 
 def main() -> int:
     """Print the step table and the cProfile of memory hits, disk hits and misses."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--codegen", default="cuda-src", choices=["cuda-src", "c", "llvm"])
+    parser.add_argument("--codegen", default="cuda-src", choices=["cuda-src", "cuda-nvcc", "c", "llvm"])
     parser.add_argument("--reps", type=int, default=2000)
     parser.add_argument("--remote", action="store_true", help="also profile a remote hit (starts redis-server)")
     args = parser.parse_args()
@@ -82,8 +116,10 @@ def main() -> int:
 
     import codegen_cache as cc
 
-    gpu = args.codegen == "cuda-src"
-    compile_device = args.codegen == "llvm"
+    if args.codegen == "cuda-nvcc" and not _compat_cuda_runtime():
+        return _rerun_with_stub()
+    gpu = args.codegen in ("cuda-src", "cuda-nvcc")
+    compile_device = args.codegen in ("llvm", "cuda-nvcc")
     mod, target = cc.lower_for_codegen(K.vadd(gpu), CUDA_TARGET if gpu else args.codegen)
     with tempfile.TemporaryDirectory() as tmp:
         filler = cc.CodegenCache(tmp, write_behind=False)
@@ -124,7 +160,7 @@ def main() -> int:
         miss()  # opens the stores and the lease table: not a per-miss cost
         miss_cache.flush()
         # The write-behind store is waited for outside the profile: this is the caller's path only.
-        _profile("miss (caller's path)", miss, 200 if args.codegen != "llvm" else 20,
+        _profile("miss (caller's path)", miss, 200 if args.codegen not in ("llvm", "cuda-nvcc") else 20,
                  after=miss_cache.flush, sort="cumtime", lines=30)
         if args.remote:
             _profile_remote(tmp, mod, target, compile_device)
