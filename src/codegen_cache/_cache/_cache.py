@@ -44,7 +44,7 @@ from .._storage._disk import ArtifactStore
 from .._storage._faults import ensure_dir
 from .._storage._fsprobe import scratch_dir, warn_if_unsafe
 from .._storage._locks import KeyLocks
-from .._storage._memory import MemoryTier
+from .._storage._memory import ModuleLRU
 from .._storage._outbox import Outbox
 from .._storage._pending import PendingFiles
 from .._storage._plain import PlainFiles
@@ -59,7 +59,7 @@ from ._guard import StorageGuard
 from ._mutation import changed, parts_of
 from ._push import Pusher
 from ._stats import CacheStats, StatsRecorder
-from ._tiers import COLLISION, DiskTier, Entry, Hit, MemoryTierView, Probe, RemoteTierView, TierChain
+from ._tiers import COLLISION, DiskTier, Entry, Hit, MemoryTier, Probe, RemoteTierView, TierChain
 from ._writer import writer
 from .._storage._layout import ENTRY_STORES, FRONTEND_DIR, STORE_NAMES
 
@@ -183,8 +183,8 @@ class CodegenCache:
                                       count=self._stats.add)
         self._flight: SingleFlight[Hit] = SingleFlight(KeyLocks(self.directory / "locks"),
                                                        wait=self.settings.lease_wait, count=self._stats.add)
-        self._memory = MemoryTier(max_entries=self.settings.memory_entries, max_bytes=self.settings.memory_bytes,
-                                  on_evict=lambda: self._stats.add("evictions_memory"))
+        self._memory = ModuleLRU(max_entries=self.settings.memory_entries, max_bytes=self.settings.memory_bytes,
+                                 on_evict=lambda: self._stats.add("evictions_memory"))
         self._remote = self._make_remote(remote, self.settings)
         leases = getattr(self._remote, "leases", None)
         # Fleet-wide single-flight where the remote has build leases (a RedisTier that may write).
@@ -195,11 +195,11 @@ class CodegenCache:
         self._resolved: dict[Target, tuple[int, Any]] = {}  # resolve() per target and registry version
         self._upgrades_asked: set[str] = set()
         self._trusted: bool | None = None  # may entries be loaded from the directory? (checked once)
-        self._memory_view = MemoryTierView(self._memory)
+        self._memory_tier = MemoryTier(self._memory)
         self._disk = DiskTier(stores=self._stores, staged=self._staged, guard=self._guard, scratch=self._scratch,
                               on_staged_hit=self._promote_later, on_raw_hit=self._ask_upgrade,
                               on_fill=self._promote_fill)
-        tiers: list = [self._memory_view, self._disk]
+        tiers: list = [self._memory_tier, self._disk]
         if self._remote is not None:
             tiers.append(RemoteTierView(remote=self._remote, guard=self._guard, scratch=self._scratch,
                                         stage=self._stage_fill, staged=self._promote_fill,
@@ -431,7 +431,7 @@ class CodegenCache:
             if isinstance(found, Hit):
                 # Built by another process while we waited: a hit, not a miss.
                 self._stats.add_for(entry.name, mode, "misses", -1)
-                self._memory_view.put(found.entry)
+                self._memory_tier.put(found.entry)
                 return self._served(found, entry.name, mode, key.digest, key_seconds, start)
         before = parts_of(mod)
         promote = None
@@ -519,7 +519,7 @@ class CodegenCache:
             self._guard.error("encode", err)
             return None
         if not _caller_keeps.get():
-            self._memory_view.put(Entry(key.digest, mode, module, mod, meta, blob))
+            self._memory_tier.put(Entry(key.digest, mode, module, mod, meta, blob))
         return self._stage(codegen, mode, key.digest, blob, lease)
 
     def _keep(self, codegen: str, key: CacheKey, mode: str, module: Module, mod: IRModule, build_seconds: float,
@@ -535,7 +535,7 @@ class CodegenCache:
             return
         self._stats.add_for(codegen, mode, "memory_only")
         meta = {"key": key.digest, "codegen": codegen, "mode": mode, "build_seconds": build_seconds}
-        self._memory_view.put(Entry(key.digest, mode, module, mod, meta))
+        self._memory_tier.put(Entry(key.digest, mode, module, mod, meta))
 
     def _stage(self, codegen: str, mode: str, digest: str, blob: bytes,
                lease: Lease | None = None) -> Callable[[], None] | None:
