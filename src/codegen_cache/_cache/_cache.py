@@ -105,8 +105,8 @@ FLUSH_SECONDS = 30.0
 _INDEX_SIZE_LIMIT = 64 << 20
 
 
-def _mode_function(entry: Any, compile_device: bool):
-    return entry.build if compile_device else entry.build_without_compile
+def _mode_function(codegen: Any, compile_device: bool):
+    return codegen.build if compile_device else codegen.build_without_compile
 
 
 class CodegenCache:
@@ -283,18 +283,18 @@ class CodegenCache:
             version = self.registry.version
             if memo is not None and memo[0] == version:
                 return memo[1]
-            entry = self.registry.resolve(target)
+            resolved = self.registry.resolve(target)
             if len(self._resolved) > 1024:
                 self._resolved.clear()
-            self._resolved[target] = (version, entry)
-            return entry
+            self._resolved[target] = (version, resolved)
+            return resolved
         if isinstance(codegen, str):
-            entries = self.registry.codegens_for_kind(target.kind.name)
-            for entry in entries:
-                if entry.name == codegen:
-                    return entry
+            candidates = self.registry.codegens_for_kind(target.kind.name)
+            for candidate in candidates:
+                if candidate.name == codegen:
+                    return candidate
             raise ValueError(f"No device codegen named {codegen!r} for target kind {target.kind.name!r}. "
-                             f"Available: {[c.name for c in entries]}.")
+                             f"Available: {[c.name for c in candidates]}.")
         if isinstance(getattr(codegen, "name", None), str) and hasattr(codegen, "build"):
             return codegen
         raise TypeError(f"codegen must be a DeviceCodegen, a codegen name or None, got {type(codegen).__name__}")
@@ -309,10 +309,12 @@ class CodegenCache:
         return self._key(mod, target, self.resolve(target, codegen), compile_device, structural_hash)
 
     @staticmethod
-    def _key(mod: IRModule, target: Target, entry: Any, compile_device: bool, structural_hash: int | None) -> CacheKey:
-        toolchain = getattr(entry, "toolchain", None)
+    def _key(mod: IRModule, target: Target, codegen: Any, compile_device: bool,
+             structural_hash: int | None) -> CacheKey:
+        toolchain = getattr(codegen, "toolchain", None)
         parts = toolchain(target, compile_device) if toolchain is not None else None
-        return compute_key(mod, target, entry.name, compile_device, toolchain=parts, salt=getattr(entry, "salt", ""),
+        return compute_key(mod, target, codegen.name, compile_device, toolchain=parts,
+                           salt=getattr(codegen, "salt", ""),
                            structural_hash=structural_hash, format_version=_FORMAT)
 
     # ---- one lowering ---------------------------------------------------------------------
@@ -322,22 +324,23 @@ class CodegenCache:
         _check_mode(compile_device)
         if type(target) is not Target:
             target = as_target(target)
-        entry = codegen if type(codegen) is DeviceCodegen else self.resolve(target, codegen)
+        if type(codegen) is not DeviceCodegen:
+            codegen = self.resolve(target, codegen)  # a name or None: the DeviceCodegen it means
         mode = "compiled" if compile_device else "source"
         if self.settings.disable:
             # CODEGEN_CACHE_DISABLE=1 turns off every cache, explicit ones too: nothing read,
             # stored or counted, the codegen runs (what a harness timing the codegen wants).
-            return self._run_uncached(entry, mod, target, compile_device, mode, start, count=False)
+            return self._run_uncached(codegen, mod, target, compile_device, mode, start, count=False)
         if not self.trusted:
             # Another user could change what is stored here: nothing is read, stored or counted.
-            return self._run_uncached(entry, mod, target, compile_device, mode, start, count=False)
-        plan = self._budget.plan(entry.name, mode) if isinstance(entry, DeviceCodegen) and not _every_tier.get() \
+            return self._run_uncached(codegen, mod, target, compile_device, mode, start, count=False)
+        plan = self._budget.plan(codegen.name, mode) if isinstance(codegen, DeviceCodegen) and not _every_tier.get() \
             else EVERY_TIER
         if not plan.keyed:
-            return self._run_cheap(entry, mod, target, compile_device, mode, start)
-        key = self._key_or_none(entry, mod, target, compile_device)
+            return self._run_cheap(codegen, mod, target, compile_device, mode, start)
+        key = self._key_or_none(codegen, mod, target, compile_device)
         if key is None:
-            return self._run_uncached(entry, mod, target, compile_device, mode, start)
+            return self._run_uncached(codegen, mod, target, compile_device, mode, start)
         key_seconds = time.perf_counter() - start
         if not self.settings.recache:
             kept = self._memory.get(key.digest)
@@ -345,8 +348,8 @@ class CodegenCache:
                 # The common memory hit (the caller's own IRModule object) without the tier
                 # chain's objects; an equal but distinct module goes the chain's way below.
                 saved = float(kept.meta.get("build_seconds", 0.0))
-                self._stats.add_hit(entry.name, mode, "memory", saved)
-                emit(tier="memory", key=key.digest, codegen=entry.name, mode=mode, key_seconds=key_seconds,
+                self._stats.add_hit(codegen.name, mode, "memory", saved)
+                emit(tier="memory", key=key.digest, codegen=codegen.name, mode=mode, key_seconds=key_seconds,
                      load_seconds=0.0, build_seconds=saved, total_seconds=time.perf_counter() - start)
                 keep_answering(kept.module)
                 return kept.module
@@ -355,46 +358,47 @@ class CodegenCache:
         found = None if self.settings.recache else \
             self._chain.lookup(probe, stop=None if plan.remote else 2 if plan.disk else 1)
         if isinstance(found, Hit):
-            return self._served(found, entry.name, mode, key.digest, key_seconds, start)
-        return self._miss(entry, key, probe, target, compile_device, found is COLLISION, key_seconds, start, plan)
+            return self._served(found, codegen.name, mode, key.digest, key_seconds, start)
+        return self._miss(codegen, key, probe, target, compile_device, found is COLLISION, key_seconds, start, plan)
 
-    def _key_or_none(self, entry: Any, mod: Any, target: Target, compile_device: bool) -> CacheKey | None:
+    def _key_or_none(self, codegen: Any, mod: Any, target: Target, compile_device: bool) -> CacheKey | None:
         """The key of this lowering, or None where nothing can key it (the codegen runs uncached)."""
-        if not isinstance(entry, DeviceCodegen):
-            # A duck-typed entry (tilelang's registry takes any object with the attributes):
+        if not isinstance(codegen, DeviceCodegen):
+            # A duck-typed codegen (tilelang's registry takes any object with the attributes):
             # its own lower() decides what happens; nothing here knows its key parts.
             return None
-        if _mode_function(entry, compile_device) is None:
-            entry._func_for(target, compile_device)  # noqa: SLF001 - raises the seed's ValueError
+        if _mode_function(codegen, compile_device) is None:
+            codegen._func_for(target, compile_device)  # noqa: SLF001 - raises the seed's ValueError
         if not isinstance(mod, IRModule):
             return None  # nothing to key (tilelang's own tests pass placeholders)
         try:
-            return self._key(mod, target, entry, compile_device, ir_hash(mod))
+            return self._key(mod, target, codegen, compile_device, ir_hash(mod))
         except UncacheableError as err:
             # An input the key cannot hold: neither stored nor served, every time.
-            self._guard.warn(f"uncacheable:{err.what}", "codegen cache: not caching %r results: %s", entry.name, err)
+            self._guard.warn(f"uncacheable:{err.what}", "codegen cache: not caching %r results: %s", codegen.name, err)
             return None
 
-    def _run_cheap(self, entry: DeviceCodegen, mod: Any, target: Target, compile_device: bool, mode: str,
+    def _run_cheap(self, codegen: DeviceCodegen, mod: Any, target: Target, compile_device: bool, mode: str,
                    start: float) -> Module:
         """No tier pays for this codegen (_budget.py): it runs without a key, timed, to keep learning."""
-        function = _mode_function(entry, compile_device)
+        function = _mode_function(codegen, compile_device)
         if function is None:
-            entry._func_for(target, compile_device)  # noqa: SLF001 - raises the seed's ValueError
-        self._stats.add_for(entry.name, mode, "uncached_cheap")
-        module = run_uncached(entry.name, mode, lambda: function(mod, target), start)
-        self._budget.built(entry.name, mode, time.perf_counter() - start)
+            codegen._func_for(target, compile_device)  # noqa: SLF001 - raises the seed's ValueError
+        self._stats.add_for(codegen.name, mode, "uncached_cheap")
+        module = run_uncached(codegen.name, mode, lambda: function(mod, target), start)
+        self._budget.built(codegen.name, mode, time.perf_counter() - start)
         return module
 
-    def _run_uncached(self, entry: Any, mod: Any, target: Target, compile_device: bool, mode: str,
+    def _run_uncached(self, codegen: Any, mod: Any, target: Target, compile_device: bool, mode: str,
                       start: float, *, count: bool = True) -> Module:
         if count:
-            self._stats.add_for(entry.name, mode, "uncacheable")
-        if isinstance(entry, DeviceCodegen):
-            return run_uncached(entry.name, mode, lambda: _mode_function(entry, compile_device)(mod, target), start)
-        return run_uncached(entry.name, mode, lambda: entry.lower(mod, target, compile_device=compile_device), start)
+            self._stats.add_for(codegen.name, mode, "uncacheable")
+        if isinstance(codegen, DeviceCodegen):
+            return run_uncached(codegen.name, mode, lambda: _mode_function(codegen, compile_device)(mod, target), start)
+        return run_uncached(codegen.name, mode, lambda: codegen.lower(mod, target, compile_device=compile_device),
+                            start)
 
-    def _miss(self, entry: DeviceCodegen, key: CacheKey, probe: Probe, target: Target, compile_device: bool,
+    def _miss(self, codegen: DeviceCodegen, key: CacheKey, probe: Probe, target: Target, compile_device: bool,
               collision: bool, key_seconds: float, start: float, plan: Plan = EVERY_TIER) -> Module:
         """Serve a remembered failure, or wait for a live build of this key, or build and stage.
 
@@ -406,15 +410,15 @@ class CodegenCache:
             self._count_collision(key.digest)
         # One fstat per miss (not per hit): a directory removed under us gets its counts anew.
         self._stats.check_directory()
-        self._stats.add_for(entry.name, mode, "misses")
+        self._stats.add_for(codegen.name, mode, "misses")
         # A codegen only memory pays for fails as cheaply as a remembered failure is raised: its
         # failures are neither read nor written (the exception is the codegen's own either way).
         if not self.settings.recache and plan.disk:
             try:
-                self._failures.raise_if_failed(key.digest, entry.name,
+                self._failures.raise_if_failed(key.digest, codegen.name,
                                                ir_digest=(lambda: probe.ir_digest) if self.settings.verify else None)
             except BaseException:
-                emit(tier="failure", key=key.digest, codegen=entry.name, mode=mode, key_seconds=key_seconds,
+                emit(tier="failure", key=key.digest, codegen=codegen.name, mode=mode, key_seconds=key_seconds,
                      load_seconds=0.0, build_seconds=0.0, total_seconds=time.perf_counter() - start)
                 raise
         held = lease = None
@@ -422,7 +426,7 @@ class CodegenCache:
             # The recheck reads this directory only: the remote was asked a moment ago, and a
             # lock holder sharing this directory stages its entry here first.
             held, found = self._flight.begin(key.digest, lambda: self._chain.lookup(probe, start=1, stop=2),
-                                               codegen=entry.name)
+                                               codegen=codegen.name)
             if not isinstance(found, Hit) and self._fleet is not None:
                 # This machine's builder: now one per fleet. A waiter polls the remote for the entry.
                 lease, found = self._fleet.begin(key.digest, lambda: self._recheck_remote(probe))
@@ -430,38 +434,38 @@ class CodegenCache:
                     self._flight.release(held)
             if isinstance(found, Hit):
                 # Built by another process while we waited: a hit, not a miss.
-                self._stats.add_for(entry.name, mode, "misses", -1)
+                self._stats.add_for(codegen.name, mode, "misses", -1)
                 self._memory_tier.put(found.entry)
-                return self._served(found, entry.name, mode, key.digest, key_seconds, start)
+                return self._served(found, codegen.name, mode, key.digest, key_seconds, start)
         before = parts_of(mod)
         promote = None
         building = time.perf_counter()
         try:
-            module, build_seconds = self._build(entry, key.digest, mod, target, compile_device, probe,
+            module, build_seconds = self._build(codegen, key.digest, mod, target, compile_device, probe,
                                                 remember=plan.disk)
-            self._budget.built(entry.name, mode, build_seconds, key_seconds)
+            self._budget.built(codegen.name, mode, build_seconds, key_seconds)
             if not collision and plan.disk:
-                promote = self._store(entry.name, key, mode, module, mod, target, build_seconds, before, lease)
+                promote = self._store(codegen.name, key, mode, module, mod, target, build_seconds, before, lease)
             elif not collision:
-                self._keep(entry.name, key, mode, module, mod, build_seconds, before)
+                self._keep(codegen.name, key, mode, module, mod, build_seconds, before)
         except BaseException:
             # The codegen raised (its error is remembered when cacheable): the outcome says so,
             # rather than leaving the previous call's in place.
             now = time.perf_counter()
-            emit(tier="failure", key=key.digest, codegen=entry.name, mode=mode, key_seconds=key_seconds,
+            emit(tier="failure", key=key.digest, codegen=codegen.name, mode=mode, key_seconds=key_seconds,
                  load_seconds=0.0, build_seconds=now - building, total_seconds=now - start)
             raise
         finally:
             self._flight.release(held)
             if promote is None:
                 FleetFlight.release(lease)  # nothing to push: let the next host in now
-        emit(tier="built", key=key.digest, codegen=entry.name, mode=mode, key_seconds=key_seconds, load_seconds=0.0,
+        emit(tier="built", key=key.digest, codegen=codegen.name, mode=mode, key_seconds=key_seconds, load_seconds=0.0,
              build_seconds=build_seconds, total_seconds=time.perf_counter() - start, stored=promote is not None)
         if promote is not None:
             # Last: once woken, the writer thread takes the GIL whenever this thread waits on a
             # file operation, so anything after this would wait for its SQLite work.
             promote()
-        self._budget.missed(entry.name, mode, time.perf_counter() - start - build_seconds - key_seconds,
+        self._budget.missed(codegen.name, mode, time.perf_counter() - start - build_seconds - key_seconds,
                             disk=plan.disk)
         return module
 
@@ -478,24 +482,24 @@ class CodegenCache:
             keep_answering(hit.entry.module)  # registered again as the newest (a decoded one is already)
         return hit.entry.module
 
-    def _build(self, entry: Any, digest: str, mod: IRModule, target: Target, compile_device: bool,
+    def _build(self, codegen: Any, digest: str, mod: IRModule, target: Target, compile_device: bool,
                probe: Probe, *, remember: bool = True) -> tuple[Module, float]:
         mode = probe.mode
         t0 = time.perf_counter()
         try:
-            module = _mode_function(entry, compile_device)(mod, target)
+            module = _mode_function(codegen, compile_device)(mod, target)
         except ENVIRONMENT_FAILURES:
             raise
         except CACHEABLE_FAILURES as err:
             if self._flight.reentered(digest):
-                raise ReentrantLoweringError(entry.name, digest) from err  # the codegen's misuse: not remembered
+                raise ReentrantLoweringError(codegen.name, digest) from err  # the codegen's misuse: not remembered
             if not remember:
                 raise
-            self._failures.remember(digest, entry.name, err,
+            self._failures.remember(digest, codegen.name, err,
                                     ir_digest=probe.ir_digest if self.settings.verify else None)
             raise
         seconds = time.perf_counter() - t0
-        self._stats.add_build(entry.name, mode, seconds)
+        self._stats.add_build(codegen.name, mode, seconds)
         return module, seconds
 
     def _store(self, codegen: str, key: CacheKey, mode: str, module: Module, mod: IRModule, target: Target,
