@@ -441,8 +441,8 @@ class CodegenCache:
         promote = None
         building = time.perf_counter()
         try:
-            module, build_seconds = self._build(codegen, key.digest, mod, target, compile_device, probe,
-                                                remember=plan.disk)
+            module, build_seconds = self._run_codegen(codegen, key.digest, mod, target, compile_device, probe,
+                                                      remember=plan.disk)
             self._budget.built(codegen.name, mode, build_seconds, key_seconds)
             if not collision and plan.disk:
                 promote = self._store(codegen.name, key, mode, module, mod, target, build_seconds, before, lease)
@@ -482,8 +482,9 @@ class CodegenCache:
             keep_answering(hit.entry.module)  # registered again as the newest (a decoded one is already)
         return hit.entry.module
 
-    def _build(self, codegen: Any, digest: str, mod: IRModule, target: Target, compile_device: bool,
-               probe: Probe, *, remember: bool = True) -> tuple[Module, float]:
+    def _run_codegen(self, codegen: Any, digest: str, mod: IRModule, target: Target, compile_device: bool,
+                     probe: Probe, *, remember: bool = True) -> tuple[Module, float]:
+        """Call the codegen for a miss, timed; a cacheable failure is remembered where `remember`."""
         mode = probe.mode
         t0 = time.perf_counter()
         try:
