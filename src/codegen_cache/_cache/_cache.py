@@ -1,4 +1,4 @@
-"""CodegenCache: memory -> disk -> remote -> build, single-flight, a failure cache, durable stores.
+"""CodegenCache: memory -> disk -> remote -> codegen, single-flight, a failure cache, durable stores.
 
 A lowering computes its key, asks the tier chain, and on a miss takes the key's build lock,
 runs the codegen and stages the entry in a file before it returns (`_storage._pending`), so
@@ -16,13 +16,15 @@ entries into shared libraries. The directory holds:
 
 With a remote, a miss also takes the key's build lease there (one builder per fleet), the
 writer pushes each entry before it removes the staged file, and hits refresh remote TTLs.
+
+What the writer does with a staged entry is `_promotion.Promotion`'s; fetching and keeping by
+digest (for codegen_cache.build's index) is `_by_digest.ByDigest`'s: both mixins of CodegenCache.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import dataclasses
 import difflib
 import logging
 import os
@@ -32,10 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import _context
-from .._artifacts import FORMAT_VERSION, frame, keep_answering, prepare, read_meta, symbol_names, upgradable
+from .._artifacts import FORMAT_VERSION, frame, keep_answering, prepare, symbol_names
 from .._compat import IRModule, Module, Target
 from .._config import ENV_VARS, Settings, settings_from_env, unknown_env_vars
-from .._errors import ArtifactError, ConfigError, ReentrantLoweringError, UncacheableError
+from .._errors import ConfigError, ReentrantLoweringError, UncacheableError
 from .._log import warn_once
 from .._key import CacheKey, compute_key, ir_hash
 from .._outcome import emit, run_uncached
@@ -45,7 +47,6 @@ from .._storage._faults import ensure_dir
 from .._storage._fsprobe import scratch_dir, warn_if_unsafe
 from .._storage._locks import KeyLocks
 from .._storage._memory import ModuleLRU
-from .._storage._outbox import Outbox
 from .._storage._pending import PendingFiles
 from .._storage._plain import PlainFiles
 from .._storage._trust import untrusted
@@ -53,10 +54,12 @@ from .._targets import TargetLike, as_target
 from .._validate import check_bool, check_timeout
 from . import _upgrade
 from ._budget import EVERY_TIER, Plan, TierBudget
+from ._by_digest import ByDigest
 from ._failures import CACHEABLE_FAILURES, ENVIRONMENT_FAILURES, FailureCache
 from ._flight import FleetFlight, Lease, SingleFlight
 from ._guard import StorageGuard
 from ._mutation import changed, parts_of
+from ._promotion import Promotion
 from ._push import Pusher
 from ._stats import CacheStats, StatsRecorder
 from ._tiers import COLLISION, DiskTier, Entry, Hit, MemoryTier, Probe, RemoteTierView, TierChain
@@ -109,7 +112,7 @@ def _mode_function(codegen: Any, compile_device: bool):
     return codegen.build if compile_device else codegen.build_without_compile
 
 
-class CodegenCache:
+class CodegenCache(Promotion, ByDigest):
     """A content-addressed cache of device codegen results in `directory`.
 
     Options (keyword-only; None: the CODEGEN_CACHE_* variable, else the default, see
@@ -575,54 +578,6 @@ class CodegenCache:
 
         return precompile_cuda(self, mod, target, codegen)
 
-    # ---- moving staged entries into their stores --------------------------------------------
-
-    def _promote(self, mode: str, digest: str, blob: bytes, *, remote: bool, lease: Lease | None = None) -> None:
-        job = self._promotion(mode, digest, blob, remote, lease)
-        if self.write_behind:
-            writer.submit(job)
-        else:
-            job()
-
-    def _promote_later(self, mode: str, digest: str, blob: bytes) -> None:
-        """A staged entry was read (its writer may be gone): move it into its store, and to the remote."""
-        writer.submit(self._promotion(mode, digest, blob, True))
-
-    def _stage_fill(self, mode: str, digest: str, blob: bytes) -> str | None:
-        """Write a remote hit's entry to this disk first; its file, to map it from (None: load from a copy)."""
-        if not self._guard("stage", self._staged[mode].write, digest, blob):
-            return None
-        return self._staged[mode].path(digest)
-
-    def _promote_fill(self, mode: str, digest: str, blob: bytes) -> None:
-        """An entry served by the remote was staged here: move it into its store (the remote has it)."""
-        writer.submit(self._promotion(mode, digest, blob, False))
-
-    def _promotion(self, mode: str, digest: str, blob: bytes, remote: bool,
-                   lease: Lease | None = None, pusher: Pusher | None = None) -> Callable[[], None]:
-        # The job holds what it needs, not the cache: it runs even if the cache object is gone.
-        store, staged, guard, directory = self._stores[mode], self._staged[mode], self._guard, self.directory
-        pusher = (pusher or self._pusher) if remote else None
-        # llvm-ir entries get a shared library, unless the IR is another target's (cross-compiled).
-        raw_llvm = mode == "compiled" and b"llvm-ir" in blob[-64:] and _native_llvm(blob)
-        spare = self.write_behind  # on this thread, a spare file would cost the caller what it saves
-
-        def promote() -> None:
-            stored = guard("write", store.put, digest, blob)
-            # The staged file goes only after the push was tried (or marked for later): a
-            # process that ends before this line leaves the file, and the next opener pushes it.
-            pushed = pusher is None or pusher.push(mode, digest, blob)
-            FleetFlight.release(lease)  # after the push: waiting hosts find the entry, not the lease
-            if stored:
-                if pushed:
-                    staged.remove(digest, blob)
-                if raw_llvm:
-                    _upgrade.request(directory, mode, digest)
-            if spare:
-                staged.keep_spare()  # the next miss writes into a file made here, not one it makes
-
-        return promote
-
     def _recheck_remote(self, probe: Probe) -> Hit | None:
         """The remote's entry for `probe`, asked afresh (a waiter polls for another host's build)."""
         forget = getattr(self._remote, "forget", None)
@@ -630,28 +585,6 @@ class CodegenCache:
             forget(probe.digest)
         found = self._chain.lookup(probe, start=2)
         return found if isinstance(found, Hit) else None
-
-    def _refresh_later(self, digest: str, blob: bytes | None) -> None:
-        """A hit from disk or remote: have the writer extend the remote entry's TTL (once per interval)."""
-        due = getattr(self._remote, "refresh_due", None)
-        if due is not None and due(digest):
-            remote, library = self._remote, blob is not None and b"llvm-so" in blob[-64:]
-            writer.submit(lambda: remote.refresh(digest, library=library))
-
-    def _push_pending(self, pusher: Pusher | None = None, *, only: dict[str, list[str]] | None = None) -> int:
-        """Push what is staged (`only` those digests, when given) or marked in the outbox; how many."""
-        pusher = pusher or self._pusher
-        if pusher is None:
-            return 0
-        return pusher.drain(self._stores, self._staged,
-                            lambda mode, digest, blob: self._promotion(mode, digest, blob, True, pusher=pusher),
-                            only=only)
-
-    def _ask_upgrade(self, mode: str, digest: str) -> None:
-        """A hit was served from LLVM IR: have it turned into a shared library (once per process)."""
-        if digest not in self._upgrades_asked:
-            self._upgrades_asked.add(digest)
-            writer.submit(lambda: _upgrade.request(self.directory, mode, digest))
 
     # ---- scratch files --------------------------------------------------------------------
 
@@ -734,60 +667,6 @@ class CodegenCache:
             raise ValueError(f"unknown store {name!r}; expected one of {', '.join((*ENTRY_STORES, 'builds'))}") \
                 from None
 
-    def promote_staged(self, *, remote: str | None = None) -> int:
-        """Move every staged entry into its store now (tools do, to see all); how many moved.
-
-        They, and the entries marked for the remote, are pushed to this cache's remote, or to
-        the `remote` URL given (a tool that opens the cache without its remote tier).
-        """
-        pusher = self._pusher
-        if remote is not None and pusher is None and (any(next(s.digests(), None) for s in self._staged.values())
-                                                      or Outbox(self.directory).pending()):
-            pusher = self._pusher_for(self._make_remote(None, dataclasses.replace(self.settings, remote=remote)))
-        moved = 0
-        for mode, staged in self._staged.items():
-            for digest in list(staged.digests()):
-                blob = staged.read(digest)
-                if blob is not None:
-                    self._promotion(mode, digest, blob, pusher is not None, pusher=pusher)()
-                    moved += 1
-        for digest in list(self._staged_builds.digests()):
-            blob = self._staged_builds.read(digest)
-            if blob is not None:
-                self._build_promotion(digest, blob)()
-                moved += 1
-        if pusher is not None:
-            self._push_pending(pusher)
-            if pusher is not self._pusher:
-                pusher.remote.close()
-        return moved
-
-    # ---- the builds store's entries (codegen_cache.build's index, compiled Relax models) --------
-
-    def stage_build_entry(self, digest: str, blob: bytes) -> bool:
-        """Stage a builds-store entry now (it survives the process) for the writer to store; False: not stored."""
-        if not self._guard("stage", self._staged_builds.write, digest, blob):
-            return bool(self._guard("write", self._stores["builds"].put, digest, blob))
-        self.promote_build_entry(digest, blob)
-        return True
-
-    def promote_build_entry(self, digest: str, blob: bytes) -> None:
-        """Move a staged entry of the builds store into the store (by the writer; write_behind=False: now)."""
-        job = self._build_promotion(digest, blob)
-        if self.write_behind:
-            writer.submit(job)
-        else:
-            job()
-
-    def _build_promotion(self, digest: str, blob: bytes) -> Callable[[], None]:
-        store, staged, guard = self._stores["builds"], self._staged_builds, self._guard
-
-        def promote() -> None:
-            if guard("write", store.put, digest, blob):
-                staged.remove(digest, blob)
-
-        return promote
-
     def close(self, timeout: float | None = FLUSH_SECONDS) -> bool:
         """Finish this process's background stores (at most `timeout` s) and close the stores.
 
@@ -802,80 +681,12 @@ class CodegenCache:
             self._remote.close()
         return done
 
-    # ---- by digest, for codegen_cache.build's index ----------------------------------------
-
-    def fetch(self, digest: str, mode: str, *, ir: Any = None, fresh: bool = False, count: bool = True,
-              codegen: str | None = None) -> tuple[Module, dict[str, Any]] | None:
-        """The module and metadata stored under a key digest, or None; never calls a codegen.
-
-        For codegen_cache.build, whose index knows the digests of a build's entries but not
-        their lowered IRModules. Memory first (unless fresh): with `ir`, a hit must hold an
-        equal IRModule, as in lower(); without it the digest is trusted. Then that mode's store
-        ("compiled" or "source") and the remote tier. fresh=True returns a newly decoded module
-        the caller may change (import_module). With verify=True nothing is served by digest
-        alone (`ir` is required). A hit is counted (for `codegen`, when given), unless count=False.
-        """
-        if mode not in ENTRY_STORES:
-            raise ValueError(f"unknown mode {mode!r}; expected one of {ENTRY_STORES}")
-        return self._fetch(digest, mode, ir=ir, fresh=fresh, count=count, codegen=codegen)
-
-    def fetch_kept(self, digest: str, *, ir: Any = None, count: bool = True,
-                   codegen: str | None = None) -> tuple[Module, dict[str, Any]] | None:
-        """What keep() put under `digest`, from this process's memory tier only, or None; as fetch() does."""
-        return self._fetch(digest, None, ir=ir, fresh=False, count=count, codegen=codegen)
-
-    def _fetch(self, digest: str, mode: str | None, *, ir: Any, fresh: bool, count: bool,
-               codegen: str | None) -> tuple[Module, dict[str, Any]] | None:
-        # mode None: fetch_kept, the memory tier only (the chain stops after it).
-        if self.settings.disable or self.settings.recache or (self.settings.verify and ir is None) or not self.trusted:
-            return None
-        hit = None
-        if ir is None and not fresh:
-            found = self._memory.get(digest)  # the digest is trusted: no IRModule to compare
-            if found is not None:
-                hit = Hit("memory", Entry(digest, mode or "compiled", found.module, found.ir, found.meta))
-        if hit is None and (ir is not None or mode is not None):
-            probe = Probe(digest, mode or "compiled", ir, False)
-            # A memory entry needs its IRModule (exact hits), and a fresh module is the
-            # caller's alone: neither goes into memory.
-            hit = self._chain.lookup(probe, start=1 if fresh or ir is None else 0, stop=1 if mode is None else None,
-                                     fill=ir is not None and not fresh)
-        if not isinstance(hit, Hit):
-            return None
-        if count:
-            saved = float(hit.entry.meta.get("build_seconds", 0.0))
-            if codegen is not None:
-                self._stats.add_for(codegen, mode or "compiled", f"hits_{hit.tier}")
-                self._stats.add_for(codegen, mode or "compiled", "saved_seconds", saved)
-            else:
-                self._stats.add(f"hits_{hit.tier}")
-                self._stats.add("saved_seconds", saved)
-        keep_answering(hit.entry.module)
-        return hit.entry.module, hit.entry.meta
-
-    def keep(self, digest: str, module: Module, ir: Any, meta: dict[str, Any], nbytes: int = 1 << 16) -> None:
-        """Keep `module` in the memory tier under `digest`, with the object that makes hits exact.
-
-        For results that are not one codegen's (codegen_cache.build keeps a whole built module
-        under its build key): this process only, dropped by clear() and by LRU eviction.
-        """
-        from .._storage._memory import MemoryEntry
-
-        self._memory.put(digest, MemoryEntry(module, ir, nbytes, meta))
-
     # ---- accounting ---------------------------------------------------------------------------
 
     def _count_collision(self, digest: str) -> None:
         self._stats.add("collisions")
         self._guard.warn("collision", "codegen cache: two different IRModules share key %s "
                          "(64-bit structural hash collision); building without caching", digest[:16])
-
-
-def _native_llvm(blob: bytes) -> bool:
-    try:
-        return upgradable(*read_meta(blob))
-    except ArtifactError:
-        return False
 
 
 def _check_mode(compile_device: object) -> None:
