@@ -6,23 +6,16 @@ from typing import Any
 
 from .._artifacts import keep_answering
 from .._compat import Module
-from .._config import Settings
 from .._storage._layout import ENTRY_STORES
-from .._storage._memory import MemoryEntry, ModuleLRU
-from ._stats import StatsRecorder
-from ._tiers import Entry, Hit, Probe, TierChain
+from .._storage._memory import MemoryEntry
+from ._state import CacheState
+from ._tiers import Entry, Hit, Probe
 
 __all__ = ["ByDigest"]
 
 
-class ByDigest:
-    """CodegenCache's fetch, fetch_kept and keep (a mixin: the attributes are CodegenCache's)."""
-
-    settings: Settings
-    trusted: bool
-    _memory: ModuleLRU
-    _chain: TierChain
-    _stats: StatsRecorder
+class ByDigest(CacheState):
+    """CodegenCache's fetch, fetch_kept and keep (a mixin: the attributes are CodegenCache's, see _state.py)."""
 
     def fetch(self, digest: str, mode: str, *, ir: Any = None, fresh: bool = False, count: bool = True,
               codegen: str | None = None) -> tuple[Module, dict[str, Any]] | None:

@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 from .._storage._disk import ArtifactStore
 from .._storage._layout import ENTRY_STORES, FRONTEND_DIR, STORE_NAMES
-from .._storage._memory import ModuleLRU
 from .._storage._pending import PendingFiles
 from .._storage._plain import PlainFiles
 from .._validate import check_bool, check_timeout
 from . import _upgrade
-from ._guard import StorageGuard
-from ._push import Pusher
-from ._stats import CacheStats, StatsRecorder
+from ._state import CacheState
+from ._stats import CacheStats
 from ._writer import writer
 
 __all__ = ["FLUSH_SECONDS", "Maintenance"]
@@ -24,18 +21,8 @@ __all__ = ["FLUSH_SECONDS", "Maintenance"]
 FLUSH_SECONDS = 30.0
 
 
-class Maintenance:
-    """CodegenCache's flush, stats, clear, store, staged and close (a mixin: the attributes are CodegenCache's)."""
-
-    directory: Path
-    _stores: dict[str, ArtifactStore]
-    _staged: dict[str, PendingFiles]
-    _staged_builds: PendingFiles
-    _guard: StorageGuard
-    _memory: ModuleLRU
-    _stats: StatsRecorder
-    _remote: Any
-    _pusher: Pusher | None
+class Maintenance(CacheState):
+    """CodegenCache's flush, stats, clear, store, staged and close (a mixin: the attributes are CodegenCache's, see _state.py)."""
 
     def flush(self, timeout: float | None = FLUSH_SECONDS, *, upgrades: bool = False) -> bool:
         """Wait (at most `timeout` s) until staged entries of this process are in their stores.

@@ -11,37 +11,21 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
 from .._artifacts import read_meta, upgradable
-from .._config import Settings
 from .._errors import ArtifactError
-from .._storage._disk import ArtifactStore
 from .._storage._outbox import Outbox
-from .._storage._pending import PendingFiles
 from . import _upgrade
 from ._flight import FleetFlight, Lease
-from ._guard import StorageGuard
 from ._push import Pusher
+from ._state import CacheState
 from ._writer import writer
 
 __all__ = ["Promotion"]
 
 
-class Promotion:
-    """CodegenCache's promotion of staged entries (a mixin: the attributes are CodegenCache's)."""
-
-    directory: Path
-    settings: Settings
-    write_behind: bool
-    _stores: dict[str, ArtifactStore]
-    _staged: dict[str, PendingFiles]
-    _staged_builds: PendingFiles
-    _guard: StorageGuard
-    _remote: Any
-    _pusher: Pusher | None
-    _upgrades_asked: set[str]
+class Promotion(CacheState):
+    """CodegenCache's promotion of staged entries (a mixin: the attributes are CodegenCache's, see _state.py)."""
 
     def _promote(self, mode: str, digest: str, blob: bytes, *, remote: bool, lease: Lease | None = None) -> None:
         job = self._promotion(mode, digest, blob, remote, lease)
