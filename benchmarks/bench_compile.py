@@ -126,7 +126,7 @@ STEPS = [
     ("codegen_cache._build._build", "key_of", "build key (structural hash of the TIR input)"),
     ("codegen_cache._build._build", "_warm", "build index lookup"),
     ("codegen_cache._cache._cache", "CodegenCache._key_or_none", "codegen keys (hash of each lowered module)"),
-    ("codegen_cache._cache._cache", "CodegenCache._build", "codegens (TVM's work, as in plain)"),
+    ("codegen_cache._cache._cache", "CodegenCache._run_codegen", "codegens (TVM's work, as in plain)"),
     ("codegen_cache._cache._cache", "prepare", "entry contents (llvm: inspect_source('ll'))"),
     ("codegen_cache._cache._cache", "CodegenCache._stage", "staging the codegen entries"),
     ("codegen_cache._build._build", "write_index", "the build index (staged)"),

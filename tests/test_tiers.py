@@ -23,11 +23,11 @@ import kernels
 from codegen_cache._artifacts import frame, function_names, prepare
 from codegen_cache._cache._failures import MARKER, FailureCache
 from codegen_cache._cache._guard import StorageGuard
-from codegen_cache._cache._tiers import COLLISION, DiskTier, Entry, Hit, MemoryTierView, Probe, RemoteTierView
+from codegen_cache._cache._tiers import COLLISION, DiskTier, Entry, Hit, MemoryTier, Probe, RemoteTierView
 from codegen_cache._cache._writer import Writer
 from codegen_cache._errors import CachedCodegenError, ReadOnlyStoreError
 from codegen_cache._storage._disk import ArtifactStore
-from codegen_cache._storage._memory import MemoryTier
+from codegen_cache._storage._memory import ModuleLRU
 from codegen_cache._storage._pending import PendingFiles
 from codegen_cache._storage._readonly import ReadOnlyView
 from conftest import CUDA_TARGET, run_binary
@@ -59,7 +59,7 @@ class _Tiers:
 
     def make(self, kind: str):
         if kind == "memory":
-            return MemoryTierView(MemoryTier(max_entries=8, max_bytes=1 << 24))
+            return MemoryTier(ModuleLRU(max_entries=8, max_bytes=1 << 24))
         if kind == "disk":
             stores = {m: ArtifactStore(self.root / m, size_limit=1 << 30) for m in ("compiled", "source")}
             staged = {m: PendingFiles(self.root / "pending" / m) for m in ("compiled", "source")}

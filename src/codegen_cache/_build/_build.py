@@ -232,8 +232,8 @@ def _cold(cache: CodegenCache | None, registry: DeviceCodegenRegistry, planned: 
     return host_module, host_part, tuple(device_parts), seconds
 
 
-def _call(entry: Any, mod: IRModule, target: Target, compiled: bool) -> Module:
-    return (entry.build if compiled else entry.build_without_compile)(mod, target)
+def _call(codegen: Any, mod: IRModule, target: Target, compiled: bool) -> Module:
+    return (codegen.build if compiled else codegen.build_without_compile)(mod, target)
 
 
 def _codegen(cache: CodegenCache | None, registry: DeviceCodegenRegistry, mod: IRModule, target: Target,
@@ -241,18 +241,18 @@ def _codegen(cache: CodegenCache | None, registry: DeviceCodegenRegistry, mod: I
     """tvm.tirx.build's codegen_build, with the registry's codegen and the cache."""
     if tvm.ir.transform.PassContext.current().config.get("tirx.disable_assert", False):
         mod = tvm.tirx.transform.SkipAssert()(mod)
-    entry = registry.resolve(target)
-    compiled = compile_device(entry, target)
+    codegen = registry.resolve(target)
+    compiled = compile_device(codegen, target)
     mode = "compiled" if compiled else "source"
     if cache is None:
         t0 = time.perf_counter()
-        module = _call(entry, mod, target, compiled)
-        return module, BuildPart(role, target.kind.name, entry.name, mode, None), time.perf_counter() - t0
+        module = _call(codegen, mod, target, compiled)
+        return module, BuildPart(role, target.kind.name, codegen.name, mode, None), time.perf_counter() - t0
     with store_in_every_tier():  # the build's index needs each part stored, cheap or not
-        module, outcome = cache.lower_with_outcome(mod, target, compile_device=compiled, codegen=entry)
+        module, outcome = cache.lower_with_outcome(mod, target, compile_device=compiled, codegen=codegen)
     # An entry that was not stored (a mutating codegen, a collision, a skipped store) cannot be indexed.
     digest = outcome.key if (outcome.hit or outcome.stored) else None
-    return module, BuildPart(role, target.kind.name, entry.name, mode, digest), outcome.build_seconds
+    return module, BuildPart(role, target.kind.name, codegen.name, mode, digest), outcome.build_seconds
 
 
 def _private_host(cache: CodegenCache | None, registry: DeviceCodegenRegistry, module: Module, part: BuildPart,

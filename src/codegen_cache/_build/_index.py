@@ -71,16 +71,16 @@ class BuildPart:
 # ---- modes ------------------------------------------------------------------------------------
 
 
-def compile_device(entry: Any, target: Target) -> bool:
+def compile_device(codegen: Any, target: Target) -> bool:
     """The mode tvm.tirx.build gets for this target: compiled where TVM could load the result.
 
     target.build.cuda silently returns source-only where no CUDA driver is loaded; a codegen with
     both modes is therefore asked to compile only where the target kind's runtime is enabled.
     A codegen with one mode gets that mode.
     """
-    if entry.build is not None and entry.build_without_compile is not None:
+    if codegen.build is not None and codegen.build_without_compile is not None:
         return _compat.runtime_enabled(target.kind.name)
-    return entry.build is not None
+    return codegen.build is not None
 
 
 # ---- the build key ---------------------------------------------------------------------------
@@ -135,10 +135,11 @@ def codegens_json(targets: Sequence[Target], registry: DeviceCodegenRegistry) ->
     """The `codegens` key part: name, mode, toolchain and salt of the codegen of each target."""
     rows = set()
     for target in targets:
-        entry = registry.resolve(target)
-        compiled = compile_device(entry, target)
-        toolchain = tuple(sorted(entry.toolchain(target, compiled).items())) if entry.toolchain is not None else ()
-        rows.add((canonical_target(target), entry.name, compiled, toolchain, entry.salt))
+        codegen = registry.resolve(target)
+        compiled = compile_device(codegen, target)
+        toolchain = tuple(sorted(codegen.toolchain(target, compiled).items())) \
+            if codegen.toolchain is not None else ()
+        rows.add((canonical_target(target), codegen.name, compiled, toolchain, codegen.salt))
     return _codegens_json(tuple(sorted(rows)))
 
 

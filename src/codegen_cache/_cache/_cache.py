@@ -1,4 +1,4 @@
-"""CodegenCache: memory -> disk -> remote -> build, single-flight, a failure cache, durable stores.
+"""CodegenCache: memory -> disk -> remote -> codegen, single-flight, a failure cache, durable stores.
 
 A lowering computes its key, asks the tier chain, and on a miss takes the key's build lock,
 runs the codegen and stages the entry in a file before it returns (`_storage._pending`), so
@@ -16,13 +16,16 @@ entries into shared libraries. The directory holds:
 
 With a remote, a miss also takes the key's build lease there (one builder per fleet), the
 writer pushes each entry before it removes the staged file, and hits refresh remote TTLs.
+
+What the writer does with a staged entry is `_promotion.Promotion`'s; fetching and keeping by
+digest (for codegen_cache.build's index) is `_by_digest.ByDigest`'s; flush, stats, clear and
+close are `_maintenance.Maintenance`'s: mixins of CodegenCache.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import dataclasses
 import difflib
 import logging
 import os
@@ -32,10 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import _context
-from .._artifacts import FORMAT_VERSION, frame, keep_answering, prepare, read_meta, symbol_names, upgradable
+from .._artifacts import FORMAT_VERSION, frame, keep_answering, prepare, symbol_names
 from .._compat import IRModule, Module, Target
 from .._config import ENV_VARS, Settings, settings_from_env, unknown_env_vars
-from .._errors import ArtifactError, ConfigError, ReentrantLoweringError, UncacheableError
+from .._errors import ConfigError, ReentrantLoweringError, UncacheableError
 from .._log import warn_once
 from .._key import CacheKey, compute_key, ir_hash
 from .._outcome import emit, run_uncached
@@ -44,22 +47,21 @@ from .._storage._disk import ArtifactStore
 from .._storage._faults import ensure_dir
 from .._storage._fsprobe import scratch_dir, warn_if_unsafe
 from .._storage._locks import KeyLocks
-from .._storage._memory import MemoryTier
-from .._storage._outbox import Outbox
+from .._storage._memory import ModuleLRU
 from .._storage._pending import PendingFiles
-from .._storage._plain import PlainFiles
 from .._storage._trust import untrusted
 from .._targets import TargetLike, as_target
-from .._validate import check_bool, check_timeout
-from . import _upgrade
 from ._budget import EVERY_TIER, Plan, TierBudget
+from ._by_digest import ByDigest
 from ._failures import CACHEABLE_FAILURES, ENVIRONMENT_FAILURES, FailureCache
 from ._flight import FleetFlight, Lease, SingleFlight
 from ._guard import StorageGuard
+from ._maintenance import Maintenance
 from ._mutation import changed, parts_of
+from ._promotion import Promotion
 from ._push import Pusher
-from ._stats import CacheStats, StatsRecorder
-from ._tiers import COLLISION, DiskTier, Entry, Hit, MemoryTierView, Probe, RemoteTierView, TierChain
+from ._stats import StatsRecorder
+from ._tiers import COLLISION, DiskTier, Entry, Hit, MemoryTier, Probe, RemoteTierView, TierChain
 from ._writer import writer
 from .._storage._layout import ENTRY_STORES, FRONTEND_DIR, STORE_NAMES
 
@@ -100,16 +102,14 @@ def store_in_every_tier() -> Iterator[None]:
 
 
 _ENCODE_ERRORS = (ValueError, RuntimeError, OSError)
-# Bound of flush(): the background jobs are extras (every entry is staged on disk already).
-FLUSH_SECONDS = 30.0
 _INDEX_SIZE_LIMIT = 64 << 20
 
 
-def _mode_function(entry: Any, compile_device: bool):
-    return entry.build if compile_device else entry.build_without_compile
+def _mode_function(codegen: Any, compile_device: bool):
+    return codegen.build if compile_device else codegen.build_without_compile
 
 
-class CodegenCache:
+class CodegenCache(Promotion, ByDigest, Maintenance):
     """A content-addressed cache of device codegen results in `directory`.
 
     Options (keyword-only; None: the CODEGEN_CACHE_* variable, else the default, see
@@ -183,8 +183,8 @@ class CodegenCache:
                                       count=self._stats.add)
         self._flight: SingleFlight[Hit] = SingleFlight(KeyLocks(self.directory / "locks"),
                                                        wait=self.settings.lease_wait, count=self._stats.add)
-        self._memory = MemoryTier(max_entries=self.settings.memory_entries, max_bytes=self.settings.memory_bytes,
-                                  on_evict=lambda: self._stats.add("evictions_memory"))
+        self._memory = ModuleLRU(max_entries=self.settings.memory_entries, max_bytes=self.settings.memory_bytes,
+                                 on_evict=lambda: self._stats.add("evictions_memory"))
         self._remote = self._make_remote(remote, self.settings)
         leases = getattr(self._remote, "leases", None)
         # Fleet-wide single-flight where the remote has build leases (a RedisTier that may write).
@@ -195,11 +195,11 @@ class CodegenCache:
         self._resolved: dict[Target, tuple[int, Any]] = {}  # resolve() per target and registry version
         self._upgrades_asked: set[str] = set()
         self._trusted: bool | None = None  # may entries be loaded from the directory? (checked once)
-        self._memory_view = MemoryTierView(self._memory)
+        self._memory_tier = MemoryTier(self._memory)
         self._disk = DiskTier(stores=self._stores, staged=self._staged, guard=self._guard, scratch=self._scratch,
                               on_staged_hit=self._promote_later, on_raw_hit=self._ask_upgrade,
                               on_fill=self._promote_fill)
-        tiers: list = [self._memory_view, self._disk]
+        tiers: list = [self._memory_tier, self._disk]
         if self._remote is not None:
             tiers.append(RemoteTierView(remote=self._remote, guard=self._guard, scratch=self._scratch,
                                         stage=self._stage_fill, staged=self._promote_fill,
@@ -283,18 +283,18 @@ class CodegenCache:
             version = self.registry.version
             if memo is not None and memo[0] == version:
                 return memo[1]
-            entry = self.registry.resolve(target)
+            resolved = self.registry.resolve(target)
             if len(self._resolved) > 1024:
                 self._resolved.clear()
-            self._resolved[target] = (version, entry)
-            return entry
+            self._resolved[target] = (version, resolved)
+            return resolved
         if isinstance(codegen, str):
-            entries = self.registry.codegens_for_kind(target.kind.name)
-            for entry in entries:
-                if entry.name == codegen:
-                    return entry
+            candidates = self.registry.codegens_for_kind(target.kind.name)
+            for candidate in candidates:
+                if candidate.name == codegen:
+                    return candidate
             raise ValueError(f"No device codegen named {codegen!r} for target kind {target.kind.name!r}. "
-                             f"Available: {[c.name for c in entries]}.")
+                             f"Available: {[c.name for c in candidates]}.")
         if isinstance(getattr(codegen, "name", None), str) and hasattr(codegen, "build"):
             return codegen
         raise TypeError(f"codegen must be a DeviceCodegen, a codegen name or None, got {type(codegen).__name__}")
@@ -309,10 +309,12 @@ class CodegenCache:
         return self._key(mod, target, self.resolve(target, codegen), compile_device, structural_hash)
 
     @staticmethod
-    def _key(mod: IRModule, target: Target, entry: Any, compile_device: bool, structural_hash: int | None) -> CacheKey:
-        toolchain = getattr(entry, "toolchain", None)
+    def _key(mod: IRModule, target: Target, codegen: Any, compile_device: bool,
+             structural_hash: int | None) -> CacheKey:
+        toolchain = getattr(codegen, "toolchain", None)
         parts = toolchain(target, compile_device) if toolchain is not None else None
-        return compute_key(mod, target, entry.name, compile_device, toolchain=parts, salt=getattr(entry, "salt", ""),
+        return compute_key(mod, target, codegen.name, compile_device, toolchain=parts,
+                           salt=getattr(codegen, "salt", ""),
                            structural_hash=structural_hash, format_version=_FORMAT)
 
     # ---- one lowering ---------------------------------------------------------------------
@@ -322,22 +324,23 @@ class CodegenCache:
         _check_mode(compile_device)
         if type(target) is not Target:
             target = as_target(target)
-        entry = codegen if type(codegen) is DeviceCodegen else self.resolve(target, codegen)
+        if type(codegen) is not DeviceCodegen:
+            codegen = self.resolve(target, codegen)  # a name or None: the DeviceCodegen it means
         mode = "compiled" if compile_device else "source"
         if self.settings.disable:
             # CODEGEN_CACHE_DISABLE=1 turns off every cache, explicit ones too: nothing read,
             # stored or counted, the codegen runs (what a harness timing the codegen wants).
-            return self._run_uncached(entry, mod, target, compile_device, mode, start, count=False)
+            return self._run_uncached(codegen, mod, target, compile_device, mode, start, count=False)
         if not self.trusted:
             # Another user could change what is stored here: nothing is read, stored or counted.
-            return self._run_uncached(entry, mod, target, compile_device, mode, start, count=False)
-        plan = self._budget.plan(entry.name, mode) if isinstance(entry, DeviceCodegen) and not _every_tier.get() \
+            return self._run_uncached(codegen, mod, target, compile_device, mode, start, count=False)
+        plan = self._budget.plan(codegen.name, mode) if isinstance(codegen, DeviceCodegen) and not _every_tier.get() \
             else EVERY_TIER
         if not plan.keyed:
-            return self._run_cheap(entry, mod, target, compile_device, mode, start)
-        key = self._key_or_none(entry, mod, target, compile_device)
+            return self._run_cheap(codegen, mod, target, compile_device, mode, start)
+        key = self._key_or_none(codegen, mod, target, compile_device)
         if key is None:
-            return self._run_uncached(entry, mod, target, compile_device, mode, start)
+            return self._run_uncached(codegen, mod, target, compile_device, mode, start)
         key_seconds = time.perf_counter() - start
         if not self.settings.recache:
             kept = self._memory.get(key.digest)
@@ -345,8 +348,8 @@ class CodegenCache:
                 # The common memory hit (the caller's own IRModule object) without the tier
                 # chain's objects; an equal but distinct module goes the chain's way below.
                 saved = float(kept.meta.get("build_seconds", 0.0))
-                self._stats.add_hit(entry.name, mode, "memory", saved)
-                emit(tier="memory", key=key.digest, codegen=entry.name, mode=mode, key_seconds=key_seconds,
+                self._stats.add_hit(codegen.name, mode, "memory", saved)
+                emit(tier="memory", key=key.digest, codegen=codegen.name, mode=mode, key_seconds=key_seconds,
                      load_seconds=0.0, build_seconds=saved, total_seconds=time.perf_counter() - start)
                 keep_answering(kept.module)
                 return kept.module
@@ -355,46 +358,47 @@ class CodegenCache:
         found = None if self.settings.recache else \
             self._chain.lookup(probe, stop=None if plan.remote else 2 if plan.disk else 1)
         if isinstance(found, Hit):
-            return self._served(found, entry.name, mode, key.digest, key_seconds, start)
-        return self._miss(entry, key, probe, target, compile_device, found is COLLISION, key_seconds, start, plan)
+            return self._served(found, codegen.name, mode, key.digest, key_seconds, start)
+        return self._miss(codegen, key, probe, target, compile_device, found is COLLISION, key_seconds, start, plan)
 
-    def _key_or_none(self, entry: Any, mod: Any, target: Target, compile_device: bool) -> CacheKey | None:
+    def _key_or_none(self, codegen: Any, mod: Any, target: Target, compile_device: bool) -> CacheKey | None:
         """The key of this lowering, or None where nothing can key it (the codegen runs uncached)."""
-        if not isinstance(entry, DeviceCodegen):
-            # A duck-typed entry (tilelang's registry takes any object with the attributes):
+        if not isinstance(codegen, DeviceCodegen):
+            # A duck-typed codegen (tilelang's registry takes any object with the attributes):
             # its own lower() decides what happens; nothing here knows its key parts.
             return None
-        if _mode_function(entry, compile_device) is None:
-            entry._func_for(target, compile_device)  # noqa: SLF001 - raises the seed's ValueError
+        if _mode_function(codegen, compile_device) is None:
+            codegen._func_for(target, compile_device)  # noqa: SLF001 - raises the seed's ValueError
         if not isinstance(mod, IRModule):
             return None  # nothing to key (tilelang's own tests pass placeholders)
         try:
-            return self._key(mod, target, entry, compile_device, ir_hash(mod))
+            return self._key(mod, target, codegen, compile_device, ir_hash(mod))
         except UncacheableError as err:
             # An input the key cannot hold: neither stored nor served, every time.
-            self._guard.warn(f"uncacheable:{err.what}", "codegen cache: not caching %r results: %s", entry.name, err)
+            self._guard.warn(f"uncacheable:{err.what}", "codegen cache: not caching %r results: %s", codegen.name, err)
             return None
 
-    def _run_cheap(self, entry: DeviceCodegen, mod: Any, target: Target, compile_device: bool, mode: str,
+    def _run_cheap(self, codegen: DeviceCodegen, mod: Any, target: Target, compile_device: bool, mode: str,
                    start: float) -> Module:
         """No tier pays for this codegen (_budget.py): it runs without a key, timed, to keep learning."""
-        function = _mode_function(entry, compile_device)
+        function = _mode_function(codegen, compile_device)
         if function is None:
-            entry._func_for(target, compile_device)  # noqa: SLF001 - raises the seed's ValueError
-        self._stats.add_for(entry.name, mode, "uncached_cheap")
-        module = run_uncached(entry.name, mode, lambda: function(mod, target), start)
-        self._budget.built(entry.name, mode, time.perf_counter() - start)
+            codegen._func_for(target, compile_device)  # noqa: SLF001 - raises the seed's ValueError
+        self._stats.add_for(codegen.name, mode, "uncached_cheap")
+        module = run_uncached(codegen.name, mode, lambda: function(mod, target), start)
+        self._budget.built(codegen.name, mode, time.perf_counter() - start)
         return module
 
-    def _run_uncached(self, entry: Any, mod: Any, target: Target, compile_device: bool, mode: str,
+    def _run_uncached(self, codegen: Any, mod: Any, target: Target, compile_device: bool, mode: str,
                       start: float, *, count: bool = True) -> Module:
         if count:
-            self._stats.add_for(entry.name, mode, "uncacheable")
-        if isinstance(entry, DeviceCodegen):
-            return run_uncached(entry.name, mode, lambda: _mode_function(entry, compile_device)(mod, target), start)
-        return run_uncached(entry.name, mode, lambda: entry.lower(mod, target, compile_device=compile_device), start)
+            self._stats.add_for(codegen.name, mode, "uncacheable")
+        if isinstance(codegen, DeviceCodegen):
+            return run_uncached(codegen.name, mode, lambda: _mode_function(codegen, compile_device)(mod, target), start)
+        return run_uncached(codegen.name, mode, lambda: codegen.lower(mod, target, compile_device=compile_device),
+                            start)
 
-    def _miss(self, entry: DeviceCodegen, key: CacheKey, probe: Probe, target: Target, compile_device: bool,
+    def _miss(self, codegen: DeviceCodegen, key: CacheKey, probe: Probe, target: Target, compile_device: bool,
               collision: bool, key_seconds: float, start: float, plan: Plan = EVERY_TIER) -> Module:
         """Serve a remembered failure, or wait for a live build of this key, or build and stage.
 
@@ -406,15 +410,15 @@ class CodegenCache:
             self._count_collision(key.digest)
         # One fstat per miss (not per hit): a directory removed under us gets its counts anew.
         self._stats.check_directory()
-        self._stats.add_for(entry.name, mode, "misses")
+        self._stats.add_for(codegen.name, mode, "misses")
         # A codegen only memory pays for fails as cheaply as a remembered failure is raised: its
         # failures are neither read nor written (the exception is the codegen's own either way).
         if not self.settings.recache and plan.disk:
             try:
-                self._failures.raise_if_failed(key.digest, entry.name,
+                self._failures.raise_if_failed(key.digest, codegen.name,
                                                ir_digest=(lambda: probe.ir_digest) if self.settings.verify else None)
             except BaseException:
-                emit(tier="failure", key=key.digest, codegen=entry.name, mode=mode, key_seconds=key_seconds,
+                emit(tier="failure", key=key.digest, codegen=codegen.name, mode=mode, key_seconds=key_seconds,
                      load_seconds=0.0, build_seconds=0.0, total_seconds=time.perf_counter() - start)
                 raise
         held = lease = None
@@ -422,7 +426,7 @@ class CodegenCache:
             # The recheck reads this directory only: the remote was asked a moment ago, and a
             # lock holder sharing this directory stages its entry here first.
             held, found = self._flight.begin(key.digest, lambda: self._chain.lookup(probe, start=1, stop=2),
-                                               codegen=entry.name)
+                                               codegen=codegen.name)
             if not isinstance(found, Hit) and self._fleet is not None:
                 # This machine's builder: now one per fleet. A waiter polls the remote for the entry.
                 lease, found = self._fleet.begin(key.digest, lambda: self._recheck_remote(probe))
@@ -430,38 +434,38 @@ class CodegenCache:
                     self._flight.release(held)
             if isinstance(found, Hit):
                 # Built by another process while we waited: a hit, not a miss.
-                self._stats.add_for(entry.name, mode, "misses", -1)
-                self._memory_view.put(found.entry)
-                return self._served(found, entry.name, mode, key.digest, key_seconds, start)
+                self._stats.add_for(codegen.name, mode, "misses", -1)
+                self._memory_tier.put(found.entry)
+                return self._served(found, codegen.name, mode, key.digest, key_seconds, start)
         before = parts_of(mod)
         promote = None
         building = time.perf_counter()
         try:
-            module, build_seconds = self._build(entry, key.digest, mod, target, compile_device, probe,
-                                                remember=plan.disk)
-            self._budget.built(entry.name, mode, build_seconds, key_seconds)
+            module, build_seconds = self._run_codegen(codegen, key.digest, mod, target, compile_device, probe,
+                                                      remember=plan.disk)
+            self._budget.built(codegen.name, mode, build_seconds, key_seconds)
             if not collision and plan.disk:
-                promote = self._store(entry.name, key, mode, module, mod, target, build_seconds, before, lease)
+                promote = self._store(codegen.name, key, mode, module, mod, target, build_seconds, before, lease)
             elif not collision:
-                self._keep(entry.name, key, mode, module, mod, build_seconds, before)
+                self._keep(codegen.name, key, mode, module, mod, build_seconds, before)
         except BaseException:
             # The codegen raised (its error is remembered when cacheable): the outcome says so,
             # rather than leaving the previous call's in place.
             now = time.perf_counter()
-            emit(tier="failure", key=key.digest, codegen=entry.name, mode=mode, key_seconds=key_seconds,
+            emit(tier="failure", key=key.digest, codegen=codegen.name, mode=mode, key_seconds=key_seconds,
                  load_seconds=0.0, build_seconds=now - building, total_seconds=now - start)
             raise
         finally:
             self._flight.release(held)
             if promote is None:
                 FleetFlight.release(lease)  # nothing to push: let the next host in now
-        emit(tier="built", key=key.digest, codegen=entry.name, mode=mode, key_seconds=key_seconds, load_seconds=0.0,
+        emit(tier="built", key=key.digest, codegen=codegen.name, mode=mode, key_seconds=key_seconds, load_seconds=0.0,
              build_seconds=build_seconds, total_seconds=time.perf_counter() - start, stored=promote is not None)
         if promote is not None:
             # Last: once woken, the writer thread takes the GIL whenever this thread waits on a
             # file operation, so anything after this would wait for its SQLite work.
             promote()
-        self._budget.missed(entry.name, mode, time.perf_counter() - start - build_seconds - key_seconds,
+        self._budget.missed(codegen.name, mode, time.perf_counter() - start - build_seconds - key_seconds,
                             disk=plan.disk)
         return module
 
@@ -478,24 +482,25 @@ class CodegenCache:
             keep_answering(hit.entry.module)  # registered again as the newest (a decoded one is already)
         return hit.entry.module
 
-    def _build(self, entry: Any, digest: str, mod: IRModule, target: Target, compile_device: bool,
-               probe: Probe, *, remember: bool = True) -> tuple[Module, float]:
+    def _run_codegen(self, codegen: Any, digest: str, mod: IRModule, target: Target, compile_device: bool,
+                     probe: Probe, *, remember: bool = True) -> tuple[Module, float]:
+        """Call the codegen for a miss, timed; a cacheable failure is remembered where `remember`."""
         mode = probe.mode
         t0 = time.perf_counter()
         try:
-            module = _mode_function(entry, compile_device)(mod, target)
+            module = _mode_function(codegen, compile_device)(mod, target)
         except ENVIRONMENT_FAILURES:
             raise
         except CACHEABLE_FAILURES as err:
             if self._flight.reentered(digest):
-                raise ReentrantLoweringError(entry.name, digest) from err  # the codegen's misuse: not remembered
+                raise ReentrantLoweringError(codegen.name, digest) from err  # the codegen's misuse: not remembered
             if not remember:
                 raise
-            self._failures.remember(digest, entry.name, err,
+            self._failures.remember(digest, codegen.name, err,
                                     ir_digest=probe.ir_digest if self.settings.verify else None)
             raise
         seconds = time.perf_counter() - t0
-        self._stats.add_build(entry.name, mode, seconds)
+        self._stats.add_build(codegen.name, mode, seconds)
         return module, seconds
 
     def _store(self, codegen: str, key: CacheKey, mode: str, module: Module, mod: IRModule, target: Target,
@@ -519,7 +524,7 @@ class CodegenCache:
             self._guard.error("encode", err)
             return None
         if not _caller_keeps.get():
-            self._memory_view.put(Entry(key.digest, mode, module, mod, meta, blob))
+            self._memory_tier.put(Entry(key.digest, mode, module, mod, meta, blob))
         return self._stage(codegen, mode, key.digest, blob, lease)
 
     def _keep(self, codegen: str, key: CacheKey, mode: str, module: Module, mod: IRModule, build_seconds: float,
@@ -535,7 +540,7 @@ class CodegenCache:
             return
         self._stats.add_for(codegen, mode, "memory_only")
         meta = {"key": key.digest, "codegen": codegen, "mode": mode, "build_seconds": build_seconds}
-        self._memory_view.put(Entry(key.digest, mode, module, mod, meta))
+        self._memory_tier.put(Entry(key.digest, mode, module, mod, meta))
 
     def _stage(self, codegen: str, mode: str, digest: str, blob: bytes,
                lease: Lease | None = None) -> Callable[[], None] | None:
@@ -570,54 +575,6 @@ class CodegenCache:
 
         return precompile_cuda(self, mod, target, codegen)
 
-    # ---- moving staged entries into their stores --------------------------------------------
-
-    def _promote(self, mode: str, digest: str, blob: bytes, *, remote: bool, lease: Lease | None = None) -> None:
-        job = self._promotion(mode, digest, blob, remote, lease)
-        if self.write_behind:
-            writer.submit(job)
-        else:
-            job()
-
-    def _promote_later(self, mode: str, digest: str, blob: bytes) -> None:
-        """A staged entry was read (its writer may be gone): move it into its store, and to the remote."""
-        writer.submit(self._promotion(mode, digest, blob, True))
-
-    def _stage_fill(self, mode: str, digest: str, blob: bytes) -> str | None:
-        """Write a remote hit's entry to this disk first; its file, to map it from (None: load from a copy)."""
-        if not self._guard("stage", self._staged[mode].write, digest, blob):
-            return None
-        return self._staged[mode].path(digest)
-
-    def _promote_fill(self, mode: str, digest: str, blob: bytes) -> None:
-        """An entry served by the remote was staged here: move it into its store (the remote has it)."""
-        writer.submit(self._promotion(mode, digest, blob, False))
-
-    def _promotion(self, mode: str, digest: str, blob: bytes, remote: bool,
-                   lease: Lease | None = None, pusher: Pusher | None = None) -> Callable[[], None]:
-        # The job holds what it needs, not the cache: it runs even if the cache object is gone.
-        store, staged, guard, directory = self._stores[mode], self._staged[mode], self._guard, self.directory
-        pusher = (pusher or self._pusher) if remote else None
-        # llvm-ir entries get a shared library, unless the IR is another target's (cross-compiled).
-        raw_llvm = mode == "compiled" and b"llvm-ir" in blob[-64:] and _native_llvm(blob)
-        spare = self.write_behind  # on this thread, a spare file would cost the caller what it saves
-
-        def promote() -> None:
-            stored = guard("write", store.put, digest, blob)
-            # The staged file goes only after the push was tried (or marked for later): a
-            # process that ends before this line leaves the file, and the next opener pushes it.
-            pushed = pusher is None or pusher.push(mode, digest, blob)
-            FleetFlight.release(lease)  # after the push: waiting hosts find the entry, not the lease
-            if stored:
-                if pushed:
-                    staged.remove(digest, blob)
-                if raw_llvm:
-                    _upgrade.request(directory, mode, digest)
-            if spare:
-                staged.keep_spare()  # the next miss writes into a file made here, not one it makes
-
-        return promote
-
     def _recheck_remote(self, probe: Probe) -> Hit | None:
         """The remote's entry for `probe`, asked afresh (a waiter polls for another host's build)."""
         forget = getattr(self._remote, "forget", None)
@@ -625,28 +582,6 @@ class CodegenCache:
             forget(probe.digest)
         found = self._chain.lookup(probe, start=2)
         return found if isinstance(found, Hit) else None
-
-    def _refresh_later(self, digest: str, blob: bytes | None) -> None:
-        """A hit from disk or remote: have the writer extend the remote entry's TTL (once per interval)."""
-        due = getattr(self._remote, "refresh_due", None)
-        if due is not None and due(digest):
-            remote, library = self._remote, blob is not None and b"llvm-so" in blob[-64:]
-            writer.submit(lambda: remote.refresh(digest, library=library))
-
-    def _push_pending(self, pusher: Pusher | None = None, *, only: dict[str, list[str]] | None = None) -> int:
-        """Push what is staged (`only` those digests, when given) or marked in the outbox; how many."""
-        pusher = pusher or self._pusher
-        if pusher is None:
-            return 0
-        return pusher.drain(self._stores, self._staged,
-                            lambda mode, digest, blob: self._promotion(mode, digest, blob, True, pusher=pusher),
-                            only=only)
-
-    def _ask_upgrade(self, mode: str, digest: str) -> None:
-        """A hit was served from LLVM IR: have it turned into a shared library (once per process)."""
-        if digest not in self._upgrades_asked:
-            self._upgrades_asked.add(digest)
-            writer.submit(lambda: _upgrade.request(self.directory, mode, digest))
 
     # ---- scratch files --------------------------------------------------------------------
 
@@ -660,217 +595,12 @@ class CodegenCache:
                 staged.sweep()
         return self._scratch_dir[1]
 
-    # ---- maintenance ------------------------------------------------------------------------
-
-    def flush(self, timeout: float | None = FLUSH_SECONDS, *, upgrades: bool = False) -> bool:
-        """Wait (at most `timeout` s) until staged entries of this process are in their stores.
-
-        upgrades=True also waits for llvm entries to become shared libraries (a helper process
-        does that). Returns True when everything finished in time. Nothing is lost when it does
-        not: staged entries are served, and promoted by whoever reads them.
-        """
-        timeout = check_timeout("timeout", timeout)
-        check_bool("upgrades", upgrades)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        done = writer.wait(timeout)
-        if upgrades:
-            remaining = 600.0 if deadline is None else max(0.0, deadline - time.monotonic())
-            done = _upgrade.wait_idle(self.directory, remaining) and done
-            if self._pusher is not None:
-                self._push_pending()  # the libraries the upgrader made and could not push itself
-        return done
-
-    def stats(self, *, shared: bool = True) -> CacheStats:
-        """Counters of every process using this directory (shared=False: this process only)."""
-        check_bool("shared", shared)
-        return self._stats.shared() if shared else self._stats.local()
-
-    def reset_stats(self) -> None:
-        """Zero the shared counters (entries stay)."""
-        self._stats.reset()
-
-    def clear(self, *, compiled: bool = True, source: bool = True, failures: bool = True,
-              builds: bool | None = None) -> int:
-        """Remove entries (every store by default); how many went. builds follows compiled/source."""
-        for name, value in (("compiled", compiled), ("source", source), ("failures", failures)):
-            check_bool(name, value)
-        if builds is not None:
-            check_bool("builds", builds)
-        self.flush()
-        self._memory.clear()
-        if builds is None:
-            builds = compiled or source
-        removed = 0
-        for name, wanted in (("compiled", compiled), ("source", source), ("failures", failures), ("builds", builds)):
-            if wanted:
-                removed += self._guard("clear", self._stores[name].clear) or 0
-                if name in self._staged:
-                    removed += self._staged[name].clear()
-                elif name == "builds":
-                    removed += self._staged_builds.clear()
-        if builds:
-            removed += PlainFiles(Path(self.directory) / FRONTEND_DIR).clear()
-        return removed
-
-    def store(self, name: str) -> ArtifactStore:
-        """The ArtifactStore 'compiled', 'source', 'failures' or 'builds' (for tools)."""
-        try:
-            return self._stores[name]
-        except KeyError:
-            raise ValueError(f"unknown store {name!r}; expected one of {', '.join(STORE_NAMES)}") from None
-
-    def staged(self, name: str) -> PendingFiles:
-        """Entries of store 'compiled', 'source' or 'builds' written but not yet moved into it (for tools)."""
-        if name == "builds":
-            return self._staged_builds
-        try:
-            return self._staged[name]
-        except KeyError:
-            raise ValueError(f"unknown store {name!r}; expected one of {', '.join((*ENTRY_STORES, 'builds'))}") \
-                from None
-
-    def promote_staged(self, *, remote: str | None = None) -> int:
-        """Move every staged entry into its store now (tools do, to see all); how many moved.
-
-        They, and the entries marked for the remote, are pushed to this cache's remote, or to
-        the `remote` URL given (a tool that opens the cache without its remote tier).
-        """
-        pusher = self._pusher
-        if remote is not None and pusher is None and (any(next(s.digests(), None) for s in self._staged.values())
-                                                      or Outbox(self.directory).pending()):
-            pusher = self._pusher_for(self._make_remote(None, dataclasses.replace(self.settings, remote=remote)))
-        moved = 0
-        for mode, staged in self._staged.items():
-            for digest in list(staged.digests()):
-                blob = staged.read(digest)
-                if blob is not None:
-                    self._promotion(mode, digest, blob, pusher is not None, pusher=pusher)()
-                    moved += 1
-        for digest in list(self._staged_builds.digests()):
-            blob = self._staged_builds.read(digest)
-            if blob is not None:
-                self._build_promotion(digest, blob)()
-                moved += 1
-        if pusher is not None:
-            self._push_pending(pusher)
-            if pusher is not self._pusher:
-                pusher.remote.close()
-        return moved
-
-    # ---- the builds store's entries (codegen_cache.build's index, compiled Relax models) --------
-
-    def stage_build_entry(self, digest: str, blob: bytes) -> bool:
-        """Stage a builds-store entry now (it survives the process) for the writer to store; False: not stored."""
-        if not self._guard("stage", self._staged_builds.write, digest, blob):
-            return bool(self._guard("write", self._stores["builds"].put, digest, blob))
-        self.promote_build_entry(digest, blob)
-        return True
-
-    def promote_build_entry(self, digest: str, blob: bytes) -> None:
-        """Move a staged entry of the builds store into the store (by the writer; write_behind=False: now)."""
-        job = self._build_promotion(digest, blob)
-        if self.write_behind:
-            writer.submit(job)
-        else:
-            job()
-
-    def _build_promotion(self, digest: str, blob: bytes) -> Callable[[], None]:
-        store, staged, guard = self._stores["builds"], self._staged_builds, self._guard
-
-        def promote() -> None:
-            if guard("write", store.put, digest, blob):
-                staged.remove(digest, blob)
-
-        return promote
-
-    def close(self, timeout: float | None = FLUSH_SECONDS) -> bool:
-        """Finish this process's background stores (at most `timeout` s) and close the stores.
-
-        Returns flush()'s answer: False when background jobs were still running (their
-        entries are staged on disk: nothing is lost).
-        """
-        check_timeout("timeout", timeout)
-        done = self.flush(timeout)
-        for store in self._stores.values():
-            store.close()
-        if self._remote is not None and hasattr(self._remote, "close"):
-            self._remote.close()
-        return done
-
-    # ---- by digest, for codegen_cache.build's index ----------------------------------------
-
-    def fetch(self, digest: str, mode: str, *, ir: Any = None, fresh: bool = False, count: bool = True,
-              codegen: str | None = None) -> tuple[Module, dict[str, Any]] | None:
-        """The module and metadata stored under a key digest, or None; never calls a codegen.
-
-        For codegen_cache.build, whose index knows the digests of a build's entries but not
-        their lowered IRModules. Memory first (unless fresh): with `ir`, a hit must hold an
-        equal IRModule, as in lower(); without it the digest is trusted. Then that mode's store
-        ("compiled" or "source") and the remote tier. fresh=True returns a newly decoded module
-        the caller may change (import_module). With verify=True nothing is served by digest
-        alone (`ir` is required). A hit is counted (for `codegen`, when given), unless count=False.
-        """
-        if mode not in ENTRY_STORES:
-            raise ValueError(f"unknown mode {mode!r}; expected one of {ENTRY_STORES}")
-        return self._fetch(digest, mode, ir=ir, fresh=fresh, count=count, codegen=codegen)
-
-    def fetch_kept(self, digest: str, *, ir: Any = None, count: bool = True,
-                   codegen: str | None = None) -> tuple[Module, dict[str, Any]] | None:
-        """What keep() put under `digest`, from this process's memory tier only, or None; as fetch() does."""
-        return self._fetch(digest, None, ir=ir, fresh=False, count=count, codegen=codegen)
-
-    def _fetch(self, digest: str, mode: str | None, *, ir: Any, fresh: bool, count: bool,
-               codegen: str | None) -> tuple[Module, dict[str, Any]] | None:
-        # mode None: fetch_kept, the memory tier only (the chain stops after it).
-        if self.settings.disable or self.settings.recache or (self.settings.verify and ir is None) or not self.trusted:
-            return None
-        hit = None
-        if ir is None and not fresh:
-            found = self._memory.get(digest)  # the digest is trusted: no IRModule to compare
-            if found is not None:
-                hit = Hit("memory", Entry(digest, mode or "compiled", found.module, found.ir, found.meta))
-        if hit is None and (ir is not None or mode is not None):
-            probe = Probe(digest, mode or "compiled", ir, False)
-            # A memory entry needs its IRModule (exact hits), and a fresh module is the
-            # caller's alone: neither goes into memory.
-            hit = self._chain.lookup(probe, start=1 if fresh or ir is None else 0, stop=1 if mode is None else None,
-                                     fill=ir is not None and not fresh)
-        if not isinstance(hit, Hit):
-            return None
-        if count:
-            saved = float(hit.entry.meta.get("build_seconds", 0.0))
-            if codegen is not None:
-                self._stats.add_for(codegen, mode or "compiled", f"hits_{hit.tier}")
-                self._stats.add_for(codegen, mode or "compiled", "saved_seconds", saved)
-            else:
-                self._stats.add(f"hits_{hit.tier}")
-                self._stats.add("saved_seconds", saved)
-        keep_answering(hit.entry.module)
-        return hit.entry.module, hit.entry.meta
-
-    def keep(self, digest: str, module: Module, ir: Any, meta: dict[str, Any], nbytes: int = 1 << 16) -> None:
-        """Keep `module` in the memory tier under `digest`, with the object that makes hits exact.
-
-        For results that are not one codegen's (codegen_cache.build keeps a whole built module
-        under its build key): this process only, dropped by clear() and by LRU eviction.
-        """
-        from .._storage._memory import MemoryEntry
-
-        self._memory.put(digest, MemoryEntry(module, ir, nbytes, meta))
-
     # ---- accounting ---------------------------------------------------------------------------
 
     def _count_collision(self, digest: str) -> None:
         self._stats.add("collisions")
         self._guard.warn("collision", "codegen cache: two different IRModules share key %s "
                          "(64-bit structural hash collision); building without caching", digest[:16])
-
-
-def _native_llvm(blob: bytes) -> bool:
-    try:
-        return upgradable(*read_meta(blob))
-    except ArtifactError:
-        return False
 
 
 def _check_mode(compile_device: object) -> None:

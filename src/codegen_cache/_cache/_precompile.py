@@ -27,8 +27,8 @@ def precompile_cuda(cache: CodegenCache, mod: IRModule, target: TargetLike, code
     from ..codegens.cuda import compile_cuda_payload
 
     target = as_target(target)
-    entry = cache.resolve(target, codegen)
-    key = cache.key_for(mod, target, compile_device=True, codegen=entry)
+    codegen = cache.resolve(target, codegen)
+    key = cache.key_for(mod, target, compile_device=True, codegen=codegen)
     digest = key.digest
 
     def stored() -> bytes | None:
@@ -40,38 +40,38 @@ def precompile_cuda(cache: CodegenCache, mod: IRModule, target: TargetLike, code
 
     def hit(blob: bytes) -> str:
         # Found, so nvcc did not run: a hit, as ccache counts one, saving the recorded compile time.
-        count(entry.name, "compiled", "hits_disk")
+        count(codegen.name, "compiled", "hits_disk")
         try:
             saved = float(read_meta(blob)[1].get("build_seconds") or 0.0)
         except (ArtifactError, TypeError, ValueError):
             saved = 0.0  # a bad entry: the cache drops it when it is read
         if saved:
-            count(entry.name, "compiled", "saved_seconds", saved)
+            count(codegen.name, "compiled", "saved_seconds", saved)
         return digest
 
     found = None if cache.settings.recache else stored()
     if found:
         return hit(found)
-    count(entry.name, "compiled", "misses")
+    count(codegen.name, "compiled", "misses")
     held = promote = None
     if not cache.settings.recache:
         held, found = cache._flight.begin(digest, stored)  # noqa: SLF001
         if found:
             # Compiled by another process while we waited: a hit, not a miss.
-            count(entry.name, "compiled", "misses", -1)
+            count(codegen.name, "compiled", "misses", -1)
             return hit(found)
     try:
         t0 = time.perf_counter()
         payload, source = compile_cuda_payload(mod, target)
         seconds = time.perf_counter() - t0
-        count(entry.name, "compiled", "builds")
-        count(entry.name, "compiled", "build_seconds", seconds)
-        meta = {"key": digest, "parts": key.as_dict(), "codegen": entry.name, "mode": "compiled",
+        count(codegen.name, "compiled", "builds")
+        count(codegen.name, "compiled", "build_seconds", seconds)
+        meta = {"key": digest, "parts": key.as_dict(), "codegen": codegen.name, "mode": "compiled",
                 "target_kind": target.kind.name, "build_seconds": seconds, "created": time.time()}
         if cache.settings.verify:
             meta["ir_digest"] = Probe(digest, "compiled", mod).ir_digest
         blob = encode_cuda_binary(payload, source, meta, func_names=function_names(mod))
-        promote = cache._stage(entry.name, "compiled", digest, blob)  # noqa: SLF001
+        promote = cache._stage(codegen.name, "compiled", digest, blob)  # noqa: SLF001
     finally:
         cache._flight.release(held)  # noqa: SLF001
     if promote is not None:

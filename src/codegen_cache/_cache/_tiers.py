@@ -21,11 +21,11 @@ from .._artifacts import decode, needs_upgrade
 from .._compat import IRModule, Module
 from .._errors import ArtifactError, CudaRuntimeUnavailableError, EntryKeyError
 from .._storage._disk import STORAGE_ERRORS, ArtifactStore
-from .._storage._memory import MemoryEntry, MemoryTier
+from .._storage._memory import MemoryEntry, ModuleLRU
 from .._storage._pending import PendingFiles
 from ._guard import StorageGuard
 
-__all__ = ["COLLISION", "DiskTier", "Entry", "Hit", "MemoryTierView", "Probe", "RemoteTierView", "Tier", "TierChain",
+__all__ = ["COLLISION", "DiskTier", "Entry", "Hit", "MemoryTier", "Probe", "RemoteTierView", "Tier", "TierChain",
            "ir_digest"]
 
 
@@ -95,12 +95,12 @@ class Tier(Protocol):
         """Keep `entry` (a failure is the tier's to count; never raises for storage)."""
 
 
-class MemoryTierView:
+class MemoryTier:
     """The in-process tier: exact hits (the same IRModule object, else structurally equal)."""
 
     name = "memory"
 
-    def __init__(self, memory: MemoryTier) -> None:
+    def __init__(self, memory: ModuleLRU) -> None:
         self.memory = memory
 
     def get(self, probe: Probe) -> Hit | _Collision | None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from .._artifacts import unframe
 from .._errors import ArtifactError
-from ._inventory import ENTRY_STORES, Entry, iter_entries
+from ._inventory import ENTRY_STORES, StoredItem, iter_entries
 from ._commands import plural
 from .._storage._disk import STORAGE_ERRORS
 
@@ -123,7 +123,7 @@ class _Relowering:
         return f"{ir_hash(mod) & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
-def _compare(entry: Entry, wanted: dict[str, str], relower: _Relowering) -> dict[str, Any]:
+def _compare(entry: StoredItem, wanted: dict[str, str], relower: _Relowering) -> dict[str, Any]:
     stored = entry.parts
     names = list(wanted) + [n for n in stored if n not in wanted]
     same = [n for n in names if stored.get(n) == wanted.get(n)]
@@ -250,7 +250,7 @@ def explain(cache, mod, target, *, modes: list[bool], limit: int = 3, kernel=Non
     return report
 
 
-def _unverified(cache, exact: Entry | None, mod) -> str:
+def _unverified(cache, exact: StoredItem | None, mod) -> str:
     """Why CODEGEN_CACHE_VERIFY=1 would not serve the entry stored under the key ('' if it would)."""
     if exact is None or not cache.settings.verify:
         return ""

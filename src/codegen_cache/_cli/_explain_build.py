@@ -13,7 +13,7 @@ from collections import Counter
 from typing import Any
 
 from ._explain import _compare, _HINTS, _rank, _Relowering
-from ._inventory import Entry, iter_entries
+from ._inventory import StoredItem, iter_entries
 
 __all__ = ["explain_build"]
 
@@ -55,7 +55,7 @@ def explain_build(cache, kernel, target, *, limit: int = 3) -> dict[str, Any]:
     return report
 
 
-def _missing_parts(cache, index: Entry) -> list[str]:
+def _missing_parts(cache, index: StoredItem) -> list[str]:
     """The codegen entries an index entry names that are no longer stored ('host llvm compiled <digest>')."""
     missing = []
     for part in (*index.meta.get("devices", []), index.meta.get("host")):
@@ -67,7 +67,7 @@ def _missing_parts(cache, index: Entry) -> list[str]:
     return missing
 
 
-def _verdict(exact: Entry | None, missing: list[str], others: list[dict[str, Any]], entries: int, directory) -> list[str]:
+def _verdict(exact: StoredItem | None, missing: list[str], others: list[dict[str, Any]], entries: int, directory) -> list[str]:
     if exact is not None and not missing:
         return ["This build is served by the cache (its index entry and every entry it names are stored)."]
     if exact is not None:

@@ -22,7 +22,7 @@ from .._storage._layout import ALL_STORES, BUILDS_CODECS, ENTRY_STORES, FRONTEND
 from .._storage._plain import PlainFiles
 from ..tilelang._frontend import ENTRY_CODEC, entry_problem
 
-__all__ = ["ALL_STORES", "ENTRY_STORES", "LISTED_STORES", "Entry", "find_entries", "iter_entries",
+__all__ = ["ALL_STORES", "ENTRY_STORES", "LISTED_STORES", "StoredItem", "find_entries", "iter_entries",
            "open_store", "prune", "read_entry", "target_summary", "verify_entries"]
 
 # TVM's symbol for function `name` in a host (llvm, c) module: the user knows it as `name`.
@@ -36,8 +36,8 @@ _CODEC_FIELDS = {**{codec: fields for codec, (fields, _decoder) in CODECS.items(
 
 
 @dataclass(frozen=True, slots=True)
-class Entry:
-    """One stored entry: where it is, its size, and the metadata of its frame."""
+class StoredItem:
+    """One stored entry as the CLI lists it: where it is, its size, and the metadata of its frame."""
 
     store: str
     key: str
@@ -138,24 +138,24 @@ def _open_stores(cache, names: Iterable[str]) -> Iterator[tuple[str, ArtifactSto
             yield name, store
 
 
-def _entry(name: str, key: str, blob: bytes) -> Entry:
+def _entry(name: str, key: str, blob: bytes) -> StoredItem:
     try:
         codec, meta = read_meta(blob)
     except ArtifactError as err:
-        return Entry(name, key, len(blob), error=str(err))
-    return Entry(name, key, len(blob), codec, meta)
+        return StoredItem(name, key, len(blob), error=str(err))
+    return StoredItem(name, key, len(blob), codec, meta)
 
 
-def read_entry(store: ArtifactStore | PlainFiles, name: str, key: str) -> Entry | None:
-    """The entry under `key` (None: gone); one that cannot be read is an Entry with its error."""
+def read_entry(store: ArtifactStore | PlainFiles, name: str, key: str) -> StoredItem | None:
+    """The entry under `key` (None: gone); one that cannot be read is a StoredItem with its error."""
     try:
         blob = store.get(key)
     except (ArtifactError, *STORAGE_ERRORS) as err:
-        return Entry(name, key, 0, error=f"cannot be read ({type(err).__name__}: {err})")
+        return StoredItem(name, key, 0, error=f"cannot be read ({type(err).__name__}: {err})")
     return None if blob is None else _entry(name, key, blob)
 
 
-def iter_entries(cache, stores: Iterable[str] = ENTRY_STORES) -> Iterator[Entry]:
+def iter_entries(cache, stores: Iterable[str] = ENTRY_STORES) -> Iterator[StoredItem]:
     """Every readable entry of the named stores (expired ones are skipped)."""
     for name, store in _open_stores(cache, stores):
         for key in list(store.keys()):
@@ -164,7 +164,7 @@ def iter_entries(cache, stores: Iterable[str] = ENTRY_STORES) -> Iterator[Entry]
                 yield entry
 
 
-def find_entries(cache, prefix: str, stores: Iterable[str] = ALL_STORES) -> list[Entry]:
+def find_entries(cache, prefix: str, stores: Iterable[str] = ALL_STORES) -> list[StoredItem]:
     """Entries whose key starts with `prefix` (case-insensitive)."""
     prefix = prefix.strip().lower()
     found = []
@@ -248,7 +248,7 @@ def prune(cache, *, max_size: int | None = None, older_than: float | None = None
                 freed += entry.size
     if max_size is not None:
         gone = {(e.store, e.key) for e in removed}
-        # Entry sizes estimate what deleting frees; the stores' SQLite files shrink with them
+        # StoredItem sizes estimate what deleting frees; the stores' SQLite files shrink with them
         # (diskcache runs with auto_vacuum), so the volume measured after is close.
         excess = _volume(cache, stores) - max_size
         for entry in entries:

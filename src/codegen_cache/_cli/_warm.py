@@ -35,8 +35,8 @@ def _init_worker(spec: str, directory: str, names: list[str] | None) -> None:
 def _modes(target, mode: str) -> list[bool]:
     from .._registry import default_registry
 
-    entry = default_registry.resolve(target)
-    has = {True: entry.build is not None, False: entry.build_without_compile is not None}
+    codegen = default_registry.resolve(target)
+    has = {True: codegen.build is not None, False: codegen.build_without_compile is not None}
     if mode == "both":
         return [m for m in (True, False) if has[m]]
     if mode == "auto":

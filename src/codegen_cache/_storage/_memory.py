@@ -1,4 +1,4 @@
-"""The in-process tier: a bounded LRU of loaded modules, by entry count and bytes."""
+"""A bounded LRU of loaded modules, by entry count and bytes (what `_cache/_tiers.MemoryTier` keeps)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 from .._compat import IRModule, Module
 from .._forksafe import on_fork_child
 
-__all__ = ["MemoryEntry", "MemoryTier"]
+__all__ = ["MemoryEntry", "ModuleLRU"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +24,7 @@ class MemoryEntry:
     meta: dict[str, Any]
 
 
-class MemoryTier:
+class ModuleLRU:
     """LRU of MemoryEntry by key; evicts past `max_entries` or `max_bytes`."""
 
     def __init__(self, *, max_entries: int, max_bytes: int, on_evict: Callable[[], None] | None = None) -> None:
