@@ -52,6 +52,8 @@ def _own_process_group(script: str, *args: str):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        for pipe in (proc.stdout, proc.stderr):
+            pipe.close()  # not left to the garbage collector (a ResourceWarning in a later test)
 
 
 # ---- the llvm upgrader: one per directory ------------------------------------------------------
@@ -531,7 +533,8 @@ def _codec(directory: Path, i: int) -> str | None:
 
 
 LOWER_THEN_WAIT = """
-    import sys, time
+    import faulthandler, sys, time
+    faulthandler.enable()  # SIGABRT (sent where it does not exit) prints every thread's stack
     import codegen_cache as cc
     from workers import variant
     cache = cc.CodegenCache(sys.argv[1])
@@ -552,7 +555,12 @@ def test_sigint_to_the_process_group_loses_no_entry_and_the_upgrade_finishes(tmp
         assert proc.stdout.readline().strip() == "lowered", proc.stderr.read()[-3000:]
         time.sleep(0.3)
         os.killpg(proc.pid, signal.SIGINT)
-        _out, err = proc.communicate(timeout=60)
+        try:
+            _out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGABRT)
+            _out, err = proc.communicate(timeout=30)
+            pytest.fail(f"not exited 60 s after SIGINT; its threads:\n{err[-6000:]}")
     assert proc.returncode != 0 and "KeyboardInterrupt" in err, err[-3000:]
     assert proc.returncode not in (-signal.SIGABRT, 134), err[-3000:]
     # The upgrader and its linker run in sessions of their own: the interrupt did not reach them.
@@ -592,6 +600,30 @@ EXIT_WITH_A_QUEUE = """
         cache.lower(mod, target, compile_device=True)
     print("exiting", flush=True)
 """
+
+
+LOCK_LEFT_HELD = """
+    import sys
+    import codegen_cache as cc
+    from codegen_cache._cache._writer import EXIT_SECONDS, writer
+    from workers import variant
+    cache = cc.CodegenCache(sys.argv[1])
+    cache.lower(*variant(0))
+    # What a KeyboardInterrupt between a `with` block's acquire and its body leaves: the lock held.
+    writer._cond.acquire()
+    print(EXIT_SECONDS, flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_the_exit_ends_within_its_bound_even_when_the_writers_lock_was_left_held(tmp_path):
+    started = time.monotonic()
+    done = _python(LOCK_LEFT_HELD, str(tmp_path / "cache"), timeout=90)
+    bound = float(done.stdout.split()[-1])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert time.monotonic() - started < bound + 60, "the exit waited past its bound"
+    # The entry was staged before lower() returned: the next process finds it.
+    assert lower_fresh(tmp_path / "cache", 0, True)[0] == "disk"
 
 
 @pytest.mark.timeout(300)

@@ -105,7 +105,12 @@ class Writer:
     def wait(self, timeout: float | None = None) -> bool:
         """Until every job is done or `timeout` seconds passed; True when the queue drained."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
+        # The lock itself is taken within the timeout too: a KeyboardInterrupt that lands between
+        # another `with` block's acquire and its body leaves the lock held for good, and the exit
+        # (which waits here) must still end within its EXIT_SECONDS.
+        if not self._cond.acquire(timeout=-1 if timeout is None else timeout):
+            return False
+        try:
             self._waiters += 1  # a hold must not make a flush (or the exit) wait for nothing
             try:
                 self._cond.notify_all()  # a polling thread starts now rather than at its next look
@@ -121,6 +126,8 @@ class Writer:
                 return True
             finally:
                 self._waiters -= 1
+        finally:
+            self._cond.release()
 
     def _loop(self) -> None:
         cond = self._cond
@@ -157,8 +164,9 @@ writer = Writer()
 def _at_exit() -> None:
     try:
         if not writer.wait(EXIT_SECONDS):
+            # Read without the lock: wait() may have timed out on a lock left held.
             logger.debug("codegen cache: exiting with %d background jobs left (their entries are staged)",
-                         writer.pending())
+                         len(writer._jobs) + writer._running)  # noqa: SLF001
     except KeyboardInterrupt:
         pass  # Ctrl-C while exiting: stop waiting, never abort the interpreter
 
