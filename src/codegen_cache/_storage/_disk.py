@@ -229,13 +229,11 @@ class ArtifactStore:
         with self._reader_lock:
             try:
                 return self._run(lambda: reader.execute(_SELECT, (key, time.time())).fetchone())
-            except sqlite3.OperationalError as err:
-                if "no such table" not in str(err):
-                    raise
-                # Another thread or process is making the store: its file is there before its
-                # table. Nothing is stored yet, so this is a miss, and the connection stays.
-                return None
             except sqlite3.Error as err:
+                if isinstance(err, sqlite3.OperationalError) and "no such table" in str(err):
+                    # Another thread or process is making the store: its file is there before its
+                    # table. Nothing is stored yet, so this is a miss, and the connection stays.
+                    return None
                 # Damaged, or replaced under us (a store started afresh): the next lookup opens again.
                 self._reader = None
                 with contextlib.suppress(sqlite3.Error):
