@@ -108,7 +108,7 @@ class Writer:
         # The lock itself is taken within the timeout too: a KeyboardInterrupt that lands between
         # another `with` block's acquire and its body leaves the lock held for good, and the exit
         # (which waits here) must still end within its EXIT_SECONDS.
-        if not self._cond.acquire(timeout=-1 if timeout is None else timeout):
+        if not self._cond.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
             return False
         try:
             self._waiters += 1  # a hold must not make a flush (or the exit) wait for nothing
