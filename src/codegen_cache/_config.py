@@ -362,6 +362,12 @@ def settings_from_env(environ: Mapping[str, str] | None = None, *, base: Setting
     return Settings(**values)  # type: ignore[arg-type]
 
 
+def disabled_by_env(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether CODEGEN_CACHE_DISABLE turns caching off (parsed, and a bad value refused, as settings_from_env does)."""
+    raw = (os.environ if environ is None else environ).get("CODEGEN_CACHE_DISABLE")
+    return raw is not None and bool(raw.strip()) and bool(parse_bool("CODEGEN_CACHE_DISABLE", raw))
+
+
 def unknown_env_vars(environ: Mapping[str, str] | None = None) -> list[str]:
     """CODEGEN_CACHE_* variables that are set but mean nothing (typos, old names)."""
     environ = os.environ if environ is None else environ

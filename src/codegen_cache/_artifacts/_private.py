@@ -182,10 +182,12 @@ def private_file(data: bytes | memoryview, scratch: str, name: str) -> str:
     if os.sep in name or name in ("", ".", ".."):
         raise ValueError(f"not a file name: {name!r}")
     directory = _own_dir(scratch)
-    fd, tmp = tempfile.mkstemp(prefix=SCRATCH_PREFIX, dir=directory)
+    # The directory is this process's own: a counter names the temporary file (no random name,
+    # no fchmod: it is made read-only, and the descriptor opened for writing is this one).
+    tmp = os.path.join(directory, f"{SCRATCH_PREFIX}{next(_own_files)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o400)
     try:
         _write_all(fd, data)
-        os.fchmod(fd, 0o400)
     finally:
         os.close(fd)
     path = os.path.join(directory, name)
@@ -193,12 +195,21 @@ def private_file(data: bytes | memoryview, scratch: str, name: str) -> str:
     return path
 
 
+_own_files = itertools.count()
+
+
 def _own_dir(scratch: str) -> str:
     with _own_lock:
         found = _own_dirs.get(scratch)
         if found is not None and found[0] == os.getpid() and os.path.isdir(found[1]):
             return found[1]
-        directory = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}own-{os.getpid()}-", dir=scratch)  # mode 0700
+        while True:  # what tempfile.mkdtemp does, without its random-name machinery (a first hit pays it)
+            directory = os.path.join(scratch, f"{SCRATCH_PREFIX}own-{os.getpid()}-{os.urandom(6).hex()}")
+            try:
+                os.mkdir(directory, 0o700)
+                break
+            except FileExistsError:
+                continue
         _own_dirs[scratch] = (os.getpid(), directory)
         atexit.register(_remove_own, os.getpid(), directory)
         return directory

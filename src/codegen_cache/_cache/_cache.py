@@ -37,7 +37,7 @@ from typing import Any
 from .. import _context
 from .._artifacts import FORMAT_VERSION, frame, keep_answering, prepare, symbol_names
 from .._compat import IRModule, Module, Target
-from .._config import ENV_VARS, Settings, settings_from_env, unknown_env_vars
+from .._config import ENV_VARS, Settings, disabled_by_env, settings_from_env, unknown_env_vars
 from .._errors import ConfigError, ReentrantLoweringError, UncacheableError
 from .._log import warn_once
 from .._key import CacheKey, compute_key, ir_hash
@@ -619,9 +619,8 @@ def warn_unknown_env() -> None:
 
 
 def _default_cache() -> CodegenCache | None:
-    warn_unknown_env()
-    settings = settings_from_env()
-    return None if settings.disable else CodegenCache(settings=settings)
+    # The constructor reads the environment (once: a fresh process's first hit pays for it).
+    return None if disabled_by_env() else CodegenCache()
 
 
 _context.set_default_factory(_default_cache)

@@ -70,13 +70,16 @@ def _unescape(text: str) -> str:
 def _read_mounts(mounts_file: str) -> list[tuple[str, str, set[str]]]:
     rows = []
     try:
-        with open(mounts_file, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) >= 4:
-                    rows.append((_unescape(parts[1]), parts[2], set(parts[3].split(","))))
+        with open(mounts_file, "rb") as f:
+            text = f.read().decode("utf-8", "replace")
     except OSError as err:
         logger.debug("cannot read %s: %s", mounts_file, err)
+        return rows
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 4:
+            point = _unescape(parts[1]) if "\\" in parts[1] else parts[1]
+            rows.append((point, parts[2], set(parts[3].split(","))))
     return rows
 
 
@@ -175,6 +178,11 @@ def sweep_leftovers(directory: str, max_age: float = SCRATCH_MAX_AGE) -> int:
     return removed
 
 
+def _mounted_noexec(path: str) -> bool:
+    return bool(os.statvfs(path).f_flag & getattr(os, "ST_NOEXEC", 0)) or (
+        not hasattr(os, "ST_NOEXEC") and probe(path).noexec)
+
+
 def scratch_dir(preferred: str | os.PathLike[str], *, max_age: float = SCRATCH_MAX_AGE,
                 root: str | os.PathLike[str] | None = None, make_root: bool = True) -> str:
     """A directory for temporary files that are written and dlopen'ed.
@@ -193,7 +201,8 @@ def scratch_dir(preferred: str | os.PathLike[str], *, max_age: float = SCRATCH_M
         # write and the dlopen.
         mode = os.stat(path).st_mode
         shared = bool(mode & stat.S_IWOTH) and not mode & stat.S_ISVTX
-        usable = not shared and os.access(path, os.W_OK | os.X_OK) and not probe(path).noexec
+        # noexec from the mount's flags (one statvfs), not from reading the mount table.
+        usable = not shared and os.access(path, os.W_OK | os.X_OK) and not _mounted_noexec(path)
     except OSError:
         usable = False
     if not usable:
