@@ -154,3 +154,27 @@ def test_the_frontend_store_is_bounded_by_the_compiled_size_limit(cache_dir):
     # Each entry alone is over the limit: the newest is kept, the older culled.
     (entry,) = (cache.directory / "tilelang").glob("*.so")
     assert entry.name != first.name and entry.stat().st_size > 1
+
+
+def test_kernel_parameters_read_as_plain_json_are_what_tilelangs_loader_gives(fresh_cache):
+    from tilelang.engine.param import KernelParam, dump_kernel_params, load_kernel_params
+
+    cct.enable()
+    cache = fresh_cache()
+    with cc.use_cache(cache):
+        kernel = tilelang.compile(vadd(n=512), target=SM80)
+    static = _frontend._static_params(kernel.params)
+    assert static == [["float32", [512]]] * 3
+    meta = {"params": dump_kernel_params(kernel.params), "static_params": static}
+    fast, tilelangs = _frontend._kernel_params(meta), load_kernel_params(meta["params"])
+    assert [(str(p.dtype), p.shape) for p in fast] == [(str(p.dtype), p.shape) for p in tilelangs]
+    assert all(type(p) is KernelParam and type(p.dtype) is type(q.dtype) for p, q in zip(fast, tilelangs))
+    # A symbolic dimension has no plain form: tilelang's own JSON is read, the Var kept.
+    n = tilelang.tvm.tirx.Var("n", "int32")
+    symbolic = [KernelParam(tilelang.tvm.DataType("float16"), [n, 4])]
+    assert _frontend._static_params(symbolic) is None
+    loaded = _frontend._kernel_params({"params": dump_kernel_params(symbolic), "static_params": None})
+    assert str(loaded[0].dtype) == "float16" and loaded[0].shape[1] == 4 and str(loaded[0].shape[0]) == "n"
+    # A damaged plain form is not trusted: tilelang's JSON is read instead.
+    assert _frontend._kernel_params({"params": meta["params"], "static_params": [["float32", ["512"]]]})[0].shape \
+        == [512]

@@ -19,7 +19,6 @@ import threading
 from typing import Any
 
 from .._context import active_cache
-from .._errors import UncacheableError
 from .._registry import DeviceCodegen
 from . import _salts
 
@@ -100,16 +99,10 @@ def install() -> None:
 
 
 def prepare() -> None:
-    """Per-process work done once at enable(), as tilelang does its own at import.
-
-    Identifies the tilelang_callback_* functions registered now (tvm-ffi's callback layout is
-    learnt once) and opens the active cache's directory (its cost: docs/tilelang.md).
+    """Per-process work done once at enable(), as tilelang does its own at import: opens the
+    active cache's directory (its cost: docs/tilelang.md). The tilelang_callback_* functions of
+    a kind are identified at its first key, not here: a CUDA user does not pay for HIP's.
     """
-    for kind in ("cuda", "hip"):
-        try:
-            _salts.callback_part(kind)
-        except UncacheableError:
-            pass  # keyed again, and reported, when a codegen of that kind runs
     active_cache()
 
 

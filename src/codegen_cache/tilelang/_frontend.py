@@ -19,7 +19,9 @@ pickles; this cache never unpickles; the device level still serves those version
 An entry is one file, `<cache dir>/tilelang/<digest>.so`: the frame (payload first) whose
 field 0 is the kernel library; a hit gives tilelang a private copy of those checked bytes to
 load (never the entry's file, which another process may change meanwhile); fields 1 and 2 are
-the device and host sources; kernel parameters are tilelang's JSON (dump_kernel_params). A hit
+the device and host sources; kernel parameters are tilelang's JSON (dump_kernel_params), and
+where every dimension is a number also plain JSON (`static_params`: dtype and shape, read
+without TVM's JSON loader, which costs a fresh process's hit a fifth of a millisecond). A hit
 checks the frame's checksum, then rebuilds the kernel with the execution backend's own
 `_build_kernel` (JITKernel.from_database), as tilelang's KernelCache does: no lowering, no
 codegen, no compile. A hit in memory is the same JITKernel object, after an exact comparison
@@ -279,6 +281,7 @@ def _store(cache: CodegenCache, key: CacheKey, func: Any, kernel: Any, call: dic
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     meta = {"key": key.digest, "parts": key.as_dict(), "params": dump_kernel_params(kernel.params),
+            "static_params": _static_params(kernel.params),
             "build_seconds": build_seconds, "created": time.time(), "func_names": _names(func),
             # The resolved backend context, so that a hit skips tilelang's target resolution.
             "context": {"backend": context.module.name, "target": canonical_target(context.target),
@@ -292,8 +295,32 @@ def _store(cache: CodegenCache, key: CacheKey, func: Any, kernel: Any, call: dic
     return True
 
 
-def _load(cache: CodegenCache, key: CacheKey, func: Any, call: dict[str, Any], original_module: Any):
+def _static_params(params: Any) -> list | None:
+    """[[dtype, [dims]], ...] where every dimension is an int (None: a symbolic one; tilelang's JSON holds it)."""
+    static = []
+    for param in params:
+        shape = list(param.shape)
+        if not all(type(dim) is int for dim in shape):
+            return None
+        static.append([str(param.dtype), shape])
+    return static
+
+
+def _kernel_params(meta: dict) -> list:
+    """The entry's kernel parameters, as tilelang's load_kernel_params gives them."""
+    static = meta.get("static_params")
+    if isinstance(static, list) and all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str)
+                                        and isinstance(p[1], list) and all(type(d) is int for d in p[1])
+                                        for p in static):
+        from tilelang.engine.param import KernelParam
+
+        return [KernelParam(_compat.tvm.DataType(dtype), list(shape)) for dtype, shape in static]
     from tilelang.engine.param import load_kernel_params
+
+    return load_kernel_params(meta["params"])
+
+
+def _load(cache: CodegenCache, key: CacheKey, func: Any, call: dict[str, Any], original_module: Any):
     from tilelang.jit.adapter.base import CachedTextSource
 
     path = _entry_path(cache, key.digest)
@@ -315,7 +342,7 @@ def _load(cache: CodegenCache, key: CacheKey, func: Any, call: dict[str, Any], o
             host_kernel_source=CachedTextSource(text=bytes(art.fields[2]).decode()),
             device_kernel_source=CachedTextSource(text=bytes(art.fields[1]).decode()),
             kernel_lib_path=library,
-            kernel_params=load_kernel_params(art.meta["params"]),
+            kernel_params=_kernel_params(art.meta),
             out_idx=call["out_idx"],
             pass_configs=normalize_pass_configs(call["pass_configs"]),
             compile_flags=call["compile_flags"],
