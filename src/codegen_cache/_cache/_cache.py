@@ -45,7 +45,7 @@ from .._outcome import emit, run_uncached
 from .._registry import DeviceCodegen, DeviceCodegenRegistry, default_registry
 from .._storage._disk import ArtifactStore
 from .._storage._faults import ensure_dir
-from .._storage._fsprobe import scratch_dir, warn_if_unsafe
+from .._storage._fsprobe import scratch_dir
 from .._storage._locks import KeyLocks
 from .._storage._memory import ModuleLRU
 from .._storage._pending import PendingFiles
@@ -165,7 +165,6 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
         if self.directory.exists() and not self.directory.is_dir():
             raise ConfigError("directory (CODEGEN_CACHE_DIR)", str(self.directory),
                               "a directory (this path is a file)")
-        warn_if_unsafe(self.directory)  # SQLite is not safe on NFS/SMB/FUSE: say so once per directory
         self.registry = default_registry if registry is None else registry
         self.write_behind = write_behind
         self._stats = StatsRecorder(self.directory)

@@ -31,6 +31,7 @@ from .._errors import ArtifactError, UnsafeEntryError
 from .._forksafe import on_fork_child, sqlite_gate
 from ._faults import (DIR_MODE, READ_FLAGS, ReadOnlyStoreError, ensure_dir, freeze_file_mode, real_dir, share_file_mode,
                       storage_fault, warn_read_only, writable)
+from ._fsprobe import warn_if_unsafe
 from ._readonly import ReadOnlyView
 
 __all__ = ["STORAGE_ERRORS", "ArtifactStore", "Row", "SafeDisk", "storage_fault"]
@@ -169,6 +170,22 @@ class Row:
     path: str | None
 
 
+_probed: set[str] = set()
+
+
+def check_filesystem(root: Path) -> None:
+    """Warn once per cache directory and process where SQLite is not safe (NFS, SMB, FUSE).
+
+    Done where a store's SQLite is first opened, not when the cache object is made: a process
+    that never opens one (tilelang's whole-kernel entries are plain files) does not read the
+    mount table.
+    """
+    name = os.fspath(root)
+    if name not in _probed:
+        _probed.add(name)
+        warn_if_unsafe(root)
+
+
 class ArtifactStore:
     """One diskcache store (e.g. <dir>/compiled) of framed artifacts, opened lazily."""
 
@@ -223,6 +240,7 @@ class ArtifactStore:
             with self._reader_lock:
                 if self._reader is None:
                     real_dir(self.directory, self.root)  # never through a link (one check per process)
+                    check_filesystem(self.root)
                     self._reader = self._run(sqlite3.connect, f"{db.absolute().as_uri()}?mode=rw", uri=True,
                                              timeout=self.timeout, check_same_thread=False, isolation_level=None)
                 reader = self._reader
@@ -255,6 +273,7 @@ class ArtifactStore:
             return self._cache
 
     def _open_locked(self) -> diskcache.Cache | ReadOnlyView:
+        check_filesystem(self.root)
         if not writable(self.directory):
             real_dir(self.directory, self.root)  # a symlink in its place is refused here too
             warn_read_only(self.root)
