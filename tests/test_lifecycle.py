@@ -941,7 +941,9 @@ def test_a_killed_writers_half_staged_file_is_swept_and_nothing_else(tmp_path):
     for path in (leftover, foreign):
         path.write_bytes(b"x")
         _age(path)
-    assert lower_fresh(directory, 0, False)[0] == "disk"  # a process that needs its scratch space sweeps
+    assert lower_fresh(directory, 0, False)[0] == "disk"
+    assert leftover.exists()  # a process that only hits pays no sweep
+    assert lower_fresh(directory, 1, False)[0] != "disk"  # a process that stores sweeps, on its writer
     assert not leftover.exists() and foreign.read_bytes() == b"x"
 
 

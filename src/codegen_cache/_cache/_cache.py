@@ -45,7 +45,7 @@ from .._outcome import emit, run_uncached
 from .._registry import DeviceCodegen, DeviceCodegenRegistry, default_registry
 from .._storage._disk import ArtifactStore
 from .._storage._faults import ensure_dir
-from .._storage._fsprobe import scratch_dir
+from .._storage._fsprobe import scratch_dir, sweep_leftovers
 from .._storage._locks import KeyLocks
 from .._storage._memory import ModuleLRU
 from .._storage._pending import PendingFiles
@@ -191,6 +191,7 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
             if getattr(leases, "enabled", False) else None
         self._pusher = self._pusher_for(self._remote)
         self._scratch_dir: tuple[int, str] | None = None
+        self._swept: int | None = None  # the pid that swept leftovers (_sweep_once)
         self._resolved: dict[Target, tuple[int, Any]] = {}  # resolve() per target and registry version
         self._upgrades_asked: set[str] = set()
         self._trusted: bool | None = None  # may entries be loaded from the directory? (checked once)
@@ -548,6 +549,7 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
         The caller runs that after releasing the key's build lock; None: not staged. The remote
         build lease, if any, is released once the entry is in the remote.
         """
+        self._sweep_once()
         # Where staging fails (a symlink planted at pending/ is refused, say), the store itself is
         # written before lower() returns; only where both fail is nothing stored.
         if not self._guard("stage", self._staged[mode].write, digest, blob) \
@@ -588,11 +590,24 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
         # Made once per process: a hit must not pay a mkdir.
         if self._scratch_dir is None or self._scratch_dir[0] != os.getpid():
             # <dir>/tmp unless it is unwritable or mounted noexec (dlopen of a cached llvm
-            # library fails there); sweeps killed processes' leftovers.
-            self._scratch_dir = (os.getpid(), scratch_dir(self.directory / "tmp", root=self.directory))
-            for staged in (*self._staged.values(), self._staged_builds):  # and what killed writers left there
-                staged.sweep()
+            # library fails there). Killed processes' leftovers are swept at the first store.
+            self._scratch_dir = (os.getpid(), scratch_dir(self.directory / "tmp", root=self.directory, sweep=False))
         return self._scratch_dir[1]
+
+    def _sweep_once(self) -> None:
+        """At this process's first store, the writer sweeps what killed processes left in tmp/ and
+        the staged stores (older than an hour): a process that only hits never pays for it."""
+        if self._swept == os.getpid():
+            return
+        self._swept = os.getpid()
+        scratch, staged = self._scratch(), (*self._staged.values(), self._staged_builds)
+
+        def sweep() -> None:
+            sweep_leftovers(scratch)
+            for files in staged:
+                files.sweep()
+
+        writer.submit(sweep)
 
     # ---- accounting ---------------------------------------------------------------------------
 

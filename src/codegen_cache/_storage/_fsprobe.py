@@ -184,12 +184,13 @@ def _mounted_noexec(path: str) -> bool:
 
 
 def scratch_dir(preferred: str | os.PathLike[str], *, max_age: float = SCRATCH_MAX_AGE,
-                root: str | os.PathLike[str] | None = None, make_root: bool = True) -> str:
+                root: str | os.PathLike[str] | None = None, make_root: bool = True, sweep: bool = True) -> str:
     """A directory for temporary files that are written and dlopen'ed.
 
     `preferred` (created if needed) when it can be written and is not on a noexec mount
     (dlopen fails there, which would make every cached llvm library look corrupt); else the
-    system temp directory. Leftovers of killed processes older than `max_age` are removed.
+    system temp directory. Leftovers of killed processes older than `max_age` are removed
+    (sweep=False: the caller sweeps them later, off a hit's path).
     `root`: the cache directory `preferred` lies in (no link below it is followed; make_root=False:
     a removed one is not made again, the system temp directory is used).
     """
@@ -209,5 +210,6 @@ def scratch_dir(preferred: str | os.PathLike[str], *, max_age: float = SCRATCH_M
         fallback = tempfile.gettempdir()
         logger.debug("scratch directory %s is unwritable, noexec or world-writable; using %s", path, fallback)
         return fallback
-    sweep_leftovers(path, max_age)
+    if sweep:
+        sweep_leftovers(path, max_age)
     return path
