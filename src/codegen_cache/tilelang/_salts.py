@@ -27,6 +27,7 @@ import xxhash
 
 from .._compat import tvm
 from .. import _compat
+from .._storage._faults import READ_FLAGS, read_whole
 from ..codegens._callbacks import callback_salts, declare_salt_of
 from ..codegens._owner import owner_name
 from ..codegens.cuda import nvcc_version_at
@@ -152,13 +153,18 @@ def _memo_read(path: Path | None) -> dict:
         return {}
     name = os.fspath(path)
     try:
-        with open(name, "rb") as handle:
-            st = os.fstat(handle.fileno())
+        # os.read, not a buffered file's read(n): that one allocates n bytes first.
+        fd = os.open(name, READ_FLAGS)
+        try:
+            st = os.fstat(fd)
             stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
             seen = _memo_seen.get(name)
             if seen is not None and seen[0] == stamp:
                 return seen[1]  # the headers' and nvcc's stamps are read from one parse
-            data = json.loads(handle.read(1_000_000))
+            blob = read_whole(fd, 1_000_000)
+        finally:
+            os.close(fd)
+        data = json.loads(blob.decode()) if blob is not None else None
     except (OSError, ValueError):
         return {}
     if not isinstance(data, dict):
