@@ -178,3 +178,20 @@ def test_kernel_parameters_read_as_plain_json_are_what_tilelangs_loader_gives(fr
     # A damaged plain form is not trusted: tilelang's JSON is read instead.
     assert _frontend._kernel_params({"params": meta["params"], "static_params": [["float32", ["512"]]]})[0].shape \
         == [512]
+
+
+def test_the_tilelang_version_check_reads_the_argument_names():
+    import functools
+
+    import tilelang.cache
+
+    def old(target, execution_backend, verbose):  # tilelang < 0.1.14
+        return target
+
+    def new(target, target_host, execution_backend, verbose):
+        return target
+
+    assert _frontend._takes_target_host(tilelang.cache._resolve_cache_dispatch)
+    assert _frontend._takes_target_host(new) and not _frontend._takes_target_host(old)
+    assert _frontend._takes_target_host(functools.partial(new)) and not _frontend._takes_target_host(
+        functools.partial(old))  # no code object: inspect.signature decides
