@@ -257,19 +257,31 @@ def test_a_new_copy_is_never_taken_for_a_library_still_loaded_under_the_same_des
     assert all((tmp_path / f"ran{n}").exists() for n in (1, 2, 3))  # each one's own constructor ran
 
 
-def test_private_files_for_path_loaders_live_in_a_directory_of_the_process_removed_at_its_exit(tmp_path):
+def test_private_files_for_path_loaders_are_read_only_never_reused_and_removed_at_their_process_exit(tmp_path):
     script = textwrap.dedent(f"""
         import os
-        from codegen_cache._artifacts._private import private_file
-        path = private_file(b"library bytes", {str(tmp_path)!r}, "k.so")
-        assert open(path, "rb").read() == b"library bytes"
-        print(path, oct(os.stat(path).st_mode & 0o777), oct(os.stat(os.path.dirname(path)).st_mode & 0o777))
+        from codegen_cache._artifacts import _private
+        scratch = {str(tmp_path)!r}
+        _private._own_prefix()
+        planted = os.path.join(scratch, f"cgc-{{_private._own_pid[0][1]}}-0-k.so")
+        os.symlink("/etc/passwd", planted)  # a name guessed beforehand: never written through
+        first = _private.private_file(b"library bytes", scratch, "k.so")
+        again = _private.private_file(b"other bytes", scratch, "k.so")
+        assert open(first, "rb").read() == b"library bytes" and open(again, "rb").read() == b"other bytes"
+        os.unlink(planted)
+        print(first, again, oct(os.stat(first).st_mode & 0o777))
+        child = os.fork()
+        if child == 0:
+            raise SystemExit(0)  # a child of fork runs the exit handlers: it removes nothing of its parent's
+        os.waitpid(child, 0)
+        assert os.path.exists(first) and os.path.exists(again)
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    path, mode, dir_mode = done.stdout.split()
-    assert (mode, dir_mode) == ("0o400", "0o700")
-    assert not os.path.exists(path) and list(tmp_path.iterdir()) == []  # gone with its process
+    first, again, mode = done.stdout.split()
+    assert first != again and first.endswith("k.so") and os.path.dirname(first) == str(tmp_path)
+    assert mode == "0o400"
+    assert list(tmp_path.iterdir()) == []  # gone with their process
 
 
 def test_a_second_load_of_the_same_bytes_maps_the_kept_sealed_copy(tmp_path):

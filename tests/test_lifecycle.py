@@ -935,7 +935,9 @@ def test_the_scratch_sweep_removes_only_its_own_leftovers_and_never_follows_a_li
 
 def test_a_killed_writers_half_staged_file_is_swept_and_nothing_else(tmp_path):
     directory = tmp_path / "cache"
-    cc.CodegenCache(directory, write_behind=False).lower(*variant(0), compile_device=False)
+    first = cc.CodegenCache(directory, write_behind=False)
+    first.lower(*variant(0), compile_device=False)
+    assert first.flush(timeout=60)  # its own sweep (at its first store) is done before the leftovers exist
     staged = directory / "pending" / "source"
     leftover, foreign = staged / "cgc-4242-1.tmp", staged / "notes.txt"
     for path in (leftover, foreign):

@@ -14,9 +14,9 @@ change:
   unlinked before its first byte is written, loaded through its descriptor the same way: no
   path ever reaches it.
 - `private_file`: for loaders that want a real file name (tilelang's, which pick the loader
-  by the name's extension): a file in a directory of this process's own (mode 0700) inside the
-  scratch directory, kept for the process's lifetime (a kernel may read its library's path
-  again) and removed at exit.
+  by the name's extension): a read-only file made with O_EXCL in the scratch directory under a
+  name only this process uses, kept for the process's lifetime (a kernel may read its library's
+  path again) and removed at exit.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import contextlib
 import fcntl
 import itertools
 import os
-import shutil
 import tempfile
 import threading
 from collections.abc import Callable
@@ -169,52 +168,60 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[os.write(fd, view):]
 
 
-_own_dirs: dict[str, tuple[int, str]] = {}  # scratch dir -> (pid, this process's private directory in it)
-_own_lock = threading.Lock()
-
-
 def private_file(data: bytes | memoryview, scratch: str, name: str) -> str:
-    """The path of a new file `name` holding `data`, in a directory only this process uses (0700).
+    """The path of a new read-only file holding `data`, ending in `name`, in the scratch directory.
 
-    Read-only, in a directory of this user's only: no other user can change it. It stays until
-    the process exits (whoever loaded it may open the path again).
+    Made with O_EXCL under a name no other process uses (this process's id, a random part drawn
+    once, a counter); the scratch directory is one nobody but the user (or the team that shares
+    the cache, who may store entries anyway) can change, or a sticky one, where nobody else can
+    rename it. It stays until the process exits (whoever loaded it may open the path again), then
+    it is removed; a killed process's are swept with the other leftovers (`SCRATCH_PREFIX`).
     """
     if os.sep in name or name in ("", ".", ".."):
         raise ValueError(f"not a file name: {name!r}")
-    directory = _own_dir(scratch)
-    # The directory is this process's own: a counter names the temporary file (no random name,
-    # no fchmod: it is made read-only, and the descriptor opened for writing is this one).
-    tmp = os.path.join(directory, f"{SCRATCH_PREFIX}{next(_own_files)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o400)
+    while True:
+        path = os.path.join(scratch, f"{SCRATCH_PREFIX}{_own_prefix()}-{next(_own_files)}-{name}")
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o400)
+            break
+        except FileExistsError:
+            continue  # planted by someone who guessed the name: the next one
     try:
         _write_all(fd, data)
-    finally:
+    except BaseException:
         os.close(fd)
-    path = os.path.join(directory, name)
-    os.replace(tmp, path)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
+    os.close(fd)
+    with _own_lock:
+        _own_paths.append(path)
     return path
 
 
+# No directory of the process's own, as before: making one was a third of a millisecond of a
+# fresh process's tilelang hit (its first mkdir), and a file in it another sixth.
 _own_files = itertools.count()
+_own_paths: list[str] = []  # this process's private files, removed at its exit
+_own_pid: list[tuple[int, str]] = []  # [(pid, the names' prefix)]: drawn anew in a child of fork
+_own_lock = threading.Lock()
 
 
-def _own_dir(scratch: str) -> str:
+def _own_prefix() -> str:
+    pid = os.getpid()
     with _own_lock:
-        found = _own_dirs.get(scratch)
-        if found is not None and found[0] == os.getpid() and os.path.isdir(found[1]):
-            return found[1]
-        while True:  # what tempfile.mkdtemp does, without its random-name machinery (a first hit pays it)
-            directory = os.path.join(scratch, f"{SCRATCH_PREFIX}own-{os.getpid()}-{os.urandom(6).hex()}")
-            try:
-                os.mkdir(directory, 0o700)
-                break
-            except FileExistsError:
-                continue
-        _own_dirs[scratch] = (os.getpid(), directory)
-        atexit.register(_remove_own, os.getpid(), directory)
-        return directory
+        if not _own_pid or _own_pid[0][0] != pid:
+            if _own_pid:
+                _own_paths.clear()  # in a child of fork: the parent's files are the parent's to remove
+            else:
+                atexit.register(_remove_own)
+            _own_pid[:] = [(pid, f"{pid}-{os.urandom(4).hex()}")]
+        return _own_pid[0][1]
 
 
-def _remove_own(pid: int, directory: str) -> None:
-    if os.getpid() == pid:  # a child of fork inherits the registration, not the directory
-        shutil.rmtree(directory, ignore_errors=True)
+def _remove_own() -> None:
+    if not _own_pid or _own_pid[0][0] != os.getpid():
+        return  # a child of fork inherits the registration, not the files
+    for path in _own_paths:
+        with contextlib.suppress(OSError):
+            os.unlink(path)

@@ -29,6 +29,7 @@ import contextvars
 import difflib
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -105,6 +106,34 @@ _ENCODE_ERRORS = (ValueError, RuntimeError, OSError)
 _INDEX_SIZE_LIMIT = 64 << 20
 
 
+_parts_lock = threading.RLock()  # making one part may make others (the chain: the disk tier: the stores)
+
+
+class _made_once:  # noqa: N801 - used as a decorator, as functools.cached_property is
+    """A CodegenCache part made at its first use, once: two threads asking at once get the same one.
+
+    After it is made it is an instance attribute (this descriptor defines no __set__), so later
+    reads cost what a plain attribute does; functools.cached_property is not used because from
+    Python 3.12 on it takes no lock.
+    """
+
+    def __init__(self, make: Callable[[Any], Any]) -> None:
+        self.make, self.name = make, make.__name__
+        self.__doc__ = make.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        with _parts_lock:
+            found = obj.__dict__.get(self.name)
+            if found is None:
+                found = obj.__dict__[self.name] = self.make(obj)
+        return found
+
+
 def _mode_function(codegen: Any, compile_device: bool):
     return codegen.build if compile_device else codegen.build_without_compile
 
@@ -167,23 +196,7 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
                               "a directory (this path is a file)")
         self.registry = default_registry if registry is None else registry
         self.write_behind = write_behind
-        self._stats = StatsRecorder(self.directory)
-        self._budget = TierBudget(self.settings.min_build_time, path=self.directory / "tiers.json",
-                                  save_later=writer.submit)
-        self._guard = StorageGuard(self.directory, self._stats.add)
-        limits = {"compiled": self.settings.compiled_size_limit, "source": self.settings.source_size_limit,
-                  "failures": 64 << 20, "builds": _INDEX_SIZE_LIMIT}
-        self._stores = {name: ArtifactStore(self.directory / name, size_limit=limits[name],
-                                            on_evict=lambda n: self._stats.add("evictions", n))
-                        for name in STORE_NAMES}
-        self._staged = {name: PendingFiles(self.directory / "pending" / name) for name in ENTRY_STORES}
-        self._staged_builds = PendingFiles(self.directory / "pending" / "builds")  # stage_build_entry's
-        self._failures = FailureCache(self._stores["failures"], ttl=self.settings.failure_ttl, guard=self._guard,
-                                      count=self._stats.add)
-        self._flight: SingleFlight[Hit] = SingleFlight(KeyLocks(self.directory / "locks"),
-                                                       wait=self.settings.lease_wait, count=self._stats.add)
-        self._memory = ModuleLRU(max_entries=self.settings.memory_entries, max_bytes=self.settings.memory_bytes,
-                                 on_evict=lambda: self._stats.add("evictions_memory"))
+        # The stores, tiers, counters and locks are made at their first use (_made_once, below).
         self._remote = self._make_remote(remote, self.settings)
         leases = getattr(self._remote, "leases", None)
         # Fleet-wide single-flight where the remote has build leases (a RedisTier that may write).
@@ -195,21 +208,75 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
         self._resolved: dict[Target, tuple[int, Any]] = {}  # resolve() per target and registry version
         self._upgrades_asked: set[str] = set()
         self._trusted: bool | None = None  # may entries be loaded from the directory? (checked once)
-        self._memory_tier = MemoryTier(self._memory)
-        self._disk = DiskTier(stores=self._stores, staged=self._staged, guard=self._guard, scratch=self._scratch,
-                              on_staged_hit=self._promote_later, on_raw_hit=self._ask_upgrade,
-                              on_fill=self._promote_fill)
-        tiers: list = [self._memory_tier, self._disk]
-        if self._remote is not None:
-            tiers.append(RemoteTierView(remote=self._remote, guard=self._guard, scratch=self._scratch,
-                                        stage=self._stage_fill, staged=self._promote_fill,
-                                        unstage=lambda mode, digest, blob: self._staged[mode].remove(digest, blob)))
-        self._chain = TierChain(tiers)
         if self._pusher is not None:
             # What processes of this directory left unpushed (killed, exited at once, remote down):
             # what is staged now, not this process's own coming entries (their jobs push them).
             left = {mode: list(files.digests()) for mode, files in self._staged.items()}
             writer.submit(lambda: self._push_pending(only=left))
+
+    # ---- the parts, each made at its first use -----------------------------------------------
+    # A process that never looks into a store does not make them: a tilelang hit reads a plain
+    # file, and making every part in the constructor was a fifth of a fresh process's hit.
+
+    @_made_once
+    def _stats(self) -> StatsRecorder:
+        return StatsRecorder(self.directory)
+
+    @_made_once
+    def _budget(self) -> TierBudget:
+        return TierBudget(self.settings.min_build_time, path=self.directory / "tiers.json", save_later=writer.submit)
+
+    @_made_once
+    def _guard(self) -> StorageGuard:
+        return StorageGuard(self.directory, self._stats.add)
+
+    @_made_once
+    def _stores(self) -> dict[str, ArtifactStore]:
+        limits = {"compiled": self.settings.compiled_size_limit, "source": self.settings.source_size_limit,
+                  "failures": 64 << 20, "builds": _INDEX_SIZE_LIMIT}
+        return {name: ArtifactStore(self.directory / name, size_limit=limits[name],
+                                    on_evict=lambda n: self._stats.add("evictions", n))
+                for name in STORE_NAMES}
+
+    @_made_once
+    def _staged(self) -> dict[str, PendingFiles]:
+        return {name: PendingFiles(self.directory / "pending" / name) for name in ENTRY_STORES}
+
+    @_made_once
+    def _staged_builds(self) -> PendingFiles:  # stage_build_entry's
+        return PendingFiles(self.directory / "pending" / "builds")
+
+    @_made_once
+    def _failures(self) -> FailureCache:
+        return FailureCache(self._stores["failures"], ttl=self.settings.failure_ttl, guard=self._guard,
+                            count=self._stats.add)
+
+    @_made_once
+    def _flight(self) -> SingleFlight[Hit]:
+        return SingleFlight(KeyLocks(self.directory / "locks"), wait=self.settings.lease_wait, count=self._stats.add)
+
+    @_made_once
+    def _memory(self) -> ModuleLRU:
+        return ModuleLRU(max_entries=self.settings.memory_entries, max_bytes=self.settings.memory_bytes,
+                         on_evict=lambda: self._stats.add("evictions_memory"))
+
+    @_made_once
+    def _memory_tier(self) -> MemoryTier:
+        return MemoryTier(self._memory)
+
+    @_made_once
+    def _disk(self) -> DiskTier:
+        return DiskTier(stores=self._stores, staged=self._staged, guard=self._guard, scratch=self._scratch,
+                        on_staged_hit=self._promote_later, on_raw_hit=self._ask_upgrade, on_fill=self._promote_fill)
+
+    @_made_once
+    def _chain(self) -> TierChain:
+        tiers: list = [self._memory_tier, self._disk]
+        if self._remote is not None:
+            tiers.append(RemoteTierView(remote=self._remote, guard=self._guard, scratch=self._scratch,
+                                        stage=self._stage_fill, staged=self._promote_fill,
+                                        unstage=lambda mode, digest, blob: self._staged[mode].remove(digest, blob)))
+        return TierChain(tiers)
 
     def _make_remote(self, remote: Any, settings: Settings) -> Any:
         if remote is not None and not isinstance(remote, str):
