@@ -36,7 +36,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=200)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="cgc-bench-"))
-    mod, target = cc.lower_for_codegen(kernels.vadd, "llvm")
+    mod, target = cc.prepare_for_codegen(kernels.vadd, "llvm")
     writer = cc.CodegenCache(work / "cache", write_behind=False)
     writer.lower(mod, target)
     writer.flush(upgrades=True, timeout=300)

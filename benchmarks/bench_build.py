@@ -81,7 +81,7 @@ class Variants:
 
         def pre():
             cache.clear()
-            cache.store("builds").clear()
+            cache.store("index").clear()
 
         def run():
             with cc.use_cache(cache):
@@ -190,7 +190,7 @@ def host_benchmarks(reps: int, nvcc_reps: int) -> dict[str, dict[str, float]]:
         out["llvm"] = _table("llvm vector add (goal: warm >= 40x tvm.tirx.build)", llvm, "tvm.tirx.build")
 
         target = Target(CUDA)
-        device_mod, device_target = cc.lower_for_codegen(vadd_gpu, target)
+        device_mod, device_target = cc.prepare_for_codegen(vadd_gpu, target)
         nvcc = interleave({"nvcc compile (compile_cuda_payload)":
                            lambda: cuda_codegen.compile_cuda_payload(device_mod, device_target)}, nvcc_reps)
         gpu = interleave({
@@ -330,7 +330,7 @@ def notebook(runs: int) -> dict[str, float]:
     for name, median in medians.items():
         print(f"  re-run, {name:<30} median {fmt_time(median):>9}  p90 {fmt_time(summary(timings[name])['p90']):>9}")
     print(f"  re-run tiers: {sorted(set(tiers))}; counters: {stats.hits_memory} memory hits, "
-          f"{stats.builds} builds, {stats.misses} misses")
+          f"{stats.codegen_runs} builds, {stats.misses} misses")
     print(f"  build speedup on re-run: {fmt_ratio(medians['build (tvm.tirx.build)'] / medians['build (codegen_cache.build)'])}")
     return medians
 

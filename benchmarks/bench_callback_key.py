@@ -45,7 +45,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--number", type=int, default=5000)
     args = parser.parse_args()
-    mod, target = cc.lower_for_codegen(kernels.vadd_gpu, {"kind": "cuda", "arch": "sm_90"})
+    mod, target = cc.prepare_for_codegen(kernels.vadd_gpu, {"kind": "cuda", "arch": "sm_90"})
     builtin = cc.resolve_device_codegen(target)
     old = cc.DeviceCodegen("cuda", build_without_compile=cuda.cuda_source_module, toolchain=presence)
     cases = {"presence": (old, False), "identity": (builtin, False), "identity + hook": (builtin, True)}

@@ -91,7 +91,7 @@ def main() -> None:
           f"{'in place':>10}{'private':>9}{'first':>8}{'private-in place':>18}{'first-in place':>16}")
     with tempfile.TemporaryDirectory(prefix="cgc-bench-") as workdir:
         for name, func in cases.items():
-            mod, target = cc.lower_for_codegen(func, "llvm")
+            mod, target = cc.prepare_for_codegen(func, "llvm")
             r = measure(name, mod, target, args.rounds, workdir)
             extra = r["load private copy"] - r["load in place"]
             first = r["first private copy"] - r["load in place"]

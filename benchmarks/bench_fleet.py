@@ -49,7 +49,7 @@ def reuse(root: Path, url: str, names: list[str], reps: int) -> list[dict]:
     ir_url = url.rsplit("/", 1)[0] + "/1"
     rows = []
     for name in names:
-        mod, target = cc.lower_for_codegen(kernels.kernel(name, False), "llvm")
+        mod, target = cc.prepare_for_codegen(kernels.kernel(name, False), "llvm")
         for where in (url, ir_url):
             a = cc.CodegenCache(root / f"a-{name}-{where[-1]}", remote=where, remote_secret=SECRET)
             a.lower(mod, target)

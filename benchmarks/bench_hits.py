@@ -95,16 +95,16 @@ class HitBench:
         hits = self.root / "hits"
         # The first cold miss of each case uses the real key, so it also stores the entry that
         # the hit variants read (no extra build); later misses use salted keys.
-        # These measure the tiers themselves: every entry in every tier (min_build_time=0).
-        self.miss = CodegenCache(hits, min_build_time=0)  # write-behind, the default
-        self.disk = CodegenCache(hits, memory_entries=0, min_build_time=0)
+        # These measure the tiers themselves: every entry in every tier (min_codegen_time=0).
+        self.miss = CodegenCache(hits, min_codegen_time=0)  # write-behind, the default
+        self.disk = CodegenCache(hits, memory_entries=0, min_codegen_time=0)
         # The memory variant has a directory of its own: a module it holds keeps its shared
         # library mapped, and a disk hit on that same file would then find it loaded (a 2 us
         # lookup instead of a 40 us load), which neither the floor nor a fresh process gets.
-        self.mem = CodegenCache(self.root / "mem", min_build_time=0)
-        # The cache as a user gets it (min_build_time auto, issue 25): one object for every case,
+        self.mem = CodegenCache(self.root / "mem", min_codegen_time=0)
+        # The cache as a user gets it (min_codegen_time auto, issue 25): one object for every case,
         # as one process lowering many kernels; it learns each codegen's tiers from its calls.
-        self.auto = CodegenCache(self.root / "auto", min_build_time="auto")
+        self.auto = CodegenCache(self.root / "auto", min_codegen_time="auto")
         self.files = FileCache(self.root / "files")
         self.scratch = str(hits / "tmp")
         Path(self.scratch).mkdir(parents=True, exist_ok=True)
@@ -113,7 +113,7 @@ class HitBench:
             from codegen_cache._storage._remote import RedisTier
 
             self.remote_fill = RedisTier(remote_url)  # puts the stored bytes, as another host would
-            self.remote = CodegenCache(self.root / "remote", remote=remote_url, memory_entries=0, min_build_time=0)
+            self.remote = CodegenCache(self.root / "remote", remote=remote_url, memory_entries=0, min_codegen_time=0)
         self._salts = itertools.count()
         self._stored = itertools.count()
         self._warm()
@@ -199,7 +199,7 @@ class HitBench:
             t0 = time.perf_counter()
             _, outcome = self.auto.lower_with_outcome(mod, target, compile_device=compile_device, codegen=codegen)
             t1 = time.perf_counter()
-            auto_tiers.append(outcome.tier if outcome.tier != "built" else "stored" if outcome.stored else "memory")
+            auto_tiers.append(outcome.tier if outcome.tier != "codegen" else "stored" if outcome.stored else "memory")
             self.auto.flush(timeout=600, upgrades=compile_device)
             cold["auto_miss"].append(t1 - t0)
 
@@ -238,7 +238,7 @@ class HitBench:
             row["auto_tiers"] = {t: auto_tiers.count(t) for t in sorted(set(auto_tiers))}
             row["auto_plan"] = self.auto._budget.plan(entry.name, mode).why  # noqa: SLF001 - what it decided
         if load:
-            assert tiers and set(tiers) == {"built"}, f"{kernel}/{codegen}: a cold call was served from {tiers}"
+            assert tiers and set(tiers) == {"codegen"}, f"{kernel}/{codegen}: a cold call was served from {tiers}"
 
         # ---- what storing costs: encode (for llvm: a shared library) and the two writes ------
         key = keys[0]
@@ -331,7 +331,7 @@ class HitBench:
             # A new process on that directory: it reads what the cache learnt (tiers.json) and has
             # nothing in memory (memory_entries=0: each call is a new process's first of this kernel).
             self.auto.flush()
-            fresh = CodegenCache(self.root / "auto", memory_entries=0, min_build_time="auto")
+            fresh = CodegenCache(self.root / "auto", memory_entries=0, min_codegen_time="auto")
             variants["auto_fresh"] = lambda: fresh.lower(mod, target, compile_device=compile_device)
             # The codegen in the same rounds, where that is cheap, and where the cache runs it anyway.
             if estimate < 2e-3 or not self.auto._budget.plan(entry.name, mode).keyed:  # noqa: SLF001

@@ -138,7 +138,7 @@ def llvm_entry(rounds: int, tmp: Path) -> None:
     import kernels
 
     import codegen_cache as cc
-    mod, target = cc.lower_for_codegen(kernels.vadd(), "llvm")
+    mod, target = cc.prepare_for_codegen(kernels.vadd(), "llvm")
     with cc.use_cache(None):
         built = cc.resolve_device_codegen(target).lower(mod, target, compile_device=True)
     counter = iter(range(10 ** 9))

@@ -32,7 +32,7 @@ def main() -> None:
     args = parser.parse_args()
     print(f"{'kernel':<26}{'hash us':>9}{'memory hit us':>15}{'hit - hash us':>15}")
     for name, func, target, compiled in CASES:
-        mod, tgt = cc.lower_for_codegen(func, target)
+        mod, tgt = cc.prepare_for_codegen(func, target)
         with tempfile.TemporaryDirectory() as tmp:
             cache = cc.CodegenCache(tmp)
             cache.lower(mod, tgt, compile_device=compiled)

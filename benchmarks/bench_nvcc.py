@@ -85,7 +85,7 @@ def _run(params: dict, *, load: bool, log=print) -> dict:
     try:
         for name in params["kernels"]:
             t0 = time.perf_counter()
-            mod, target = cc.lower_for_codegen(K.kernel(name, True), CUDA_TARGET)
+            mod, target = cc.prepare_for_codegen(K.kernel(name, True), CUDA_TARGET)
             row = bench.measure(name, "cuda-nvcc", mod, target, True, cold_budget=params["cold_budget"],
                                 hit_budget=params["hit_budget"], min_hit_reps=params["min_hit_reps"], load=load,
                                 copy_max_hash=params["copy_max_hash"], jit_max_build=0.0,

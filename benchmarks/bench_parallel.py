@@ -31,7 +31,7 @@ def _worker(wid: int, commands, results, tasks) -> None:
 
     import codegen_cache as cc
 
-    mod, target = cc.lower_for_codegen(K.vadd(True), CUDA_TARGET)
+    mod, target = cc.prepare_for_codegen(K.vadd(True), CUDA_TARGET)
     entry = cc.resolve_device_codegen(target)
     cache = None
     results.put((wid, "ready"))
@@ -80,8 +80,8 @@ def _lower(sweep_name: str, cfg: dict):
     import codegen_cache as cc
 
     if sweep_name == "llvm":
-        return cc.lower_for_codegen(K.matmul(False, n=128, **cfg), "llvm")
-    return cc.lower_for_codegen(K.matmul(True, **cfg), CUDA_TARGET)
+        return cc.prepare_for_codegen(K.matmul(False, n=128, **cfg), "llvm")
+    return cc.prepare_for_codegen(K.matmul(True, **cfg), CUDA_TARGET)
 
 
 def _sweep_tasks(cache, tasks) -> list[dict]:
@@ -95,12 +95,12 @@ def _sweep_tasks(cache, tasks) -> list[dict]:
         mod, target = _lower(sweep_name, cfg)
         t1 = time.perf_counter()
         if sweep_name == "cuda-nvcc":
-            before = cache.stats(shared=False).builds
+            before = cache.stats(shared=False).codegen_runs
             cache.precompile_cuda(mod, target)
-            built = cache.stats(shared=False).builds - before
+            built = cache.stats(shared=False).codegen_runs - before
         else:
             _, outcome = cache.lower_with_outcome(mod, target, compile_device=(sweep_name == "llvm"))
-            built = int(outcome.tier == "built")
+            built = int(outcome.tier == "codegen")
         records.append({"sweep": sweep_name, "cfg": cfg, "lower": t1 - t0,
                         "codegen": time.perf_counter() - t1, "built": built})
     cache.flush()
@@ -172,7 +172,7 @@ def contention(pool: Pool, root: Path, procs: list[int], *, n_keys: int, rounds:
                           "tiers": {t: tiers.count(t) for t in sorted(set(tiers))}}
         stats = pool.send(wids, "stats")
         # Each worker's warm-up lowering is one build of its own: not counted.
-        run["builds"] = sum(s["builds"] for s in stats) - p
+        run["builds"] = sum(s["codegen_runs"] for s in stats) - p
         run["lease_waits"] = sum(s["lease_waits"] for s in stats)
         out["runs"].append(run)
         log(f"  {p} process(es): miss {run['miss']['throughput']:.0f}/s, hit {run['hit']['throughput']:.0f}/s, "
@@ -225,5 +225,5 @@ def sweep(pool: Pool, root: Path, *, cuda_configs: list[dict], llvm_configs: lis
         log(f"  {phase}: {run['wall']:.1f}s, " + ", ".join(
             f"{k} {v['codegen_calls']} codegen calls / {v['tasks']} tasks ({v['unique']} unique)"
             for k, v in run["sweeps"].items()))
-    out["shared_builds"] = cc.CodegenCache(directory).stats().builds
+    out["shared_builds"] = cc.CodegenCache(directory).stats().codegen_runs
     return out

@@ -44,7 +44,7 @@ def main() -> None:
     args = parser.parse_args()
     print(f"{'kernel':<26}{'hash us':>9}{'digest us':>11}{'hit us':>9}{'hit+verify us':>15}{'ratio':>7}{'cold us':>10}")
     for name, func, target, compiled in CASES:
-        mod, tgt = cc.lower_for_codegen(func, target)
+        mod, tgt = cc.prepare_for_codegen(func, target)
         with tempfile.TemporaryDirectory() as plain_dir, tempfile.TemporaryDirectory() as verify_dir:
             plain = cc.CodegenCache(plain_dir, memory_entries=0, write_behind=False)
             verified = cc.CodegenCache(verify_dir, memory_entries=0, write_behind=False, verify=True)

@@ -24,7 +24,7 @@ GOALS = {
 
 
 def auto_row(row: dict) -> dict[str, Any] | None:
-    """Section 7 of one row: the cache as a user gets it (min_build_time auto) against no cache."""
+    """Section 7 of one row: the cache as a user gets it (min_codegen_time auto) against no cache."""
     if "auto_miss" not in row["t"]:
         return None
     bare, cold, warm = _m(row, "bare"), _m(row, "auto_miss"), _m(row, "auto")
@@ -300,7 +300,7 @@ def tables(results: dict) -> str:
     auto = [(r, auto_row(r)) for r in rows]
     auto = [(r, a) for r, a in auto if a is not None]
     if auto:
-        parts.append("\n== 7. the cache a user gets (min_build_time auto, issue 25) against no cache ==")
+        parts.append("\n== 7. the cache a user gets (min_codegen_time auto, issue 25) against no cache ==")
         body = []
         for r, a in auto:
             body.append([r["kernel"], r["codegen"], _tiers(a["tiers"]), fmt_time(a["bare"]), fmt_time(a["cold"]),
@@ -318,7 +318,7 @@ def tables(results: dict) -> str:
                      "bare); new process = a cache object made on that directory after the cold calls (it reads "
                      "tiers.json: what was learnt) with no memory tier, so each call is a new process's first of "
                      "this kernel: a disk hit where disk pays, else the key and the build, or the build alone. "
-                     "every-tier miss = section 5's miss (min_build_time=0, and a process with no tiers.json: its "
+                     "every-tier miss = section 5's miss (min_codegen_time=0, and a process with no tiers.json: its "
                      "first 3 builds per codegen).")
         for r, a in auto:
             parts.append(f"  {r['kernel']} / {r['codegen']}: {a['plan']}")

@@ -5,7 +5,7 @@
 Sections: 1 hit vs floor vs cold per kernel and codegen (memory, disk, remote hits; floor;
 cold miss), 2 scaling (store size; key cost vs IR size), 3 contention (1/2/4 processes),
 4 autotuning sweep (2 workers, cold then warm), 5 miss overhead, 6 alternatives (no cache;
-a file-per-entry cache), 7 the cache a user gets (min_build_time auto) against no cache.
+a file-per-entry cache), 7 the cache a user gets (min_codegen_time auto) against no cache.
 Prints the tables and PASS/FAIL per goal; --json writes every measurement, --plot draws a
 summary figure. --quick takes under 2 minutes on 2 cores.
 """
@@ -106,7 +106,7 @@ def section_hits(cfg: dict, root: Path, smoke: bool, remote_url: str | None, log
     for name, factory in K.kernel_set(smoke).items():
         for label, target, gpu, compiled in (("llvm", "llvm", False, True), ("c", "c", False, False),
                                              ("cuda-src", CUDA_TARGET, True, False)):
-            mod, tgt = cc.lower_for_codegen(factory(gpu), target)
+            mod, tgt = cc.prepare_for_codegen(factory(gpu), target)
             lowered[(name, label)] = (mod, tgt, compiled)
     log(f"  lowered {len(lowered)} kernels in {time.perf_counter() - t0:.1f}s")
     if pool is not None:  # started before the lowering above, which is not timed, to overlap with it
@@ -150,13 +150,13 @@ def section_scaling(cfg: dict, root: Path, smoke: bool, log) -> dict:
     cases = []
     for label, target, gpu, compiled in (("vadd / cuda-src", CUDA_TARGET, True, False),
                                          ("vadd / llvm", "llvm", False, True)):
-        mod, tgt = cc.lower_for_codegen(K.vadd(gpu), target)
+        mod, tgt = cc.prepare_for_codegen(K.vadd(gpu), target)
         cases.append((label, mod, tgt, compiled))
     store = store_scaling(root / "scaling", cases, cfg["sizes"], files_max=cfg["files_max"],
                           reps=cfg["scaling_reps"], log=log)
     key_cases = {}
     for label, target, gpu in (("llvm", "llvm", False), ("cuda", CUDA_TARGET, True)):
-        key_cases[label] = [(n, *cc.lower_for_codegen(K.body(gpu, n), target)) for n in cfg["key_sizes"]]
+        key_cases[label] = [(n, *cc.prepare_for_codegen(K.body(gpu, n), target)) for n in cfg["key_sizes"]]
     keys = key_cost(root / "scaling", key_cases, cfg["key_reps"])
     out = {"store": store, "keys": keys}
     if cfg["sizes"][-1] < 100_000:
@@ -172,8 +172,8 @@ def run(mode: str, workdir: Path, log, only: set[str] | None = None) -> dict:
     from redis_server import RedisServer, why_no_remote
 
     # Sections 1-6 measure the tiers (every entry in every tier, in every process they start);
-    # section 7's cache is the one a user gets (min_build_time auto, an explicit argument).
-    os.environ["CODEGEN_CACHE_MIN_BUILD_TIME"] = "0"
+    # section 7's cache is the one a user gets (min_codegen_time auto, an explicit argument).
+    os.environ["CODEGEN_CACHE_MIN_CODEGEN_TIME"] = "0"
     cfg = MODES[mode]
     smoke = mode == "smoke"
     results: dict = {"mode": mode, "config": cfg, "machine": machine(), "seconds": {}}

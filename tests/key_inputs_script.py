@@ -116,10 +116,10 @@ OUTCOME_OF = {name: "relax.build" if name.startswith("relax model") else "build"
 
 def codegen_keys(mod, target) -> list[str]:
     """The codegen-level keys of a TIR build's parts (host and devices), lowered as codegen_cache.build does."""
-    from codegen_cache._build._plan import lower_plan, plan
+    from codegen_cache._build._plan import prepare_plan, plan
 
     planned = plan(mod, target, "default")
-    host, devices = lower_plan(planned)
+    host, devices = prepare_plan(planned)
     cache = cc.get_cache()
     parts = [(m, t) for t, m in devices] + [(host, planned.host)]
     return [cache.key_for(m, t).digest for m, t in parts]

@@ -24,7 +24,7 @@ def blobs(tmp_path_factory):
     scratch = str(tmp_path_factory.mktemp("scratch"))
     out = {}
     for target, kernel, compile_device in CASES:
-        mod, tgt = cc.lower_for_codegen(kernel, target)
+        mod, tgt = cc.prepare_for_codegen(kernel, target)
         module = cc.resolve_device_codegen(tgt).invoke(mod, tgt, compile_device=compile_device)
         out[(tgt.kind.name, compile_device)] = (module, encode(module, {"key": "k"}, func_names=["__tvm_ffi_vadd" if tgt.kind.name == "llvm" else "vadd"]))
     return scratch, out

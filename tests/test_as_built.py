@@ -22,7 +22,7 @@ from warm_scenarios import _Relax
 @pytest.fixture
 def warm(tmp_path):
     """(a cache whose vadd entry is a shared library, the lowered vadd)."""
-    mod, target = cc.lower_for_codegen(kernels.vadd, "llvm")
+    mod, target = cc.prepare_for_codegen(kernels.vadd, "llvm")
     cache = cc.CodegenCache(tmp_path / "cache", write_behind=False)
     cache.lower(mod, target)
     assert cache.flush(upgrades=True, timeout=240)

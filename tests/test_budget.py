@@ -25,8 +25,8 @@ from codegen_cache._compat import tvm
 # ---- the decision, from measurements fed in (no clock involved) ------------------------------
 
 
-def _fed(builds, key_share=0.0, *, min_build_time="auto", disk_loads=(), remote_loads=(), stored_misses=()):
-    budget = TierBudget(min_build_time)
+def _fed(builds, key_share=0.0, *, min_codegen_time="auto", disk_loads=(), remote_loads=(), stored_misses=()):
+    budget = TierBudget(min_codegen_time)
     for seconds in builds:
         budget.built("cg", "source", seconds, key_share * seconds)
     for load in disk_loads:
@@ -105,10 +105,10 @@ def test_the_decision_follows_the_builds_when_they_change():
 
 
 def test_a_fixed_min_build_time_keeps_shorter_builds_in_memory_and_zero_stores_everything():
-    plan = _fed([1e-3] * 5, min_build_time=0.01).plan("cg", "source")
-    assert (plan.memory, plan.disk) == (True, False) and "min_build_time" in plan.why
-    assert _fed([0.1] * 5, min_build_time=0.01).plan("cg", "source") == EVERY_TIER
-    assert _fed([1e-6] * 5, key_share=10.0, min_build_time=0.0).plan("cg", "source") is EVERY_TIER
+    plan = _fed([1e-3] * 5, min_codegen_time=0.01).plan("cg", "source")
+    assert (plan.memory, plan.disk) == (True, False) and "min_codegen_time" in plan.why
+    assert _fed([0.1] * 5, min_codegen_time=0.01).plan("cg", "source") == EVERY_TIER
+    assert _fed([1e-6] * 5, key_share=10.0, min_codegen_time=0.0).plan("cg", "source") is EVERY_TIER
 
 
 def test_miss_budget_is_ten_percent_or_point_three_ms():
@@ -130,11 +130,11 @@ def _salted(codegen, i):
 
 def test_where_no_tier_pays_the_codegen_runs_uncached_without_a_key(tmp_path, cuda_vadd, monkeypatch):
     mod, target = cuda_vadd
-    cache = cc.CodegenCache(tmp_path / "c", write_behind=False, min_build_time="auto")
+    cache = cc.CodegenCache(tmp_path / "c", write_behind=False, min_codegen_time="auto")
     codegen = _constant_codegen()
     for i in range(LEARN_BUILDS):
         assert cache.lower_with_outcome(mod, target, compile_device=False, codegen=_salted(codegen, i))[1].tier \
-            == "built"
+            == "codegen"
     hashed = []
     real_hash = cache_module.ir_hash
     monkeypatch.setattr(cache_module, "ir_hash", lambda m: hashed.append(m) or real_hash(m))
@@ -142,7 +142,7 @@ def test_where_no_tier_pays_the_codegen_runs_uncached_without_a_key(tmp_path, cu
     assert (outcome.tier, outcome.key, outcome.stored) == ("uncached", "", False)
     assert module.inspect_source() == "// cheap" and hashed == []
     stats = cache.stats()
-    assert (stats.uncached_cheap, stats.misses, stats.builds, stats.stores) == (1, LEARN_BUILDS, LEARN_BUILDS,
+    assert (stats.uncached_cheap, stats.misses, stats.codegen_runs, stats.stores) == (1, LEARN_BUILDS, LEARN_BUILDS,
                                                                                 LEARN_BUILDS)
     assert stats.by_codegen["cheap/source"]["uncached_cheap"] == 1
     assert cache.stats().uncacheable == 0  # a cheap call is not an input the key cannot hold
@@ -151,7 +151,7 @@ def test_where_no_tier_pays_the_codegen_runs_uncached_without_a_key(tmp_path, cu
 
 def test_a_missing_mode_still_raises_the_seed_error_when_uncached(tmp_path, cuda_vadd):
     mod, target = cuda_vadd
-    cache = cc.CodegenCache(tmp_path / "c", write_behind=False, min_build_time="auto")
+    cache = cc.CodegenCache(tmp_path / "c", write_behind=False, min_codegen_time="auto")
     made = tvm.get_global_func("runtime.SourceModuleCreate")("// cheap", "cu")
     codegen = cc.DeviceCodegen("source-only", build_without_compile=lambda mod, target: made)
     for i in range(LEARN_BUILDS + 1):
@@ -164,20 +164,20 @@ def test_a_missing_mode_still_raises_the_seed_error_when_uncached(tmp_path, cuda
 
 def test_memory_only_entries_are_hits_here_and_never_reach_the_disk(tmp_path, cuda_vadd):
     mod, target = cuda_vadd
-    cache = cc.CodegenCache(tmp_path / "c", write_behind=False, min_build_time=3600)  # every build is shorter
+    cache = cc.CodegenCache(tmp_path / "c", write_behind=False, min_codegen_time=3600)  # every build is shorter
     codegen = cc.resolve_device_codegen(target)
     for i in range(LEARN_BUILDS):
         cache.lower(mod, target, compile_device=False, codegen=_salted(codegen, i))
     later = _salted(codegen, "later")
     built, outcome = cache.lower_with_outcome(mod, target, compile_device=False, codegen=later)
-    assert outcome.tier == "built" and outcome.stored is False
+    assert outcome.tier == "codegen" and outcome.stored is False
     again, hit = cache.lower_with_outcome(mod, target, compile_device=False, codegen=later)
     assert hit.tier == "memory" and again.same_as(built) and hit.key == outcome.key
     assert cache.store("source").get(outcome.key) is None and cache.staged("source").read(outcome.key) is None
-    fresh = cc.CodegenCache(tmp_path / "c", write_behind=False, min_build_time=0)  # another process
-    assert fresh.lower_with_outcome(mod, target, compile_device=False, codegen=later)[1].tier == "built"
+    fresh = cc.CodegenCache(tmp_path / "c", write_behind=False, min_codegen_time=0)  # another process
+    assert fresh.lower_with_outcome(mod, target, compile_device=False, codegen=later)[1].tier == "codegen"
     stats = cache.stats(shared=False)
-    assert (stats.misses, stats.builds, stats.stores, stats.memory_only) == (LEARN_BUILDS + 1, LEARN_BUILDS + 1,
+    assert (stats.misses, stats.codegen_runs, stats.stores, stats.memory_only) == (LEARN_BUILDS + 1, LEARN_BUILDS + 1,
                                                                              LEARN_BUILDS, 1)
     cache.close()
     fresh.close()
@@ -185,7 +185,7 @@ def test_memory_only_entries_are_hits_here_and_never_reach_the_disk(tmp_path, cu
 
 def test_a_codegen_slower_than_any_hit_keeps_storing_on_disk(tmp_path, cuda_vadd):
     mod, target = cuda_vadd
-    cache = cc.CodegenCache(tmp_path / "c", write_behind=False, min_build_time="auto")
+    cache = cc.CodegenCache(tmp_path / "c", write_behind=False, min_codegen_time="auto")
     inner = cc.resolve_device_codegen(target)
 
     def slow(m, t):
@@ -202,7 +202,7 @@ def test_a_codegen_slower_than_any_hit_keeps_storing_on_disk(tmp_path, cuda_vadd
 
 def test_a_whole_build_stores_every_part_however_cheap(tmp_path, cuda_vadd):
     mod, target = cuda_vadd
-    cache = cc.CodegenCache(tmp_path / "c", write_behind=False, min_build_time="auto")
+    cache = cc.CodegenCache(tmp_path / "c", write_behind=False, min_codegen_time="auto")
     codegen = _constant_codegen()
     for i in range(LEARN_BUILDS):
         cache.lower(mod, target, compile_device=False, codegen=_salted(codegen, i))
@@ -211,18 +211,18 @@ def test_a_whole_build_stores_every_part_however_cheap(tmp_path, cuda_vadd):
     with store_in_every_tier():
         _module, outcome = cache.lower_with_outcome(mod, target, compile_device=False,
                                                     codegen=_salted(codegen, "in-a-build"))
-    assert outcome.tier == "built" and outcome.stored and cache.store("source").get(outcome.key) is not None
+    assert outcome.tier == "codegen" and outcome.stored and cache.store("source").get(outcome.key) is not None
     cache.close()
 
 
 def test_min_build_time_is_a_setting_with_its_variable():
-    assert cc.settings_from_env({}).min_build_time == "auto"
-    assert cc.settings_from_env({"CODEGEN_CACHE_MIN_BUILD_TIME": "0.002"}).min_build_time == 0.002
-    assert cc.settings_from_env({"CODEGEN_CACHE_MIN_BUILD_TIME": " AUTO "}).min_build_time == "auto"
-    with pytest.raises(cc.ConfigError, match="CODEGEN_CACHE_MIN_BUILD_TIME.*auto, or seconds"):
-        cc.settings_from_env({"CODEGEN_CACHE_MIN_BUILD_TIME": "fast"})
-    with pytest.raises(cc.ConfigError, match="min_build_time"):
-        cc.CodegenCache(min_build_time=-1)
+    assert cc.settings_from_env({}).min_codegen_time == "auto"
+    assert cc.settings_from_env({"CODEGEN_CACHE_MIN_CODEGEN_TIME": "0.002"}).min_codegen_time == 0.002
+    assert cc.settings_from_env({"CODEGEN_CACHE_MIN_CODEGEN_TIME": " AUTO "}).min_codegen_time == "auto"
+    with pytest.raises(cc.ConfigError, match="CODEGEN_CACHE_MIN_CODEGEN_TIME.*auto, or seconds"):
+        cc.settings_from_env({"CODEGEN_CACHE_MIN_CODEGEN_TIME": "fast"})
+    with pytest.raises(cc.ConfigError, match="min_codegen_time"):
+        cc.CodegenCache(min_codegen_time=-1)
 
 
 def test_a_stored_miss_over_budget_is_made_where_one_hit_pays_it_back_many_times():
@@ -247,16 +247,16 @@ def test_the_first_calls_one_time_costs_do_not_decide():
 
 def test_a_new_cache_on_the_directory_starts_from_what_the_last_one_learnt(tmp_path, cuda_vadd):
     mod, target = cuda_vadd
-    first = cc.CodegenCache(tmp_path / "c", write_behind=False, min_build_time="auto")
+    first = cc.CodegenCache(tmp_path / "c", write_behind=False, min_codegen_time="auto")
     codegen = _constant_codegen()
     for i in range(LEARN_BUILDS + 1):
         first.lower(mod, target, compile_device=False, codegen=_salted(codegen, i))
     assert cc.last_outcome().tier == "uncached"
     first.close()  # the background writer has written tiers.json
     assert (tmp_path / "c" / "tiers.json").is_file()
-    second = cc.CodegenCache(tmp_path / "c", write_behind=False, min_build_time="auto")  # a new process
+    second = cc.CodegenCache(tmp_path / "c", write_behind=False, min_codegen_time="auto")  # a new process
     _module, outcome = second.lower_with_outcome(mod, target, compile_device=False, codegen=_salted(codegen, "new"))
-    assert outcome.tier == "uncached" and second.stats(shared=False).builds == 0
+    assert outcome.tier == "uncached" and second.stats(shared=False).codegen_runs == 0
     second.close()
 
 
@@ -266,8 +266,8 @@ def test_a_damaged_tiers_file_is_ignored(tmp_path, cuda_vadd, content):
     mod, target = cuda_vadd
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "tiers.json").write_bytes(content)
-    cache = cc.CodegenCache(tmp_path / "c", write_behind=False, min_build_time="auto")
-    assert cache.lower_with_outcome(mod, target, compile_device=False, codegen=_constant_codegen())[1].tier == "built"
+    cache = cc.CodegenCache(tmp_path / "c", write_behind=False, min_codegen_time="auto")
+    assert cache.lower_with_outcome(mod, target, compile_device=False, codegen=_constant_codegen())[1].tier == "codegen"
     cache.close()
 
 
@@ -278,9 +278,9 @@ def test_a_link_at_the_tiers_file_is_neither_read_nor_written_through(tmp_path, 
     elsewhere.write_bytes(learnt)
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "tiers.json").symlink_to(elsewhere)
-    cache = cc.CodegenCache(tmp_path / "c", write_behind=False, min_build_time="auto")
+    cache = cc.CodegenCache(tmp_path / "c", write_behind=False, min_codegen_time="auto")
     codegen = _constant_codegen()
-    assert cache.lower_with_outcome(mod, target, compile_device=False, codegen=codegen)[1].tier == "built"
+    assert cache.lower_with_outcome(mod, target, compile_device=False, codegen=codegen)[1].tier == "codegen"
     for i in range(LEARN_BUILDS + 1):
         cache.lower(mod, target, compile_device=False, codegen=_salted(codegen, i))
     cache.close()
@@ -291,7 +291,7 @@ def test_threads_lowering_at_once_get_modules_and_a_plan(tmp_path, cuda_vadd):
     import threading
 
     mod, target = cuda_vadd
-    cache = cc.CodegenCache(tmp_path / "c", min_build_time="auto")
+    cache = cc.CodegenCache(tmp_path / "c", min_codegen_time="auto")
     codegen = _constant_codegen()
     errors, tiers = [], []
 
@@ -316,7 +316,7 @@ def test_threads_lowering_at_once_get_modules_and_a_plan(tmp_path, cuda_vadd):
 
 def test_a_memory_only_codegen_fails_as_itself_every_time_and_writes_no_failure(tmp_path, cuda_vadd):
     mod, target = cuda_vadd
-    cache = cc.CodegenCache(tmp_path / "c", write_behind=False, min_build_time=3600)
+    cache = cc.CodegenCache(tmp_path / "c", write_behind=False, min_codegen_time=3600)
     inner = cc.resolve_device_codegen(target)
     broken = {"now": False}
 

@@ -33,9 +33,9 @@ def _run(module, name="vadd"):
     return out.numpy()
 
 
-def _forbid_lowering(monkeypatch):
-    """From here on, any lowering fails the test: a warm build must not lower."""
-    monkeypatch.setattr(_build, "lower_plan", lambda plan: pytest.fail("the warm path lowered the kernel"))
+def _forbid_preparing(monkeypatch):
+    """From here on, any preparing (the TIR pipeline) fails the test: a warm build must not prepare."""
+    monkeypatch.setattr(_build, "prepare_plan", lambda plan: pytest.fail("the warm path prepared the kernel"))
 
 
 # ---- parity with tvm.tirx.build ---------------------------------------------------------------
@@ -47,8 +47,8 @@ def test_llvm_build_runs_and_matches_tvm_exactly_cold_memory_and_disk(tmp_path, 
     with cc.use_cache(cache):
         cold, r1 = _build.build_with_record(kernels.vadd, "llvm")
         warm, r2 = _build.build_with_record(kernels.vadd, "llvm")
-    assert (r1.tier, r2.tier, cold.kind) == ("built", "memory", "llvm") and warm is cold
-    _forbid_lowering(monkeypatch)
+    assert (r1.tier, r2.tier, cold.kind) == ("codegen", "memory", "llvm") and warm is cold
+    _forbid_preparing(monkeypatch)
     # Served from the stored LLVM IR, then (once the helper has linked it) from the library.
     with cc.use_cache(cc.CodegenCache(tmp_path)):
         raw, r3 = _build.build_with_record(kernels.vadd, "llvm")
@@ -76,7 +76,7 @@ def test_uncached_build_is_tvm_build_through_the_registry(tmp_path):
     cache = cc.CodegenCache(tmp_path, registry=registry, write_behind=False)
     with cc.use_cache(cache):
         cc.build(kernels.vadd, "llvm")
-    assert len(calls) == 1 and cache.stats().builds == 1
+    assert len(calls) == 1 and cache.stats().codegen_runs == 1
 
 
 def test_cuda_build_has_tvm_s_source_and_host_imports_it(tmp_path, monkeypatch):
@@ -88,7 +88,7 @@ def test_cuda_build_has_tvm_s_source_and_host_imports_it(tmp_path, monkeypatch):
     # No CUDA driver here: TVM itself returns source-only CUDA, so build asks for source too.
     assert [(p.kind, p.mode) for p in r1.devices] == [("cuda", "source")] and r1.host.mode == "compiled"
     assert [m.kind for m in cold.imports] == ["cuda"] and cold.imports[0].inspect_source("") == expected
-    _forbid_lowering(monkeypatch)
+    _forbid_preparing(monkeypatch)
     with cc.use_cache(cc.CodegenCache(tmp_path)):
         warm, r2 = _build.build_with_record(kernels.vadd_gpu, target)
     # A CUDA source entry comes back as TVM's own source-only module, saving the same bytes.
@@ -184,7 +184,7 @@ def test_pass_instruments_bypass_the_index_and_still_see_every_pass(cache):
         with tvm.transform.PassContext(instruments=[Record()]):
             assert _build.build_key(kernels.vadd, "llvm") is None
             record = _build.build_with_record(kernels.vadd, "llvm")[1]
-    assert record.tier == "built" and record.key is None and len(seen) > 10
+    assert record.tier == "codegen" and record.key is None and len(seen) > 10
     assert record.host.digest is not None  # the codegen itself was still a cache hit
 
 
@@ -219,14 +219,14 @@ def test_a_changed_irmodule_is_rebuilt_not_served_from_memory(cache):
         first = cc.build(mod, "llvm")
         mod["vadd"] = kernels.vmul.with_attr("global_symbol", "vadd")  # in place
         second, record = _build.build_with_record(mod, "llvm")
-    assert record.tier == "built" and not np.array_equal(_run(first), _run(second))
+    assert record.tier == "codegen" and not np.array_equal(_run(first), _run(second))
     assert np.array_equal(_run(second), _run(tvm.tirx.build(mod, "llvm")))
 
 
 def test_index_entry_is_framed_bytes_naming_the_device_level_entries(cache):
     with cc.use_cache(cache):
         record = _build.build_with_record(kernels.vadd_gpu, Target(CUDA_TARGET))[1]
-    blob = cache.store("builds").get(record.key.digest)
+    blob = cache.store("index").get(record.key.digest)
     art = unframe(blob)
     assert type(blob) is bytes and art.codec == "build-index" and art.fields == ()
     assert art.meta["host"]["digest"] == record.host.digest
@@ -239,16 +239,16 @@ def test_corrupt_or_dangling_index_falls_back_to_a_correct_build(tmp_path, caplo
     caplog.set_level(logging.DEBUG, logger="codegen_cache")  # warned once per process, then DEBUG
     with cc.use_cache(cc.CodegenCache(tmp_path, write_behind=False)) as cache:
         key = _build.build_with_record(kernels.vadd, "llvm")[1].key
-    store = cache.store("builds")
+    store = cache.store("index")
     store.put(key.digest, frame("build-index", {"key": "someone else"}, []))
     with cc.use_cache(cc.CodegenCache(tmp_path)):
         module, record = _build.build_with_record(kernels.vadd, "llvm")
-    assert record.tier == "built" and "bad build-index entry" in caplog.text
+    assert record.tier == "codegen" and "bad build-index entry" in caplog.text
     assert np.array_equal(_run(module), _run(tvm.tirx.build(kernels.vadd, "llvm")))
     cache.clear()  # the index now names entries that are gone
     with cc.use_cache(cc.CodegenCache(tmp_path)) as fresh:
         module, record = _build.build_with_record(kernels.vadd, "llvm")
-    assert record.tier == "built" and fresh.stats(shared=False).builds == 1
+    assert record.tier == "codegen" and fresh.stats(shared=False).codegen_runs == 1
     assert np.array_equal(_run(module), _run(tvm.tirx.build(kernels.vadd, "llvm")))
 
 
@@ -262,7 +262,7 @@ def test_warm_builds_record_outcomes_and_count_hits(tmp_path):
     assert [(o.tier, o.codegen) for o in outcomes] == [("disk", "build"), ("memory", "build")]
     stats = fresh.stats(shared=False)
     # Each build served whole counts a hit per codegen result it holds (host and device).
-    assert (stats.builds, stats.misses, stats.hits_disk, stats.hits_memory) == (0, 0, 2, 2)
+    assert (stats.codegen_runs, stats.misses, stats.hits_disk, stats.hits_memory) == (0, 0, 2, 2)
 
 
 def test_recache_rebuilds_instead_of_using_the_index(tmp_path):
@@ -270,8 +270,8 @@ def test_recache_rebuilds_instead_of_using_the_index(tmp_path):
         cc.build(kernels.vadd, "llvm")
     recache = cc.CodegenCache(tmp_path, recache=True, write_behind=False)
     with cc.use_cache(recache):
-        assert _build.build_with_record(kernels.vadd, "llvm")[1].tier == "built"
-    assert recache.stats(shared=False).builds == 1
+        assert _build.build_with_record(kernels.vadd, "llvm")[1].tier == "codegen"
+    assert recache.stats(shared=False).codegen_runs == 1
 
 
 # ---- compiled CUDA, through a stub driver (TVM's CUDA runtime loads; nothing launches) ---------
@@ -289,7 +289,7 @@ STUB_SCRIPT = textwrap.dedent(
     cache.flush()
     stats = cache.stats(shared=False)
     print(record.tier, record.devices[0].mode, [m.kind for m in module.imports][0],
-          module.imports[0].implements_function("vadd_gpu_kernel"), stats.builds)
+          module.imports[0].implements_function("vadd_gpu_kernel"), stats.codegen_runs)
     """
 )
 
@@ -307,4 +307,4 @@ def test_compiled_cuda_build_where_the_cuda_runtime_loads(tmp_path):
         done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         lines.append(done.stdout.split()[-5:])
-    assert lines == [["built", "compiled", "cuda", "True", "2"], ["disk", "compiled", "cuda", "True", "0"]]
+    assert lines == [["codegen", "compiled", "cuda", "True", "2"], ["disk", "compiled", "cuda", "True", "0"]]

@@ -23,11 +23,11 @@ def test_second_lower_is_a_memory_hit_and_runs(cache, llvm_vadd):
     codegen, calls = counting_codegen()
     m1, o1 = cache.lower_with_outcome(mod, target, codegen=codegen)
     m2, o2 = cache.lower_with_outcome(mod, target, codegen=codegen)
-    assert (o1.tier, o2.tier) == ("built", "memory") and len(calls) == 1
+    assert (o1.tier, o2.tier) == ("codegen", "memory") and len(calls) == 1
     assert m2 is m1 and o2.hit and o1.key == o2.key
     np.testing.assert_array_equal(run_binary(m2), 2 * np.arange(1024, dtype="float32"))
     stats = cache.stats()
-    assert (stats.hits, stats.misses, stats.hits_memory, stats.builds) == (1, 1, 1, 1)
+    assert (stats.hits, stats.misses, stats.hits_memory, stats.codegen_runs) == (1, 1, 1, 1)
 
 
 def test_fresh_cache_hits_disk_and_module_runs(tmp_path, llvm_vadd):
@@ -41,8 +41,8 @@ def test_fresh_cache_hits_disk_and_module_runs(tmp_path, llvm_vadd):
 
 def test_structurally_equal_module_hits_memory(cache):
     codegen, calls = counting_codegen()
-    mod1, target = cc.lower_for_codegen(kernels.vadd, "llvm")
-    mod2, _ = cc.lower_for_codegen(kernels.vadd, "llvm")
+    mod1, target = cc.prepare_for_codegen(kernels.vadd, "llvm")
+    mod2, _ = cc.prepare_for_codegen(kernels.vadd, "llvm")
     assert not mod1.same_as(mod2)
     cache.lower(mod1, target, codegen=codegen)
     assert cache.lower_with_outcome(mod2, target, codegen=codegen)[1].tier == "memory"
@@ -54,7 +54,7 @@ FRESH_PROCESS = textwrap.dedent(
     import sys
     sys.path.insert(0, {tests!r})
     import codegen_cache as cc, kernels
-    mod, target = cc.lower_for_codegen(kernels.vadd_gpu, {{"kind": "cuda", "arch": "sm_90"}})
+    mod, target = cc.prepare_for_codegen(kernels.vadd_gpu, {{"kind": "cuda", "arch": "sm_90"}})
     cache = cc.CodegenCache({cache!r})
     module, outcome = cache.lower_with_outcome(mod, target, compile_device=False)
     print(outcome.tier, "__global__" in module.inspect_source(""))
@@ -158,7 +158,7 @@ def test_flipped_bytes_in_stored_files_are_misses_and_rebuilt(tmp_path, llvm_vad
     assert _flip_every_file(tmp_path / "source") == 1
     cache = cc.CodegenCache(tmp_path, write_behind=False)
     module, outcome = cache.lower_with_outcome(mod, target, compile_device=False)
-    assert outcome.tier == "built"
+    assert outcome.tier == "codegen"
     assert module.inspect_source("") == fresh.inspect_source("")
     assert cache.stats(shared=False).corrupt == 1
     # Stored again: the next fresh cache hits.
@@ -178,14 +178,14 @@ def test_flipped_bytes_in_small_entries_inside_the_database(tmp_path, cuda_vadd)
         store.put(key, bytes(bad))
         cache._memory.clear()
         module, outcome = cache.lower_with_outcome(mod, target, compile_device=False)
-        assert outcome.tier == "built", pos
+        assert outcome.tier == "codegen", pos
         assert "__global__" in module.inspect_source("")
 
 
 def test_forced_collision_with_verify_gives_each_module_its_own_code(tmp_path, monkeypatch):
     monkeypatch.setattr(_cache, "ir_hash", lambda mod: 42)  # every module has the same hash
-    add, target = cc.lower_for_codegen(kernels.vadd_gpu, CUDA_TARGET)
-    mul, _ = cc.lower_for_codegen(kernels.vmul_gpu, CUDA_TARGET)
+    add, target = cc.prepare_for_codegen(kernels.vadd_gpu, CUDA_TARGET)
+    mul, _ = cc.prepare_for_codegen(kernels.vmul_gpu, CUDA_TARGET)
     writer = cc.CodegenCache(tmp_path, write_behind=False, verify=True)
     assert writer.key_for(add, target, compile_device=False, structural_hash=42) == writer.key_for(
         mul, target, compile_device=False, structural_hash=42)
@@ -204,8 +204,8 @@ def test_forced_collision_with_verify_gives_each_module_its_own_code(tmp_path, m
 def test_without_verify_a_collision_on_disk_is_trusted(tmp_path, monkeypatch):
     # The documented 64-bit risk: without verify=True a disk hit trusts the key.
     monkeypatch.setattr(_cache, "ir_hash", lambda mod: 42)
-    add, target = cc.lower_for_codegen(kernels.vadd_gpu, CUDA_TARGET)
-    mul, _ = cc.lower_for_codegen(kernels.vmul_gpu, CUDA_TARGET)
+    add, target = cc.prepare_for_codegen(kernels.vadd_gpu, CUDA_TARGET)
+    mul, _ = cc.prepare_for_codegen(kernels.vmul_gpu, CUDA_TARGET)
     src_add = cc.CodegenCache(tmp_path, write_behind=False).lower(add, target, compile_device=False).inspect_source("")
     assert cc.CodegenCache(tmp_path).lower(mul, target, compile_device=False).inspect_source("") == src_add
 
@@ -227,8 +227,8 @@ def _fails_on_multiply():
 @pytest.mark.parametrize("fresh_reader", [False, True], ids=["same-cache", "fresh-cache"])
 def test_forced_collision_with_verify_serves_a_failure_only_to_the_same_module(tmp_path, monkeypatch, fresh_reader):
     monkeypatch.setattr(_cache, "ir_hash", lambda mod: 42)  # every module has the same hash
-    add, target = cc.lower_for_codegen(kernels.vadd_gpu, CUDA_TARGET)
-    mul, _ = cc.lower_for_codegen(kernels.vmul_gpu, CUDA_TARGET)
+    add, target = cc.prepare_for_codegen(kernels.vadd_gpu, CUDA_TARGET)
+    mul, _ = cc.prepare_for_codegen(kernels.vmul_gpu, CUDA_TARGET)
     codegen, calls = _fails_on_multiply()
     writer = cc.CodegenCache(tmp_path, write_behind=False, verify=True)
     assert writer.key_for(add, target, compile_device=False, codegen=codegen, structural_hash=42) == writer.key_for(
@@ -238,7 +238,7 @@ def test_forced_collision_with_verify_serves_a_failure_only_to_the_same_module(t
     reader = cc.CodegenCache(tmp_path, verify=True) if fresh_reader else writer
     # The same key, another module: it builds, and is not given the other kernel's error.
     module, outcome = reader.lower_with_outcome(add, target, compile_device=False, codegen=codegen)
-    assert outcome.tier == "built" and "__global__" in module.inspect_source("")
+    assert outcome.tier == "codegen" and "__global__" in module.inspect_source("")
     # The failing module itself still gets its remembered failure, without running the codegen.
     before = len(calls)
     with pytest.raises(cc.CachedCodegenError, match="rejects multiplies"):
@@ -249,8 +249,8 @@ def test_forced_collision_with_verify_serves_a_failure_only_to_the_same_module(t
 def test_without_verify_a_remembered_failure_trusts_the_key(tmp_path, monkeypatch):
     # The documented 64-bit risk, as for hits: without verify=True the failure is served by key.
     monkeypatch.setattr(_cache, "ir_hash", lambda mod: 42)
-    add, target = cc.lower_for_codegen(kernels.vadd_gpu, CUDA_TARGET)
-    mul, _ = cc.lower_for_codegen(kernels.vmul_gpu, CUDA_TARGET)
+    add, target = cc.prepare_for_codegen(kernels.vadd_gpu, CUDA_TARGET)
+    mul, _ = cc.prepare_for_codegen(kernels.vmul_gpu, CUDA_TARGET)
     codegen, _calls = _fails_on_multiply()
     cache = cc.CodegenCache(tmp_path, write_behind=False)
     with pytest.raises(RuntimeError):
@@ -303,7 +303,7 @@ def test_clear_empties_both_stores(cache, llvm_vadd):
     cache.lower(mod, target, compile_device=False)
     assert cache.clear() == 2
     assert len(cache.store("compiled")) == 0 and len(cache.store("source")) == 0
-    assert cache.lower_with_outcome(mod, target)[1].tier == "built"
+    assert cache.lower_with_outcome(mod, target)[1].tier == "codegen"
 
 
 def test_unwritable_directory_still_compiles(tmp_path, llvm_vadd):
@@ -316,7 +316,7 @@ def test_unwritable_directory_still_compiles(tmp_path, llvm_vadd):
     mod, target = llvm_vadd
     cache = cc.CodegenCache(target_dir, write_behind=False)
     module, outcome = cache.lower_with_outcome(mod, target)
-    assert outcome.tier == "built"
+    assert outcome.tier == "codegen"
     np.testing.assert_array_equal(run_binary(module), 2 * np.arange(1024, dtype="float32"))
     assert cache.lower_with_outcome(mod, target)[1].tier == "memory"
 

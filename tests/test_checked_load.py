@@ -119,7 +119,7 @@ def test_a_library_renamed_over_the_value_file_between_its_check_and_its_load_ne
     # The next lookup reads the foreign bytes (another size than its row says): rebuilt.
     cache = cc.CodegenCache(directory, memory_entries=0, write_behind=False)
     module, outcome = cache.lower_with_outcome(mod, target)
-    assert outcome.tier == "built"
+    assert outcome.tier == "codegen"
     np.testing.assert_array_equal(run_binary(module), linked[1])
     assert not marker.exists()
 
@@ -130,7 +130,7 @@ HIT_THEN_ATTACK = textwrap.dedent("""
     import numpy as np
     import codegen_cache as cc, kernels
     from conftest import run_binary
-    mod, target = cc.lower_for_codegen(kernels.vadd, "llvm")
+    mod, target = cc.prepare_for_codegen(kernels.vadd, "llvm")
     cache = cc.CodegenCache({directory!r}, memory_entries=0)
     module, outcome = cache.lower_with_outcome(mod, target)
     assert outcome.tier == "disk", outcome.tier
@@ -167,7 +167,7 @@ def test_a_value_file_changed_after_the_load_never_changes_or_kills_the_loaded_k
     # The changed file is never served: a checksum mismatch (or a short read), rebuilt.
     cache = cc.CodegenCache(directory, memory_entries=0, write_behind=False)
     module, outcome = cache.lower_with_outcome(mod, target)
-    assert outcome.tier == "built"
+    assert outcome.tier == "codegen"
     np.testing.assert_array_equal(run_binary(module), linked[1])
 
 
@@ -209,7 +209,7 @@ def test_a_stored_librarys_constructor_never_runs_before_its_checksum_and_key_ar
         reader = cc.CodegenCache(directory, memory_entries=0, write_behind=False, remote=remote)
     module, outcome = reader.lower_with_outcome(mod, target)
     assert not marker.exists(), "the constructor of a library that failed its checks ran"
-    assert outcome.tier == "built" and reader.stats(shared=False).corrupt == 1
+    assert outcome.tier == "codegen" and reader.stats(shared=False).corrupt == 1
     np.testing.assert_array_equal(run_binary(module), linked[1])
     if fault.startswith("another"):
         assert any("holds key ffffffffffffffff" in r.getMessage() for r in caplog.records)
@@ -234,7 +234,7 @@ def test_entry_files_are_read_only_once_written(tmp_path, llvm_vadd, cuda_vadd):
     mod, target = llvm_vadd
     cache.lower(mod, target)
     assert cache.flush(upgrades=True, timeout=240)
-    staged = PendingFiles(tmp_path / "cache" / "pending" / "compiled")
+    staged = PendingFiles(tmp_path / "cache" / "staged" / "compiled")
     staged.keep_spare()
     staged.write("a" * 32, b"an entry")  # into the spare file
     staged.write("b" * 32, b"an entry")  # into a new file

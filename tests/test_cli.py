@@ -39,10 +39,10 @@ def filled(tmp_path_factory):
         ("cuda", kernels.vadd_gpu, CUDA_TARGET, False),
         ("cuda2", kernels.vmul_gpu, CUDA_TARGET, False),
     ):
-        mod, tgt = cc.lower_for_codegen(kernel, target)
+        mod, tgt = cc.prepare_for_codegen(kernel, target)
         _module, outcome = cache.lower_with_outcome(mod, tgt, compile_device=compiled)
         keys[label] = outcome.key
-    cache.lower(*cc.lower_for_codegen(kernels.vadd_gpu, CUDA_TARGET), compile_device=False)  # a memory hit
+    cache.lower(*cc.prepare_for_codegen(kernels.vadd_gpu, CUDA_TARGET), compile_device=False)  # a memory hit
     # The llvm entry's upgrade runs in a helper process that writes scratch files: let it
     # finish, so that copies of this directory do not race it.
     assert cache.flush(upgrades=True)
@@ -90,7 +90,7 @@ def test_stats_counts_entries_and_lookups(capsys, filled):
     assert data["stores"]["source"]["entries"] == 3
     assert data["stores"]["source"]["bytes"] > 0
     counters = data["counters"]
-    assert counters["misses"] == 4 and counters["builds"] == 4 and counters["hits_memory"] == 1
+    assert counters["misses"] == 4 and counters["codegen_runs"] == 4 and counters["hits_memory"] == 1
     assert data["hit_rate"] == pytest.approx(1 / 5)
     code, out, _err = run(capsys, "stats", "--dir", str(root))
     assert code == 0
@@ -122,7 +122,7 @@ def test_stats_counts_cold_and_warm_runs_as_ccache_does(capsys, tmp_path):
     import kernels
 
     root = tmp_path / "cache"
-    lowered = [cc.lower_for_codegen(k, t) for k, t in ((kernels.vadd, "llvm"), (kernels.vmul, "c"),
+    lowered = [cc.prepare_for_codegen(k, t) for k, t in ((kernels.vadd, "llvm"), (kernels.vmul, "c"),
                                                        (kernels.vadd_gpu, CUDA_TARGET))]
     for _round in range(2):
         cache = cc.CodegenCache(root, write_behind=False)
@@ -132,12 +132,12 @@ def test_stats_counts_cold_and_warm_runs_as_ccache_does(capsys, tmp_path):
         _code, data = run_json(capsys, "--dir", str(root), "stats")
         c = data["counters"]
         if _round == 0:
-            assert (c["misses"], c["builds"], c["stores"], c["hits"]) == (3, 3, 3, 0), c
+            assert (c["misses"], c["codegen_runs"], c["stores"], c["hits"]) == (3, 3, 3, 0), c
             assert c["zeroed_at"] is None
-    assert (c["misses"], c["builds"], c["stores"], c["hits_disk"], c["hits_memory"]) == (3, 3, 3, 3, 0), c
+    assert (c["misses"], c["codegen_runs"], c["stores"], c["hits_disk"], c["hits_memory"]) == (3, 3, 3, 3, 0), c
     by = c["by_codegen"]
     assert set(by) == {"llvm/compiled", "c/source", "cuda/source"}
-    assert all(row["hits"] == 1 and row["misses"] == 1 and row["builds"] == 1 and row["stores"] == 1
+    assert all(row["hits"] == 1 and row["misses"] == 1 and row["codegen_runs"] == 1 and row["stores"] == 1
                for row in by.values()), by
     assert sum(row["saved_seconds"] for row in by.values()) == pytest.approx(c["saved_seconds"])
     code, out, _err = run(capsys, "--dir", str(root), "stats", "-v")
@@ -160,7 +160,7 @@ def test_stats_says_what_each_other_counter_counts_and_never_shows_the_zeroed_ti
                                    "upgrader after their store (later hits load the library)"], out
     assert run(capsys, "--dir", str(root), "stats", "--reset")[0] == 0
     cache = cc.CodegenCache(root, write_behind=False)
-    cache.lower(*cc.lower_for_codegen(__import__("kernels").vadd_gpu, CUDA_TARGET), compile_device=False)
+    cache.lower(*cc.prepare_for_codegen(__import__("kernels").vadd_gpu, CUDA_TARGET), compile_device=False)
     cache.close()
     code, out, _err = run(capsys, "--dir", str(root), "stats")
     assert code == 0 and "zeroed_at" not in out and not any(line.startswith("other") for line in out.splitlines()), out
@@ -184,14 +184,14 @@ def test_stats_counts_a_build_and_its_memory_hit(capsys, tmp_path):
         cold = cache.stats()
         cc.build(kernels.vadd, "llvm")
         outcome = cc.last_outcome()
-    assert (cold.misses, cold.builds, cold.stores, cold.hits) == (1, 1, 1, 0), cold
-    assert outcome.tier == "memory" and outcome.build_seconds > 0
+    assert (cold.misses, cold.codegen_runs, cold.stores, cold.hits) == (1, 1, 1, 0), cold
+    assert outcome.tier == "memory" and outcome.codegen_seconds > 0
     warm = cache.stats()
     assert warm.hits_memory == 1 and warm.hits_disk == 0 and warm.saved_seconds == pytest.approx(
-        outcome.build_seconds)
+        outcome.codegen_seconds)
     cache.close()
     _code, data = run_json(capsys, "--dir", str(tmp_path / "cache"), "stats")
-    assert data["stores"]["builds"]["entries"] == 1  # the build index is part of the cache
+    assert data["stores"]["index"]["entries"] == 1  # the build index is part of the cache
 
 
 def test_stats_reset_zeroes_counters_but_keeps_entries(capsys, copy):
@@ -208,7 +208,7 @@ def test_ls_lists_entries_with_codegen_target_and_parts(capsys, filled):
     assert set(by_key) == set(keys.values())
     cuda = by_key[keys["cuda"]]
     assert cuda["store"] == "source" and cuda["codegen"] == "cuda" and cuda["target"] == "cuda sm_90"
-    assert cuda["func_names"] == ["vadd_gpu_kernel"] and cuda["build_seconds"] > 0
+    assert cuda["func_names"] == ["vadd_gpu_kernel"] and cuda["codegen_seconds"] > 0
     assert list(cuda["parts"])[:4] == ["ir", "target", "codegen", "mode"]  # key order, not sorted JSON
     assert by_key[keys["llvm"]]["store"] == "compiled"
     _code, only_compiled = run_json(capsys, "--dir", str(root), "ls", "--compiled")
@@ -295,7 +295,7 @@ def test_explain_an_empty_cache_and_a_cached_failure(capsys, tmp_path):
     code, out, _err = run(capsys, "--dir", str(root), "explain", KERNELS, "--kernel", "vadd", "-t", "c")
     assert code == 0 and "holds no entries" in out
     cache = cc.CodegenCache(root, write_behind=False)
-    mod, target = cc.lower_for_codegen(__import__("kernels").vadd, "c")
+    mod, target = cc.prepare_for_codegen(__import__("kernels").vadd, "c")
     key = cache.key_for(mod, target, compile_device=False).digest
     cache.store("failures").put(key, frame("failure", {"key": key, "codegen": "c", "error_type": "ValueError",
                                                       "message": "boom", "created": time.time()}, []))
@@ -320,7 +320,7 @@ def test_explain_without_an_entry_of_the_same_codegen(capsys, copy):
 
 def test_explain_a_lowered_module_in_a_tvmscript_file(capsys, filled, tmp_path):
     root, keys = filled
-    mod, _target = cc.lower_for_codegen(__import__("kernels").vadd_gpu, CUDA_TARGET)
+    mod, _target = cc.prepare_for_codegen(__import__("kernels").vadd_gpu, CUDA_TARGET)
     path = tmp_path / "device.tvmscript"
     path.write_text(mod.script())
     # No --target: a lowered module carries it.
@@ -408,7 +408,7 @@ def test_warm_in_process_then_all_hits(capsys, tmp_path):
     argv = ["--dir", str(root), "warm", KERNELS, "-t", "llvm", "-t", "c", "--kernel", "vadd", "--kernel", "vmul",
             "-j", "0"]
     code, data = run_json(capsys, *argv)
-    assert code == 0 and data["tasks"] == 4 and data["built"] == 4 and data["failed"] == 0
+    assert code == 0 and data["tasks"] == 4 and data["codegen"] == data["built"] == 4 and data["failed"] == 0
     modes = {(r["kernel"], r["target"]): r["mode"] for r in data["results"]}
     assert modes[("vadd", "llvm")] == "compiled" and modes[("vadd", "c")] == "source"  # --mode auto
     code, data = run_json(capsys, *argv)
@@ -419,7 +419,7 @@ def test_warm_in_spawned_workers(capsys, tmp_path):
     root = tmp_path / "cache"
     code, out, _err = run(capsys, "--dir", str(root), "warm", KERNELS, "-t", "cuda -arch=sm_90", "--mode", "source",
                           "--kernel", "vadd_gpu", "--kernel", "vmul_gpu", "-j", "2", "--no-progress")
-    assert code == 0 and "2 built" in out and "2 workers" in out
+    assert code == 0 and "2 ran the codegen" in out and "2 workers" in out
     _code, entries = run_json(capsys, "--dir", str(root), "ls")
     assert sorted(e["func_names"][0] for e in entries) == ["vadd_gpu_kernel", "vmul_gpu_kernel"]
 
@@ -427,7 +427,7 @@ def test_warm_in_spawned_workers(capsys, tmp_path):
 def test_warm_reports_a_failed_kernel_and_exits_1(capsys, tmp_path):
     code, data = run_json(capsys, "--dir", str(tmp_path / "c"), "warm", KERNELS, "-t", "cuda -arch=sm_90",
                           "--kernel", "vadd", "--kernel", "vadd_gpu", "--mode", "source", "-j", "0")
-    assert code == _cli.EXIT_PROBLEMS and data["failed"] == 1 and data["built"] == 1
+    assert code == _cli.EXIT_PROBLEMS and data["failed"] == 1 and data["codegen"] == 1
     (failed,) = [r for r in data["results"] if r["status"] == "failed"]
     assert failed["kernel"] == "vadd" and "thread binding" in failed["error"]
 
@@ -452,7 +452,7 @@ def test_warm_kernels_file_protocol(capsys, tmp_path):
             return [scale(f) for f in (2, 3, 4)]
     '''))
     code, data = run_json(capsys, "--dir", str(tmp_path / "c"), "warm", str(source), "-t", "c", "-j", "0")
-    assert code == 0 and data["built"] == 3
+    assert code == 0 and data["codegen"] == 3
     assert sorted(r["kernel"] for r in data["results"]) == ["main[0]", "main[1]", "main[2]"]
 
 
@@ -462,14 +462,14 @@ def test_warm_fills_the_compiled_cuda_store_with_nvcc(capsys, tmp_path):
     root = tmp_path / "cache"
     argv = ["--dir", str(root), "warm", KERNELS, "-t", json.dumps(CUDA_TARGET), "--kernel", "vadd_gpu", "-j", "0"]
     code, data = run_json(capsys, *argv)
-    assert code == 0 and data["built"] == 1
+    assert code == 0 and data["codegen"] == 1
     (result,) = data["results"]
-    assert result["mode"] == "compiled" and result["tier"] in ("nvcc", "built")
+    assert result["mode"] == "compiled" and result["tier"] in ("nvcc", "codegen")
     _code, entries = run_json(capsys, "--dir", str(root), "ls", "--compiled")
     assert [e["codec"] for e in entries] == ["cuda-bin"]
     assert run_json(capsys, *argv)[1]["hit"] == 1
     counters = run_json(capsys, "--dir", str(root), "stats")[1]["counters"]
-    assert (counters["misses"], counters["builds"], counters["stores"], counters["hits"]) == (1, 1, 1, 1)
+    assert (counters["misses"], counters["codegen_runs"], counters["stores"], counters["hits"]) == (1, 1, 1, 1)
 
 
 # ---- doctor, demo, config ----------------------------------------------------------------------------
@@ -662,13 +662,13 @@ def test_ls_shows_the_users_function_names_and_failures_apart(capsys, tmp_path):
 
     root = tmp_path / "cache"
     cache = cc.CodegenCache(root, write_behind=False)
-    cache.lower(*cc.lower_for_codegen(kernels.vadd, "llvm"), compile_device=True)
+    cache.lower(*cc.prepare_for_codegen(kernels.vadd, "llvm"), compile_device=True)
 
     def broken(mod, target):
         raise RuntimeError("no registers left")
 
     with pytest.raises(RuntimeError):
-        cache.lower(*cc.lower_for_codegen(kernels.vmul, "llvm"), compile_device=True,
+        cache.lower(*cc.prepare_for_codegen(kernels.vmul, "llvm"), compile_device=True,
                     codegen=cc.DeviceCodegen("broken", build=broken))
     cache.close()
     code, out, _err = run(capsys, "--dir", str(root), "ls", "--compiled", "--failures")
@@ -708,10 +708,10 @@ def test_explain_honours_verify(capsys, monkeypatch, filled):
 
     cache = cc.CodegenCache(settings=cc.settings_from_env(directory=root))
     try:
-        _module, outcome = cache.lower_with_outcome(*cc.lower_for_codegen(kernels.vadd, "llvm"), compile_device=True)
+        _module, outcome = cache.lower_with_outcome(*cc.prepare_for_codegen(kernels.vadd, "llvm"), compile_device=True)
     finally:
         cache.close()
-    assert outcome.tier == "built"
+    assert outcome.tier == "codegen"
 
 
 def test_explain_a_build(capsys, tmp_path):
@@ -739,14 +739,14 @@ def test_explain_a_build(capsys, tmp_path):
 def test_precompile_counts_misses_and_hits(tmp_path):
     import kernels
 
-    mod, target = cc.lower_for_codegen(kernels.vadd_gpu, CUDA_TARGET)
+    mod, target = cc.prepare_for_codegen(kernels.vadd_gpu, CUDA_TARGET)
     for expected in ((1, 1, 1, 0), (1, 1, 1, 1)):
         cache = cc.CodegenCache(tmp_path / "cache", write_behind=False)
         cache.precompile_cuda(mod, target)
         stats = cache.stats()
         cache.close()
-        assert (stats.misses, stats.builds, stats.stores, stats.hits_disk) == expected
-    assert stats.saved_seconds == pytest.approx(stats.build_seconds) and stats.saved_seconds > 0
+        assert (stats.misses, stats.codegen_runs, stats.stores, stats.hits_disk) == expected
+    assert stats.saved_seconds == pytest.approx(stats.codegen_seconds) and stats.saved_seconds > 0
 
 
 @pytest.mark.parametrize("url", ["redis://", "redis://:6379/0", "redis://h:0", "redis://h/x", "unix://"])
@@ -796,10 +796,10 @@ def test_explain_and_warm_name_a_callback_the_key_cannot_hold(tmp_path):
     assert done.returncode == 5, (done.stdout, done.stderr[-2000:])
     assert "'tvm_callback_cuda_postproc' cannot be keyed" in done.stderr, done.stderr[-2000:]
     assert "declare_callback_salt" in done.stderr and "Traceback" not in done.stderr
-    # warm lowers it (uncached), stores nothing, and says so: not "built", and exit 1 (a problem).
+    # warm lowers it (uncached), stores nothing, and says so: not "codegen", and exit 1 (a problem).
     done = cli("--dir", str(tmp_path / "cache"), "warm", str(kernels), "-j", "0",
                "-t", "cuda -arch=sm_90", "--mode", "source")
     assert done.returncode == 1, (done.stdout, done.stderr[-2000:])
-    assert "NOT CACHED  vadd_gpu" in done.stdout and "0 built, 0 already cached, 1 not cacheable" in done.stdout
+    assert "NOT CACHED  vadd_gpu" in done.stdout and "0 ran the codegen, 0 already cached, 1 not cacheable" in done.stdout
     assert "declare_callback_salt" in done.stderr
     assert cc.CodegenCache(tmp_path / "cache").stats().stores == 0

@@ -33,7 +33,7 @@ RUNNABLE_HERE = [
 
 @pytest.mark.parametrize("target, kernel, compile_device, needle", RUNNABLE_HERE)
 def test_builtin_codegen_contract(target, kernel, compile_device, needle):
-    mod, tgt = cc.lower_for_codegen(kernel, target)
+    mod, tgt = cc.prepare_for_codegen(kernel, target)
     codegen = cc.resolve_device_codegen(tgt)
     assert codegen.name == tgt.kind.name
     with cc.use_cache(None):
@@ -55,18 +55,18 @@ def test_llvm_kernel_through_registry_runs_and_matches_numpy(llvm_vadd):
 
 
 def test_c_has_no_compiled_mode():
-    mod, target = cc.lower_for_codegen(kernels.vadd, "c")
+    mod, target = cc.prepare_for_codegen(kernels.vadd, "c")
     with cc.use_cache(None), pytest.raises(ValueError, match="'c' for target 'c' does not support lowering with compilation"):
         cc.resolve_device_codegen(target).lower(mod, target, compile_device=True)
 
 
 def test_gpu_kernel_without_thread_binding_is_rejected():
-    with pytest.raises(cc.LoweringError, match=r"\['vadd'\] has no thread binding.*'cuda'"):
-        cc.lower_for_codegen(kernels.vadd, CUDA_TARGET)
+    with pytest.raises(cc.PrepareError, match=r"\['vadd'\] has no thread binding.*'cuda'"):
+        cc.prepare_for_codegen(kernels.vadd, CUDA_TARGET)
 
 
 def test_vulkan_is_registered_but_not_in_this_tvm_build():
-    mod, target = cc.lower_for_codegen(kernels.vadd_gpu, "vulkan")
+    mod, target = cc.prepare_for_codegen(kernels.vadd_gpu, "vulkan")
     with cc.use_cache(None), pytest.raises(ValueError, match="Cannot find global function target.build.vulkan"):
         cc.resolve_device_codegen(target).lower(mod, target, compile_device=False)
 
@@ -117,7 +117,7 @@ STUB_SCRIPT = textwrap.dedent(
     import codegen_cache as cc, kernels
     from codegen_cache import _compat
     assert _compat.cuda_runtime_available(), "stub libcuda did not load TVM's CUDA runtime"
-    mod, target = cc.lower_for_codegen(kernels.vadd_gpu, {{"kind": "cuda", "arch": "sm_90"}})
+    mod, target = cc.prepare_for_codegen(kernels.vadd_gpu, {{"kind": "cuda", "arch": "sm_90"}})
     cache = cc.CodegenCache({cache!r}, write_behind=False)
     m1, o1 = cache.lower_with_outcome(mod, target, compile_device=True)
     assert m1.kind == "cuda" and m1.implements_function("vadd_gpu_kernel"), m1
@@ -134,7 +134,7 @@ STUB_SCRIPT = textwrap.dedent(
 @pytest.mark.skipif(not HAS_NVCC, reason="nvcc is not on PATH")
 def test_compiled_cuda_loads_through_stub_driver(tmp_path):
     out = _run_with_stub_driver(tmp_path, STUB_SCRIPT)
-    assert out.split()[-5:] == ["built", "disk", "cuda", "True", "True"]
+    assert out.split()[-5:] == ["codegen", "disk", "cuda", "True", "True"]
 
 
 PRECOMPILED_SCRIPT = textwrap.dedent(
@@ -142,7 +142,7 @@ PRECOMPILED_SCRIPT = textwrap.dedent(
     import sys
     sys.path.insert(0, {tests!r})
     import codegen_cache as cc, kernels
-    mod, target = cc.lower_for_codegen(kernels.vadd_gpu, {{"kind": "cuda", "arch": "sm_90"}})
+    mod, target = cc.prepare_for_codegen(kernels.vadd_gpu, {{"kind": "cuda", "arch": "sm_90"}})
     module, outcome = cc.CodegenCache({cache!r}).lower_with_outcome(mod, target, compile_device=True)
     print(outcome.tier, module.kind, module.implements_function("vadd_gpu_kernel"))
     """

@@ -64,9 +64,9 @@ def test_four_processes_compile_each_cold_key_once(tmp_path):
     assert set(calls.values()) == {1}, calls  # every key compiled exactly once
     assert all(not r["wrong"] for r in results)
     tiers = Counter(t for r in results for t in r["tiers"])
-    assert tiers["built"] == 5 and tiers["disk"] == 15
+    assert tiers["codegen"] == 5 and tiers["disk"] == 15
     stats = cc.CodegenCache(tmp_path / "cache").stats()
-    assert (stats.builds, stats.hits_disk, stats.misses) == (5, 15, 5)  # one hit or miss per lower
+    assert (stats.codegen_runs, stats.hits_disk, stats.misses) == (5, 15, 5)  # one hit or miss per lower
 
 
 def _locks(directory: Path) -> list[str]:
@@ -100,7 +100,7 @@ def test_killed_lock_holder_lets_the_next_process_build_at_once(tmp_path):
         holder.communicate()
         start = time.monotonic()
         (result,) = _finish([_spawn(tmp_path / "cache", 7, 1, log, seconds="0.1")])
-        assert result["tiers"] == ["built"] and not result["wrong"]
+        assert result["tiers"] == ["codegen"] and not result["wrong"]
         assert result["stats"]["lease_waits"] == 0  # the kernel dropped the dead holder's lock
         assert time.monotonic() - start < 60
         assert not _is_locked(tmp_path / "cache", key)
@@ -119,7 +119,7 @@ def test_a_planted_or_leftover_lock_file_holds_nothing(tmp_path):
     (tmp_path / "cache" / "locks" / key).write_text('{"host": "h", "pid": 1, "expires": 1e12}')
     start = time.monotonic()
     _module, outcome = cache.lower_with_outcome(mod, target, codegen=SLOW_LLVM)
-    assert outcome.tier == "built" and time.monotonic() - start < 10
+    assert outcome.tier == "codegen" and time.monotonic() - start < 10
     assert cache.stats(shared=False).lease_waits == 0
 
 
@@ -166,7 +166,7 @@ def test_waiter_builds_anyway_after_bounded_wait(tmp_path, caplog):
     assert held is not None and held.fd >= 0
     start = time.monotonic()
     module, outcome = cache.lower_with_outcome(mod, target, codegen=SLOW_LLVM)
-    assert outcome.tier == "built" and 0.5 <= time.monotonic() - start < 30
+    assert outcome.tier == "codegen" and 0.5 <= time.monotonic() - start < 30
     assert "building here" in caplog.text
 
 
@@ -188,7 +188,7 @@ def test_failure_is_cached_and_raised_again_without_recompiling(tmp_path, monkey
     # Cleared: the codegen runs again (and now succeeds).
     monkeypatch.delenv("SLOW_CODEGEN_FAIL")
     fresh.clear(compiled=False, source=False, failures=True)
-    assert fresh.lower_with_outcome(mod, target, codegen=SLOW_LLVM)[1].tier == "built"
+    assert fresh.lower_with_outcome(mod, target, codegen=SLOW_LLVM)[1].tier == "codegen"
 
 
 def test_failure_cache_expires_after_ttl(tmp_path, monkeypatch):
@@ -247,10 +247,10 @@ def test_mutating_codegen_result_is_returned_but_not_stored(tmp_path, caplog, ch
         return result
 
     codegen = cc.DeviceCodegen("mutating", build=mutating)
-    mod, target = cc.lower_for_codegen(__import__("kernels").vadd, "llvm")
+    mod, target = cc.prepare_for_codegen(__import__("kernels").vadd, "llvm")
     cache = cc.CodegenCache(tmp_path / "cache", write_behind=False)
     module, outcome = cache.lower_with_outcome(mod, target, codegen=codegen)
-    assert outcome.tier == "built" and outcome.stored is False
+    assert outcome.tier == "codegen" and outcome.stored is False
     assert module.implements_function("vadd")
     assert len(cache.store("compiled")) == 0
     assert "changed its input IRModule" in caplog.text
@@ -262,10 +262,10 @@ def test_outcomes_are_recorded_per_call(cache, llvm_vadd):
     with cc.record_outcomes() as outcomes:
         cache.lower(mod, target)
         cache.lower(mod, target)
-    assert [o.tier for o in outcomes] == ["built", "memory"]
+    assert [o.tier for o in outcomes] == ["codegen", "memory"]
     assert outcomes[0].key == outcomes[1].key == cache.key_for(mod, target).digest
-    assert outcomes[0].build_seconds > 0 and outcomes[1].load_seconds < outcomes[0].build_seconds
-    assert outcomes[1].build_seconds == outcomes[0].build_seconds  # what the hit saved
+    assert outcomes[0].codegen_seconds > 0 and outcomes[1].load_seconds < outcomes[0].codegen_seconds
+    assert outcomes[1].codegen_seconds == outcomes[0].codegen_seconds  # what the hit saved
     assert cc.last_outcome() == outcomes[1]
 
 
@@ -293,10 +293,10 @@ def test_stats_from_processes_add_up_and_reset(tmp_path):
     _finish([_spawn(tmp_path / "cache", 40, 3, log, seconds="0")])
     cache = cc.CodegenCache(tmp_path / "cache")
     stats = cache.stats()
-    assert (stats.builds, stats.hits_disk, stats.misses, stats.stores) == (3, 3, 3, 3)
+    assert (stats.codegen_runs, stats.hits_disk, stats.misses, stats.stores) == (3, 3, 3, 3)
     assert stats.saved_seconds > 0
     cache.reset_stats()
-    assert cache.stats().hits == 0 and cache.stats().builds == 0
+    assert cache.stats().hits == 0 and cache.stats().codegen_runs == 0
 
 
 def test_evictions_are_counted(tmp_path):
@@ -313,7 +313,7 @@ PRECOMPILE = """
 import sys
 sys.path.insert(0, {tests!r})
 import codegen_cache as cc, kernels
-mod, target = cc.lower_for_codegen(kernels.vadd_gpu, {{"kind": "cuda", "arch": "sm_90"}})
+mod, target = cc.prepare_for_codegen(kernels.vadd_gpu, {{"kind": "cuda", "arch": "sm_90"}})
 print(cc.CodegenCache({cache!r}).precompile_cuda(mod, target))
 """
 
@@ -329,4 +329,4 @@ def test_precompile_cuda_is_single_flight(tmp_path):
         assert p.returncode == 0, err[-2000:]
         keys.add(out.strip().splitlines()[-1])
     assert len(keys) == 1
-    assert cc.CodegenCache(tmp_path / "cache").stats().builds == 1  # nvcc ran once for 3 processes
+    assert cc.CodegenCache(tmp_path / "cache").stats().codegen_runs == 1  # nvcc ran once for 3 processes

@@ -161,14 +161,14 @@ def test_recache_rebuilds_and_overwrites(monkeypatch, tmp_path, llvm_vadd):
     mod, target = llvm_vadd
     first = cc.CodegenCache(tmp_path / "c", write_behind=False)
     _module, outcome = first.lower_with_outcome(mod, target, compile_device=False)
-    assert outcome.tier == "built"
+    assert outcome.tier == "codegen"
     created = _created(first, outcome.key)
     monkeypatch.setenv("CODEGEN_CACHE_RECACHE", "1")
     again = cc.CodegenCache(tmp_path / "c", write_behind=False)
     assert again.settings.recache is True
     for _ in range(2):  # not served from memory either
         _module, outcome = again.lower_with_outcome(mod, target, compile_device=False)
-        assert outcome.tier == "built" and outcome.stored
+        assert outcome.tier == "codegen" and outcome.stored
     assert _created(again, outcome.key) > created  # the entry was overwritten
     monkeypatch.delenv("CODEGEN_CACHE_RECACHE")
     _module, outcome = cc.CodegenCache(tmp_path / "c", write_behind=False).lower_with_outcome(

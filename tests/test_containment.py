@@ -29,7 +29,7 @@ from time_limits import limit
 from workers import variant
 
 TESTS = str(Path(__file__).parent)
-DIRECTORIES = ("compiled", "source", "locks", "pending", "upgrade", "tmp", "stats", "failures", "builds", "tilelang")
+DIRECTORIES = ("compiled", "source", "locks", "staged", "upgrade", "tmp", "stats", "failures", "index", "tilelang")
 
 EVERY_STORE = textwrap.dedent("""
     import json, logging, sys
@@ -51,7 +51,7 @@ EVERY_STORE = textwrap.dedent("""
         cache.lower(*variant(1), codegen=cc.DeviceCodegen("rejects", build=rejects))
     except ValueError:
         pass
-    with cc.use_cache(cache):  # builds/ (the build index)
+    with cc.use_cache(cache):  # index/ (the build index)
         cc.build(kernels.vadd, tvm.target.Target("llvm"))
     # tilelang/: an entry as the frontend writes one (tilelang itself is not needed for that)
     _frontend._write_entry(cache.directory / "tilelang" / ("a" * 32 + ".so"), b"an entry")
@@ -92,7 +92,7 @@ def test_a_symlink_planted_at_a_directory_of_the_cache_is_never_followed_and_eve
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=500)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result == {"tiers": ["built", "built"], "flushed": True, "again": ["disk", "disk"]}
+    assert result == {"tiers": ["codegen", "codegen"], "flushed": True, "again": ["disk", "disk"]}
     assert _snapshot(outside) == before, "something outside the cache was written, read into it, or removed"
     assert (directory / name).is_symlink()  # refused, not removed: it is not the cache's
     warnings = [line for line in done.stderr.splitlines() if str(directory / name) in line]
@@ -195,6 +195,6 @@ def test_a_cache_directory_that_is_itself_a_symlink_is_the_users_choice_and_is_u
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=500)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result == {"tiers": ["built", "built"], "flushed": True, "again": ["disk", "disk"]}
+    assert result == {"tiers": ["codegen", "codegen"], "flushed": True, "again": ["disk", "disk"]}
     assert "never follows a link" not in done.stderr and "not using" not in done.stderr, done.stderr[-3000:]
-    assert (real / "compiled").is_dir() and (real / "pending").is_dir()
+    assert (real / "compiled").is_dir() and (real / "staged").is_dir()

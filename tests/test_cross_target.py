@@ -33,9 +33,9 @@ def _upgrader_log(directory) -> str:
 def test_cross_target_entries_stay_ir_are_never_linked_and_hit_as_llvm_modules(tmp_path):
     directory = tmp_path / "cache"
     cache = cc.CodegenCache(directory)
-    lowered = {name: cc.lower_for_codegen(kernels.vadd, {"kind": "llvm", "mtriple": triple})
+    lowered = {name: cc.prepare_for_codegen(kernels.vadd, {"kind": "llvm", "mtriple": triple})
                for name, (triple, _machine) in CROSS_TARGETS.items()}
-    lowered[HOST] = cc.lower_for_codegen(kernels.vadd, "llvm")
+    lowered[HOST] = cc.prepare_for_codegen(kernels.vadd, "llvm")
     digests = {name: cache.lower_with_outcome(mod, target)[1].key for name, (mod, target) in lowered.items()}
     assert cache.flush(upgrades=True, timeout=240)
     for _ in range(2):  # a process that opens the cache afresh, twice: hits, and no upgrade asked for
@@ -54,7 +54,7 @@ def test_cross_target_entries_stay_ir_are_never_linked_and_hit_as_llvm_modules(t
 
 def test_a_cross_target_hit_writes_that_cpus_object_code(tmp_path):
     triple, machine = CROSS_TARGETS["aarch64"]
-    mod, target = cc.lower_for_codegen(kernels.vadd, {"kind": "llvm", "mtriple": triple})
+    mod, target = cc.prepare_for_codegen(kernels.vadd, {"kind": "llvm", "mtriple": triple})
     cc.CodegenCache(tmp_path / "cache", write_behind=False).lower(mod, target)
     module, outcome = cc.CodegenCache(tmp_path / "cache").lower_with_outcome(mod, target)
     assert outcome.tier == "disk" and isinstance(module, cc._artifacts.CachedIRModule)

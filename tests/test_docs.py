@@ -310,7 +310,7 @@ def _harness_block() -> Block:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize(("setting", "tier"), [("CODEGEN_CACHE_RECACHE", "built"), ("CODEGEN_CACHE_DISABLE", "uncached")])
+@pytest.mark.parametrize(("setting", "tier"), [("CODEGEN_CACHE_RECACHE", "codegen"), ("CODEGEN_CACHE_DISABLE", "uncached")])
 def test_the_harness_recipe_runs_with_recache_and_with_the_cache_off(tmp_path, setting, tier):
     script = tmp_path / "harness.py"
     script.write_text(_harness_block().code)

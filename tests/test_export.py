@@ -47,7 +47,7 @@ def _run(tmp_path, run: int, *, export: bool = True, env_extra: dict[str, str] |
 def test_export_library_after_a_disk_hit_in_a_fresh_process(tmp_path):
     # cold; warm (the entry as stored); warm again (after the shared library upgrade)
     results = [_run(tmp_path, run) for run in range(3)]
-    assert [r["tier"] for r in results] == ["built", "disk", "disk"], results
+    assert [r["tier"] for r in results] == ["codegen", "disk", "disk"], results
     assert all(r["ok"] for r in results), results
     # A hit is the cached module kind (the stored shared library, or the LLVM IR before its upgrade).
     assert {r["class"] for r in results[1:]} <= {"CachedLibraryModule", "CachedIRModule"}, results
@@ -58,4 +58,4 @@ def test_export_library_of_an_entry_still_in_llvm_ir(tmp_path):
     """No compiler when it was stored: the entry stays LLVM IR; its hit exports and runs too."""
     stored = _run(tmp_path, 0, export=False, env_extra={"CC": "/bin/false", "CXX": "/bin/false"})
     hit = _run(tmp_path, 1)
-    assert (stored["tier"], hit["tier"], hit["class"], hit["ok"]) == ("built", "disk", "CachedIRModule", True)
+    assert (stored["tier"], hit["tier"], hit["class"], hit["ok"]) == ("codegen", "disk", "CachedIRModule", True)

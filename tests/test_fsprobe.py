@@ -99,7 +99,7 @@ def test_cache_on_a_network_fs_warns_once_per_directory_when_its_stores_are_firs
                                                                                          cuda_vadd):
     device_mod, target = cuda_vadd
     caplog.set_level(logging.WARNING, logger="codegen_cache")
-    made = [cc.CodegenCache(fake_mounts / sub / "cache", min_build_time=0, write_behind=False)
+    made = [cc.CodegenCache(fake_mounts / sub / "cache", min_codegen_time=0, write_behind=False)
             for sub in ("nfs", "nfs", "smb", "nfs/local")]  # nfs/local: tmpfs, no warning
     assert caplog.records == []  # making a cache object reads no mount table (a tilelang hit never opens SQLite)
     for cache in made:

@@ -48,11 +48,11 @@ def test_a_settings_value_is_checked_like_the_variable(tmp_path):
 
 
 @pytest.mark.parametrize("target", ["notatarget", {"kind": "nope"}])
-def test_build_names_a_bad_target_as_lower_for_codegen_does(target):
+def test_build_names_a_bad_target_as_prepare_for_codegen_does(target):
     with pytest.raises(ValueError, match=r"Invalid target .*expected a tvm.target.Target, a target dict") as built:
         cc.build(kernels.vadd, target)
     with pytest.raises(ValueError) as lowered:
-        cc.lower_for_codegen(kernels.vadd, target)
+        cc.prepare_for_codegen(kernels.vadd, target)
     assert str(built.value) == str(lowered.value)
     with pytest.raises(ValueError, match="Invalid target"):
         cc.build_key(kernels.vadd, target)
@@ -126,7 +126,7 @@ def test_a_mistyped_variable_is_warned_about_once_by_the_library(tmp_path):
     env = {**os.environ, "CODEGEN_CACHE_DIR": str(tmp_path / "cache"), "CODEGEN_CACHE_DISABLED": "1"}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=200)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["built"]  # the cache ran: the typo disabled nothing
+    assert done.stdout.split() == ["codegen"]  # the cache ran: the typo disabled nothing
     assert done.stderr.count("CODEGEN_CACHE_DISABLED is set but is not a codegen-cache setting") == 1
     assert "(did you mean CODEGEN_CACHE_DISABLE?)" in done.stderr
 

@@ -31,7 +31,7 @@ BUILTIN_INPUTS = [
 
 
 def _key_of(target, kernel, compile_device, cache):
-    mod, tgt = cc.lower_for_codegen(getattr(kernels, kernel), target)
+    mod, tgt = cc.prepare_for_codegen(getattr(kernels, kernel), target)
     return cache.key_for(mod, tgt, compile_device=compile_device)
 
 
@@ -48,7 +48,7 @@ KEY_SCRIPT = textwrap.dedent(
     cache = cc.CodegenCache({cache!r})
     out = []
     for target, kernel, compile_device in json.loads({inputs!r}):
-        mod, tgt = cc.lower_for_codegen(getattr(kernels, kernel), target)
+        mod, tgt = cc.prepare_for_codegen(getattr(kernels, kernel), target)
         out.append(cache.key_for(mod, tgt, compile_device=compile_device).digest)
     print(json.dumps(out))
     """
@@ -69,7 +69,7 @@ def test_keys_are_deterministic_across_fresh_processes(tmp_path):
 
 def test_each_part_changes_the_key(llvm_vadd):
     mod, target = llvm_vadd
-    other_mod, _ = cc.lower_for_codegen(kernels.vmul, "llvm")
+    other_mod, _ = cc.prepare_for_codegen(kernels.vmul, "llvm")
     base = compute_key(mod, target, "llvm", True)
     variants = {
         "ir": compute_key(other_mod, target, "llvm", True),
@@ -121,7 +121,7 @@ def test_excluded_inputs_do_not_change_the_key(cache):
     # Target attribute order, and a Target built from a dict or from an equal Target.
     a = Target({"kind": "cuda", "arch": "sm_90", "max_num_threads": 1024})
     b = Target({"max_num_threads": 1024, "arch": "sm_90", "kind": "cuda"})
-    mod, _ = cc.lower_for_codegen(kernels.vadd_gpu, a)
+    mod, _ = cc.prepare_for_codegen(kernels.vadd_gpu, a)
     assert cache.key_for(mod, a, compile_device=False) == cache.key_for(mod, b, compile_device=False)
     # An unrelated environment variable.
     before = cache.key_for(mod, a, compile_device=True)
@@ -149,8 +149,8 @@ def _two_functions(target="llvm", first=None, second=None):
     """A lowered module of two functions (vadd as 'first', vmul as 'second' unless swapped)."""
     import tvm
 
-    a, _ = cc.lower_for_codegen(first or kernels.vadd, target)
-    b, _ = cc.lower_for_codegen(second or kernels.vmul, target)
+    a, _ = cc.prepare_for_codegen(first or kernels.vadd, target)
+    b, _ = cc.prepare_for_codegen(second or kernels.vmul, target)
     (fa,), (fb,) = a.functions.values(), b.functions.values()
     return tvm.IRModule({"first": fa.with_attr("global_symbol", "first"),
                          "second": fb.with_attr("global_symbol", "second")})

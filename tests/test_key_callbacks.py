@@ -31,7 +31,7 @@ TESTS = str(Path(__file__).parent)
 
 @pytest.fixture
 def cuda_add():
-    return cc.lower_for_codegen(kernels.vadd_gpu, CUDA_TARGET)
+    return cc.prepare_for_codegen(kernels.vadd_gpu, CUDA_TARGET)
 
 
 def _libraries_callbacks() -> set[str]:
@@ -117,7 +117,7 @@ def test_every_callback_a_codegen_calls_is_a_part_of_its_key(cache):
     seen = {}
     try:
         for kind, target, kernel, compile_device in RUNNABLE:
-            mod, tgt = cc.lower_for_codegen(getattr(kernels, kernel), target)
+            mod, tgt = cc.prepare_for_codegen(getattr(kernels, kernel), target)
             parts = cache.key_for(mod, tgt, compile_device=compile_device).as_dict()["toolchain"]
             keyed = {n.split(":", 1)[1] for n in json.loads(parts) if n.startswith("callback:")}
             called.clear()
@@ -148,20 +148,20 @@ def test_a_reregistered_hook_is_never_served_from_memory(cache, cuda_add):
     mod, target = cuda_add
     with hooks.declared(POSTPROC, _tagging_hook("X"), "tag-X"):
         first, o1 = cache.lower_with_outcome(mod, target, compile_device=False)
-        assert "// X" in first.inspect_source("") and o1.tier == "built"
+        assert "// X" in first.inspect_source("") and o1.tier == "codegen"
     with hooks.registered(POSTPROC, _tagging_hook("Y")):
         # Another registration: X's declaration does not carry over to it.
         second, o2 = cache.lower_with_outcome(mod, target, compile_device=False)
         assert "// Y" in second.inspect_source("") and o2.tier == "uncached"
         cc.declare_callback_salt(POSTPROC, "tag-Y")
         third, o3 = cache.lower_with_outcome(mod, target, compile_device=False)
-        assert "// Y" in third.inspect_source("") and "// X" not in third.inspect_source("") and o3.tier == "built"
+        assert "// Y" in third.inspect_source("") and "// X" not in third.inspect_source("") and o3.tier == "codegen"
     # X again, as a new function object declared the same: X's own source.
     with hooks.declared(POSTPROC, _tagging_hook("X"), "tag-X"):
         again, o4 = cache.lower_with_outcome(mod, target, compile_device=False)
         assert o4.tier == "memory" and "// X" in again.inspect_source("")
     none, o5 = cache.lower_with_outcome(mod, target, compile_device=False)
-    assert o5.tier == "built" and "// " not in none.inspect_source("").rsplit("}", 1)[-1]
+    assert o5.tier == "codegen" and "// " not in none.inspect_source("").rsplit("}", 1)[-1]
 
 
 SUFFIX = "// a global"
@@ -234,7 +234,7 @@ def test_a_users_hook_of_any_kind_is_uncacheable_until_a_salt_is_declared_with_o
         warnings = [r for r in caplog.records if "tvm_callback_cuda_postproc" in r.getMessage()]
         assert len(warnings) == 1 and "declare_callback_salt" in warnings[0].getMessage()
         cc.declare_callback_salt(POSTPROC, f"{kind}-v1")
-        assert cache.lower_with_outcome(mod, target, compile_device=False)[1].tier == "built"
+        assert cache.lower_with_outcome(mod, target, compile_device=False)[1].tier == "codegen"
         assert cache.lower_with_outcome(mod, target, compile_device=False)[1].tier == "memory"
 
 
@@ -263,7 +263,7 @@ READING_PROCESS = textwrap.dedent(
     tvm_ffi.register_global_func("tvm_callback_cuda_postproc", postproc, override=True)
     if {salt!r}:  # its author says what its output depends on
         cc.declare_callback_salt("tvm_callback_cuda_postproc", "tag-" + os.environ["CGC_HOOK_TAG"])
-    mod, target = cc.lower_for_codegen(kernels.vadd_gpu, {{"kind": "cuda", "arch": "sm_90"}})
+    mod, target = cc.prepare_for_codegen(kernels.vadd_gpu, {{"kind": "cuda", "arch": "sm_90"}})
     module, outcome = cc.CodegenCache({cache!r}, write_behind=False).lower_with_outcome(mod, target, compile_device=False)
     print(json.dumps([outcome.tier, module.inspect_source("").strip().splitlines()[-1]]))
     """
@@ -289,7 +289,7 @@ def test_processes_whose_hook_reads_state_the_key_cannot_see_each_get_their_own_
     assert [run(tag) for tag in ("A", "B", "A")] == [["uncached", "// A"], ["uncached", "// B"], ["uncached", "// A"]]
     # Declared by what it reads: each state its own entry.
     assert [run(tag, salt=True) for tag in ("A", "B", "A", "B")] == [
-        ["built", "// A"], ["built", "// B"], ["disk", "// A"], ["disk", "// B"]]
+        ["codegen", "// A"], ["codegen", "// B"], ["disk", "// A"], ["disk", "// B"]]
 
 
 def test_tvms_own_hooks_are_told_from_users_without_reading_tvm_ffi_objects(monkeypatch):
@@ -355,7 +355,7 @@ def test_codegen_cache_build_follows_the_hook_and_steps_aside_for_an_uncacheable
             assert cc.build_key(kernels.vadd_gpu, target) is None
             for _ in range(2):
                 module, record = cc.build_with_record(kernels.vadd_gpu, target)
-                assert record.tier == "built" and module.imports[0].inspect_source("").endswith("// object")
+                assert record.tier == "codegen" and module.imports[0].inspect_source("").endswith("// object")
     assert cache.stats(shared=False).uncacheable == 2
 
 
@@ -396,7 +396,7 @@ HOOK_PROCESS = textwrap.dedent(
 
     tvm_ffi.register_global_func("tvm_callback_cuda_postproc", postproc, override=True)
     cc.declare_callback_salt("tvm_callback_cuda_postproc", "hook-{tag}")
-    mod, target = cc.lower_for_codegen(kernels.vadd_gpu, {{"kind": "cuda", "arch": "sm_90"}})
+    mod, target = cc.prepare_for_codegen(kernels.vadd_gpu, {{"kind": "cuda", "arch": "sm_90"}})
     module, outcome = cc.CodegenCache({cache!r}, write_behind=False).lower_with_outcome(mod, target, compile_device=False)
     print(outcome.tier, module.inspect_source("").strip().splitlines()[-1])
     """
@@ -415,8 +415,8 @@ def test_two_processes_with_different_hooks_get_their_own_source(tmp_path):
         assert done.returncode == 0, done.stderr[-2000:]
         return done.stdout.split()
 
-    assert run("X") == ["built", "//", "hook", "X"]
-    assert run("Y") == ["built", "//", "hook", "Y"]  # before: X's source, from disk
+    assert run("X") == ["codegen", "//", "hook", "X"]
+    assert run("Y") == ["codegen", "//", "hook", "Y"]  # before: X's source, from disk
     assert run("X") == ["disk", "//", "hook", "X"]
     assert run("Y") == ["disk", "//", "hook", "Y"]
 
@@ -483,7 +483,7 @@ STUB_DRIVER_PROCESS = textwrap.dedent(
         tvm_ffi.register_global_func(name, recorder(name, tvm_ffi.get_global_func(name, allow_missing=True)),
                                      override=True)
         cc.declare_callback_salt(name, "recorder")
-    mod, target = cc.lower_for_codegen(kernels.vadd_gpu, {{"kind": "cuda", "arch": "sm_90"}})
+    mod, target = cc.prepare_for_codegen(kernels.vadd_gpu, {{"kind": "cuda", "arch": "sm_90"}})
     entry = cc.resolve_device_codegen(target)
     out = {{}}
     for compile_device in (False, True):

@@ -200,7 +200,7 @@ def test_pass_configs_change_no_codegen_output():
     assert len(booleans) >= 20, sorted(booleans)
     changed = []
     for kind, kernel, target, compile_device in CODEGENS:
-        mod, tgt = cc.lower_for_codegen(getattr(kernels, kernel), target)
+        mod, tgt = cc.prepare_for_codegen(getattr(kernels, kernel), target)
         entry = cc.resolve_device_codegen(tgt)
         base = _text(entry.invoke(mod, tgt, compile_device=compile_device), kind)
         for name, value in configs:
@@ -235,7 +235,7 @@ def test_an_enclosing_target_scope_changes_no_codegen_output():
     # must not reach the output (the compiled CUDA codegen enters the argument's scope itself).
     changed = []
     for kind, kernel, target, compile_device in CODEGENS:
-        mod, tgt = cc.lower_for_codegen(getattr(kernels, kernel), target)
+        mod, tgt = cc.prepare_for_codegen(getattr(kernels, kernel), target)
         entry = cc.resolve_device_codegen(tgt)
         base = _text(entry.invoke(mod, tgt, compile_device=compile_device), kind)
         for outer in OUTER_TARGETS:

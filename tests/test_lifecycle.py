@@ -201,7 +201,7 @@ def test_a_returned_miss_survives_the_end_of_its_process(tmp_path, end):
         for compiled in (True, False):
             assert lower_fresh(directory, i, compiled)[0] == "disk", (i, compiled)
     stats = cc.CodegenCache(directory).stats()  # the dead process's counters are there too
-    assert (stats.builds, stats.misses, stats.stores) == (6, 6, 6), stats
+    assert (stats.codegen_runs, stats.misses, stats.stores) == (6, 6, 6), stats
 
 
 BUILD_AND_END = """
@@ -255,7 +255,7 @@ def test_a_pool_terminated_at_exit_keeps_every_entry_and_count(tmp_path):
     for i in range(8):
         assert lower_fresh(directory, i, True)[0] == "disk", i
     stats = cc.CodegenCache(directory).stats()
-    assert (stats.builds, stats.misses, stats.stores) == (8, 8, 8), stats
+    assert (stats.codegen_runs, stats.misses, stats.stores) == (8, 8, 8), stats
 
 
 # ---- 2. fork ---------------------------------------------------------------------------------
@@ -478,7 +478,7 @@ def test_a_waiting_lower_resumes_right_after_the_builders_lower_returns(tmp_path
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    assert (built["tier"], waited["tier"], waited["lease_waits"]) == ("built", "disk", 1), (built, waited)
+    assert (built["tier"], waited["tier"], waited["lease_waits"]) == ("codegen", "disk", 1), (built, waited)
     assert log.read_text().count("add_3") == 1
     gap = waited["returned"] - built["returned"]
     print(f"waiter's lower() returned {1e3 * gap:.1f} ms after the builder's")
@@ -513,7 +513,7 @@ def test_a_waiter_builds_at_once_when_the_builder_is_killed(tmp_path):
                 p.kill()
             if p is not None:
                 p.communicate()
-    assert result["tiers"] == ["built"] and not result["wrong"]
+    assert result["tiers"] == ["codegen"] and not result["wrong"]
     assert result["stats"]["lease_waits"] == 1  # it waited for the live build, then built itself
     assert result["ended"] - killed < 10, result["ended"] - killed
 
@@ -837,7 +837,7 @@ BUILD_HELD_AND_END = """
         cc.build(kernels.vadd, "llvm")
     # The build returned: nothing of it went into SQLite yet (the writer was held), all is staged.
     print(len(ran), writer.pending(), len(list(cache.staged("compiled").digests())),
-          len(list(cache.staged("builds").digests())), os.path.exists(os.path.join(sys.argv[1], "builds", "cache.db")),
+          len(list(cache.staged("index").digests())), os.path.exists(os.path.join(sys.argv[1], "index", "cache.db")),
           flush=True)
     os._exit(0)
 """
@@ -858,9 +858,9 @@ def test_a_build_writes_no_store_before_it_returns_and_its_staged_entries_serve_
         _module, record = _build.build_with_record(kernels.vadd, "llvm")
     assert record.tier == "disk", record
     # The reader moved the staged index entry into its store; clear() removes staged ones too.
-    assert len(cache.store("builds")) == 1 and list(cache.staged("builds").digests()) == []
-    cache.staged("builds").write(record.key.digest, cache.store("builds").get(record.key.digest))
-    assert cache.clear() >= 2 and list(cache.staged("builds").digests()) == []
+    assert len(cache.store("index")) == 1 and list(cache.staged("index").digests()) == []
+    cache.staged("index").write(record.key.digest, cache.store("index").get(record.key.digest))
+    assert cache.clear() >= 2 and list(cache.staged("index").digests()) == []
 
 
 def _timed_calls(cache) -> tuple[dict[str, float], bool]:
@@ -938,7 +938,7 @@ def test_a_killed_writers_half_staged_file_is_swept_and_nothing_else(tmp_path):
     first = cc.CodegenCache(directory, write_behind=False)
     first.lower(*variant(0), compile_device=False)
     assert first.flush(timeout=60)  # its own sweep (at its first store) is done before the leftovers exist
-    staged = directory / "pending" / "source"
+    staged = directory / "staged" / "source"
     leftover, foreign = staged / "cgc-4242-1.tmp", staged / "notes.txt"
     for path in (leftover, foreign):
         path.write_bytes(b"x")
@@ -993,7 +993,7 @@ def test_a_value_that_is_not_a_regular_file_is_a_miss_without_blocking(tmp_path,
     _plant(value, what)
     start = time.monotonic()
     tier, stats = lower_fresh(directory, 0, False)
-    assert tier == "built" and time.monotonic() - start < 30
+    assert tier == "codegen" and time.monotonic() - start < 30
     assert sum(stats.errors.values()) >= (where == "store"), stats.errors  # counted as a read error
     assert lower_fresh(directory, 0, False)[0] == "disk"  # stored again, served from then on
     if where == "store":
@@ -1036,10 +1036,10 @@ def test_a_directory_removed_under_a_running_process_is_made_again_and_stored_in
     assert cache.flush(timeout=60)
     # Its counts since the removal are in the new directory's stats (the old counter file went with it).
     stats = cc.CodegenCache(directory).stats()
-    assert (stats.builds, stats.stores, stats.misses) == (2, 2, 2), stats
+    assert (stats.codegen_runs, stats.stores, stats.misses) == (2, 2, 2), stats
     for compiled in (True, False):
         assert lower_fresh(directory, 1, compiled)[0] == "disk", compiled
-    assert lower_fresh(directory, 0, True)[0] == "built"  # gone with the directory: rebuilt
+    assert lower_fresh(directory, 0, True)[0] == "codegen"  # gone with the directory: rebuilt
     cache.close()
 
 

@@ -88,7 +88,7 @@ def test_without_a_directory_workers_use_codegen_cache_dir(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     _check_vadd(done.stdout.split()[-1])
     stats = cc.CodegenCache(tmp_path / "cache").stats()
-    assert (stats.builds, stats.misses) == (1, 1)
+    assert (stats.codegen_runs, stats.misses) == (1, 1)
 
 
 def test_local_builder_second_batch_is_all_hits_and_its_artifacts_run(tmp_path):
@@ -105,7 +105,7 @@ def test_local_builder_second_batch_is_all_hits_and_its_artifacts_run(tmp_path):
     for result in (first[0], second[0]):
         _check_vadd(result.artifact_path)
     stats = cc.CodegenCache(cache_dir).stats()  # counters of every worker process
-    assert (stats.builds, stats.misses, stats.hits_disk) == (2, 2, 2)
+    assert (stats.codegen_runs, stats.misses, stats.hits_disk) == (2, 2, 2)
 
 
 def test_cached_export_writes_modules_served_from_ir_and_from_the_library(tmp_path):
@@ -154,7 +154,7 @@ def test_gpu_builds_export_a_fresh_host_with_the_cached_compiled_device_code(tmp
     stats = cc.CodegenCache(tmp_path / "cache").stats()
     # Built once each (device, host); disk hits: the warm build's host and device (the cold
     # build's private copy of its host module is a read, not a hit).
-    assert (stats.builds, stats.hits_disk) == (2, 2)
+    assert (stats.codegen_runs, stats.hits_disk) == (2, 2)
 
 
 def test_a_warm_gpu_build_without_the_device_runtime_exports_as_the_cold_one(tmp_path):
@@ -230,8 +230,8 @@ def test_tune_tir_twice_second_run_is_all_hits_with_the_same_best_schedule(tmp_p
     traces2, best2 = _tune(cache_dir, tmp_path / "run2")
     after_second = cc.CodegenCache(cache_dir).stats()
     assert len(traces1) == 8 and traces1 == traces2
-    assert after_first.builds == after_first.misses == 8
-    assert after_second.builds - after_first.builds == 0  # no codegen call in the second run
+    assert after_first.codegen_runs == after_first.misses == 8
+    assert after_second.codegen_runs - after_first.codegen_runs == 0  # no codegen call in the second run
     assert after_second.misses - after_first.misses == 0
     assert after_second.hits - after_first.hits == 8
     assert str(best1.trace) == str(best2.trace)

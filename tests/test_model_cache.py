@@ -47,7 +47,7 @@ def test_a_model_compiled_again_in_the_process_is_one_memory_hit(enabled):
     with cc.record_outcomes() as outcomes:
         cold = tvm.compile(mod, "llvm")
         warm = tvm.compile(mod, "llvm")
-    assert _model_outcomes(outcomes) == ["built", "memory"]
+    assert _model_outcomes(outcomes) == ["codegen", "memory"]
     assert warm is not cold and warm.mod.kind == "relax.VMExecutable"
     np.testing.assert_allclose(_run_decoder(warm, named), _run_decoder(cold, named), rtol=1e-6)
 
@@ -59,7 +59,7 @@ def test_an_equal_but_distinct_module_is_served_and_a_changed_one_is_not(enabled
     with cc.record_outcomes() as outcomes:
         tvm.compile(other, "llvm")
         tvm.compile(relax_models.llama(layers=1, seq=SEQ, width=WIDTH, hidden=64, heads=2)[0], "llvm")
-    assert _model_outcomes(outcomes) == ["memory", "built"]
+    assert _model_outcomes(outcomes) == ["memory", "codegen"]
 
 
 WARM_SCRIPT = """
@@ -93,7 +93,7 @@ def test_a_warm_compile_in_a_fresh_process_runs_no_pipeline_and_no_codegen(tmp_p
     spec = "llvm" if target == "llvm" else '{"kind": "cuda", "arch": "sm_90"}'
     cold = python_json(WARM_SCRIPT, "cold", str(tmp_path / "cache"), spec)
     warm = python_json(WARM_SCRIPT, "warm", str(tmp_path / "cache"), spec)
-    assert ["built"] == [tier for codegen, tier in cold["tiers"] if codegen == "relax.build"]
+    assert ["codegen"] == [tier for codegen, tier in cold["tiers"] if codegen == "relax.build"]
     assert warm["tiers"] == [["relax.build", "disk"]]  # nothing else: no lowering, no codegen
     assert warm["source"] == cold["source"]
     if target == "cuda":
@@ -205,7 +205,7 @@ def test_inputs_the_key_cannot_hold_compile_as_tvms_own(enabled):
     with cc.record_outcomes() as outcomes:
         executable = tvm.compile(mod, "llvm", relax_pipeline=as_pass)
     assert _model_outcomes(outcomes) == []  # no model key: TVM's relax.build ran
-    assert [o.codegen for o in outcomes if o.tier == "built"] == ["llvm", "build"]  # its codegen was cached
+    assert [o.codegen for o in outcomes if o.tier == "codegen"] == ["llvm", "build"]  # its codegen was cached
     assert _key(mod, relax_pipeline=as_pass) is None
     with tvm.transform.PassContext(instruments=[tvm.ir.instrument.PassTimingInstrument()]):
         assert _key(mod) is None
@@ -219,7 +219,7 @@ def test_inputs_the_key_cannot_hold_compile_as_tvms_own(enabled):
 def test_a_damaged_model_entry_is_dropped_and_the_model_compiled_again(enabled):
     mod, named = _decoder()
     tvm.compile(mod, "llvm")
-    store = enabled.store("builds")
+    store = enabled.store("index")
     (digest,) = [k for k in store.keys() if b"relax-executable" in (store.get(k) or b"")[-64:]]
     blob = bytearray(store.get(digest))
     blob[10] ^= 0xFF
@@ -227,7 +227,7 @@ def test_a_damaged_model_entry_is_dropped_and_the_model_compiled_again(enabled):
     fresh = cc.CodegenCache(enabled.directory, write_behind=False)
     with cc.use_cache(fresh), cc.record_outcomes() as outcomes:
         executable = tvm.compile(mod, "llvm")
-    assert _model_outcomes(outcomes) == ["built"]
+    assert _model_outcomes(outcomes) == ["codegen"]
     assert MODEL_CODEC.encode() in store.get(digest)[-64:]
     assert _run_decoder(executable, named).shape == (1, SEQ, WIDTH)
 
@@ -235,11 +235,11 @@ def test_a_damaged_model_entry_is_dropped_and_the_model_compiled_again(enabled):
 def test_a_model_whose_library_entries_were_evicted_compiles_again(enabled):
     mod, named = _decoder()
     expected = _run_decoder(tvm.compile(mod, "llvm"), named)
-    enabled.clear(compiled=True, source=True, failures=False, builds=False)
+    enabled.clear(compiled=True, source=True, failures=False, index=False)
     fresh = cc.CodegenCache(enabled.directory, write_behind=False)
     with cc.use_cache(fresh), cc.record_outcomes() as outcomes:
         executable = tvm.compile(mod, "llvm")
-    assert _model_outcomes(outcomes) == ["built"]
+    assert _model_outcomes(outcomes) == ["codegen"]
     np.testing.assert_array_equal(_run_decoder(executable, named), expected)
 
 
@@ -262,7 +262,7 @@ def test_a_model_with_a_symbolic_sequence_length_hits_in_a_fresh_process(tmp_pat
                           "out": out.ravel().tolist()}))
     """
     runs = [python_json(script, str(tmp_path / "cache")) for _ in range(3)]
-    assert [run["tiers"] for run in runs] == [["built"], ["disk"], ["disk"]]
+    assert [run["tiers"] for run in runs] == [["codegen"], ["disk"], ["disk"]]
     assert runs[0]["out"] == runs[1]["out"] == runs[2]["out"]
 
 

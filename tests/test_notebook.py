@@ -71,7 +71,7 @@ def _tiers(lines: list[str]) -> list[str]:
 def test_a_notebook_run_twice_back_to_back_hits_every_kernel_the_second_time(tmp_path):
     directory = tmp_path / "cache"
     # The kernel is shut down right after the last cell returns: what a "Run all" then close does.
-    assert _tiers(_run([SETUP, LOWER], directory=directory, count=4)) == ["built"] * 4
+    assert _tiers(_run([SETUP, LOWER], directory=directory, count=4)) == ["codegen"] * 4
     assert _tiers(_run([SETUP, LOWER], directory=directory, count=4)) == ["disk"] * 4
 
 
@@ -81,7 +81,7 @@ def test_an_interrupted_cell_after_its_lowerings_keeps_every_entry_and_the_upgra
     # A cell lowers; the next runs on until nbclient's cell timeout interrupts the kernel (SIGINT to
     # its process group) a second later, while the llvm entries are being linked in the background.
     lines = _run([SETUP, LOWER, "time.sleep(120)"], directory=directory, count=4, last_cell_timeout=1)
-    assert _tiers(lines) == ["built"] * 4
+    assert _tiers(lines) == ["codegen"] * 4
     assert "ERROR KeyboardInterrupt" in lines, lines
     # A fresh kernel is served every entry from disk; the interrupted links were finished or redone.
     assert _tiers(_run([SETUP, LOWER], directory=directory, count=4)) == ["disk"] * 4

@@ -1,4 +1,4 @@
-"""Every lowering leaves an outcome that says what happened: hit, built, failure or uncached."""
+"""Every lowering leaves an outcome that says what happened: hit, codegen, failure or uncached."""
 
 from __future__ import annotations
 
@@ -25,12 +25,12 @@ def test_no_active_cache_is_uncached_not_the_previous_outcome(cache, llvm_vadd):
     codegen = cc.resolve_device_codegen(target)
     with cc.use_cache(cache):
         codegen.lower(mod, target, compile_device=True)
-    assert cc.last_outcome().tier == "built"
+    assert cc.last_outcome().tier == "codegen"
     with cc.use_cache(None):
         codegen.lower(mod, target, compile_device=True)
         outcome = cc.last_outcome()
         assert outcome.tier == "uncached" and outcome.key == "" and not outcome.hit
-        assert 0 < outcome.build_seconds == outcome.total_seconds
+        assert 0 < outcome.codegen_seconds == outcome.total_seconds
         cc.build(kernels.vadd, "llvm")
         assert cc.last_outcome().tier == "uncached" and cc.last_outcome().codegen == "build"
 
@@ -38,15 +38,15 @@ def test_no_active_cache_is_uncached_not_the_previous_outcome(cache, llvm_vadd):
 def test_a_failure_now_and_a_remembered_failure_are_failure_outcomes(cache, llvm_vadd):
     mod, target = llvm_vadd
     cache.lower(mod, target, compile_device=True)
-    assert cc.last_outcome().tier == "built"
+    assert cc.last_outcome().tier == "codegen"
     with pytest.raises(RuntimeError, match="no registers left"):
         cache.lower(mod, target, compile_device=True, codegen=BROKEN)
     now = cc.last_outcome()
-    assert (now.tier, now.codegen, now.hit) == ("failure", "broken", False) and now.build_seconds > 0
+    assert (now.tier, now.codegen, now.hit) == ("failure", "broken", False) and now.codegen_seconds > 0
     with pytest.raises(cc.CachedCodegenError):
         cache.lower(mod, target, compile_device=True, codegen=BROKEN)
     served = cc.last_outcome()
-    assert (served.tier, served.key, served.build_seconds) == ("failure", now.key, 0.0)
+    assert (served.tier, served.key, served.codegen_seconds) == ("failure", now.key, 0.0)
     assert cache.stats().failures_served == 1
 
 
@@ -63,8 +63,8 @@ def test_a_build_hit_reports_what_it_saved(cache):
         cold = cc.last_outcome()
         cc.build(kernels.vmul, "llvm")
         warm = cc.last_outcome()
-    assert cold.tier == "built" and warm.tier == "memory"
-    assert warm.build_seconds == pytest.approx(cold.build_seconds) and warm.build_seconds > 0
+    assert cold.tier == "codegen" and warm.tier == "memory"
+    assert warm.codegen_seconds == pytest.approx(cold.codegen_seconds) and warm.codegen_seconds > 0
     assert warm.total_seconds < cold.total_seconds
 
 
@@ -74,7 +74,7 @@ def test_caching_disabled_is_uncached(tmp_path):
         import sys
         sys.path.insert(0, %r)
         import codegen_cache as cc, kernels
-        mod, target = cc.lower_for_codegen(kernels.vadd, "llvm")
+        mod, target = cc.prepare_for_codegen(kernels.vadd, "llvm")
         cc.resolve_device_codegen(target).lower(mod, target, compile_device=True)
         print(cc.last_outcome().tier)
         cc.build(kernels.vadd, "llvm")
@@ -96,8 +96,8 @@ def test_disable_turns_off_an_explicit_cache_too(monkeypatch, tmp_path, llvm_vad
             cache.lower(mod, target, compile_device=True)
             cc.build(kernels.vadd, "llvm")
     assert [o.tier for o in outcomes] == ["uncached"] * 4
-    assert all(o.build_seconds > 0 for o in outcomes)
-    assert cache.stats().builds == 0 and cache.stats().stores == 0
+    assert all(o.codegen_seconds > 0 for o in outcomes)
+    assert cache.stats().codegen_runs == 0 and cache.stats().stores == 0
     cache.close()
 
 
@@ -107,7 +107,7 @@ def test_an_outcome_is_recorded_by_named_fields_only():
     with pytest.raises(TypeError, match="positional"):
         _outcome.emit("memory", "0" * 32, "cuda", "source", 0.0, 0.0, 0.0, 0.0)  # type: ignore[misc]
     _outcome.emit(tier="disk", key="1" * 32, codegen="cuda", mode="source", key_seconds=1e-5, load_seconds=2e-4,
-                  build_seconds=1e-3, total_seconds=3e-4)
+                  codegen_seconds=1e-3, total_seconds=3e-4)
     outcome = cc.last_outcome()
     assert (outcome.tier, outcome.key, outcome.load_seconds, outcome.total_seconds, outcome.stored) == (
         "disk", "1" * 32, 2e-4, 3e-4, None)

@@ -239,7 +239,7 @@ def test_flipped_bytes_are_a_miss_and_rebuild(tmp_path, stress, compiled):
         bad[pos] ^= 1 << random.Random(pos).randrange(8)
         _rewrite(directory, store, key, bytes(bad))
         tier, stats = lower_fresh(directory, 1, compiled)
-        assert (tier, stats.corrupt) == ("built", 1), pos
+        assert (tier, stats.corrupt) == ("codegen", 1), pos
         assert lower_fresh(directory, 1, compiled)[0] == "disk", pos  # rebuilt and stored again
 
 
@@ -255,7 +255,7 @@ def test_truncated_or_deleted_value_file_is_a_miss_and_rebuild(tmp_path, cut):
     else:
         path.write_bytes(data[: {"empty": 0, "one-byte": 1, "header": 40, "half": len(data) // 2,
                                  "all-but-one": len(data) - 1}[cut]])
-    assert lower_fresh(directory, 1, False)[0] == "built"
+    assert lower_fresh(directory, 1, False)[0] == "codegen"
     assert lower_fresh(directory, 1, False)[0] == "disk"
 
 
@@ -284,7 +284,7 @@ def test_damaged_sqlite_index_is_a_miss_and_the_store_recovers(tmp_path, how):
         _damage(directory / store / "cache.db", how)
     for compiled in (True, False):
         tier, stats = lower_fresh(directory, 1, compiled)
-        assert tier in ("disk", "built") and not stats.errors
+        assert tier in ("disk", "codegen") and not stats.errors
     # Whatever the damage, the stores work again: the next process hits.
     for compiled in (True, False):
         assert lower_fresh(directory, 1, compiled)[0] == "disk"
@@ -331,7 +331,7 @@ def test_full_disk_skips_stores_with_one_warning_and_recovers(tmp_path, caplog, 
         mod, target = cuda_vadd
         assert "__global__" in cache.lower(mod, target, compile_device=False).inspect_source("")
         stats = cache.stats(shared=False)
-        assert stats.stores == 0 and stats.stores_skipped >= 3 and stats.builds == 5
+        assert stats.stores == 0 and stats.stores_skipped >= 3 and stats.codegen_runs == 5
         messages = warnings_of(caplog)
         assert len(messages) == 1 and "no space left" in messages[0], messages
         # Space is freed: no half-written value file holds on to it, and the caches store again.
@@ -342,7 +342,7 @@ def test_full_disk_skips_stores_with_one_warning_and_recovers(tmp_path, caplog, 
         assert cache.stats(shared=False).stores == 1
         cache.close()
         for i in (1, 2):
-            assert lower_fresh(directory, i, True)[0] == "built"
+            assert lower_fresh(directory, i, True)[0] == "codegen"
             assert lower_fresh(directory, i, True)[0] == "disk"
 
 
@@ -371,7 +371,7 @@ def test_full_disk_before_the_cache_ever_opened(tmp_path, caplog):
         assert len(messages) == 1 and "no space left" in messages[0], messages
         filler.unlink()
         cache.close()
-        assert lower_fresh(mnt / "cache", 1, True)[0] == "built"
+        assert lower_fresh(mnt / "cache", 1, True)[0] == "codegen"
         assert lower_fresh(mnt / "cache", 1, True)[0] == "disk"
 
 
@@ -395,7 +395,7 @@ def test_read_only_mount_serves_hits_with_one_warning(tmp_path, caplog, cuda_vad
         assert cache.lower_with_outcome(mod, target, compile_device=False)[1].tier == "disk"
         for compiled in (True, False):  # a new kernel: built, not stored
             check_module(cache.lower(*variant(4), compile_device=compiled), 4, compiled)
-        assert lower_fresh(ro, 4, True)[0] == "built"
+        assert lower_fresh(ro, 4, True)[0] == "codegen"
         assert time.monotonic() - start < 120
         stats = cache.stats(shared=False)
         assert (stats.hits_disk, stats.stores, stats.corrupt) == (3, 0, 0)
@@ -409,7 +409,7 @@ def test_missing_cache_dir_under_a_read_only_mount(tmp_path, caplog):
     with read_only_view(tmp_path / "empty", tmp_path / "ro") as ro:
         caplog.set_level(logging.DEBUG, logger="codegen_cache")
         for _ in range(2):
-            assert lower_fresh(ro / "cache", 1, True)[0] == "built"
+            assert lower_fresh(ro / "cache", 1, True)[0] == "codegen"
         messages = warnings_of(caplog)
         assert len(messages) == 1 and "cannot be written" in messages[0], messages
 
@@ -423,7 +423,7 @@ def test_chmod_read_only_directory_serves_hits(tmp_path, caplog):
     try:
         caplog.set_level(logging.WARNING, logger="codegen_cache")
         assert lower_fresh(tmp_path / "cache", 0, True)[0] == "disk"
-        assert lower_fresh(tmp_path / "cache", 5, True)[0] == "built"
+        assert lower_fresh(tmp_path / "cache", 5, True)[0] == "codegen"
     finally:
         for path in [tmp_path / "cache", *(tmp_path / "cache").rglob("*")]:
             path.chmod(path.stat().st_mode | 0o200)
@@ -447,7 +447,7 @@ def test_changed_tvm_commit_never_serves_a_stale_entry(tmp_path, monkeypatch):
     monkeypatch.setattr(_key, "static_salts", lambda: tuple({**salts, "tvm": salts["tvm"] + "-other"}.items()))
     monkeypatch.setattr(_key, "_tails", {})
     for compiled in (True, False):
-        assert lower_fresh(directory, 1, compiled)[0] == "built"
+        assert lower_fresh(directory, 1, compiled)[0] == "codegen"
     monkeypatch.undo()
     _key._tails.clear()  # noqa: SLF001
     for compiled in (True, False):
@@ -458,7 +458,7 @@ def test_changed_tvm_commit_never_serves_a_stale_entry(tmp_path, monkeypatch):
 def test_changed_tvm_commit_in_a_fresh_process(tmp_path, spawn):
     directory = tmp_path / "cache"
     populate(directory, 1)
-    assert finish(spawn("lookup", dir=str(directory), keys=[1], tvm_commit="0123abc"))["tiers"] == ["built", "built"]
+    assert finish(spawn("lookup", dir=str(directory), keys=[1], tvm_commit="0123abc"))["tiers"] == ["codegen", "codegen"]
     for compiled in (True, False):
         assert lower_fresh(directory, 1, compiled)[0] == "disk"
 
@@ -505,7 +505,7 @@ def test_toolchain_or_env_change_never_serves_a_stale_compiled_cuda_entry(tmp_pa
             stack.enter_context(changed)  # a real hook, registered for the block
         module, outcome = cc.CodegenCache(tmp_path, write_behind=False).lower_with_outcome(mod, target, codegen=codegen)
         after = module.inspect_source("")
-        assert outcome.tier == "built" and after != before
+        assert outcome.tier == "codegen" and after != before
     module, outcome = cc.CodegenCache(tmp_path).lower_with_outcome(mod, target, codegen=codegen)
     assert outcome.tier == "disk" and module.inspect_source("") == before
 
@@ -515,10 +515,10 @@ def test_changed_cuda_arch_never_serves_a_stale_entry(tmp_path, compile_device):
     codegen = _stamping_cuda_codegen()
     texts = {}
     for arch in ("sm_90", "sm_80", "sm_90"):
-        mod, target = cc.lower_for_codegen(kernels.vadd_gpu, {"kind": "cuda", "arch": arch})
+        mod, target = cc.prepare_for_codegen(kernels.vadd_gpu, {"kind": "cuda", "arch": arch})
         module, outcome = cc.CodegenCache(tmp_path, write_behind=False).lower_with_outcome(
             mod, target, compile_device=compile_device, codegen=codegen)
-        assert outcome.tier == ("disk" if arch in texts else "built"), arch
+        assert outcome.tier == ("disk" if arch in texts else "codegen"), arch
         text = module.inspect_source("")
         assert texts.setdefault(arch, text) == text
     if compile_device:

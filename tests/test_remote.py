@@ -96,12 +96,12 @@ def test_two_hosts_share_one_redis(hosts, redis_url, llvm_vadd, cuda_vadd, kind)
     a, b = hosts("a", redis_url), hosts("b", redis_url)
     built, o1 = a.lower_with_outcome(mod, target, codegen=codegen, compile_device=compile_device)
     module, o2 = b.lower_with_outcome(mod, target, codegen=codegen, compile_device=compile_device)
-    assert (o1.tier, o2.tier, len(calls)) == ("built", "remote", 1)
+    assert (o1.tier, o2.tier, len(calls)) == ("codegen", "remote", 1)
     _check_vadd(module, kind)
     if kind == "cuda":
         assert module.inspect_source("") == built.inspect_source("")
     assert a.stats().remote_stores == 1
-    assert (b.stats().hits_remote, b.stats().builds) == (1, 0)
+    assert (b.stats().hits_remote, b.stats().codegen_runs) == (1, 0)
     # The remote hit was stored on B's disk: another process on host B hits its disk.
     again = cc.CodegenCache(b.directory)
     try:
@@ -125,7 +125,7 @@ def test_remote_from_environment(tmp_path, redis_url, monkeypatch, llvm_vadd):
     monkeypatch.setenv("CODEGEN_CACHE_REMOTE_SECRET", SECRET)
     mod, target = llvm_vadd
     codegen, calls = counting_codegen()
-    for name, tier in (("a", "built"), ("b", "remote")):
+    for name, tier in (("a", "codegen"), ("b", "remote")):
         c = cc.CodegenCache(tmp_path / name, write_behind=False)
         try:
             assert isinstance(c._remote, RedisTier) and c._remote.signed  # noqa: SLF001
@@ -167,7 +167,7 @@ def test_a_damaged_entry_is_rejected_counted_rebuilt_and_replaced(hosts, redis_u
         client.set(name, bytes(garbled))
     b = hosts("b", redis_url)
     module, outcome = b.lower_with_outcome(mod, target, codegen=codegen)
-    assert outcome.tier == "built" and len(calls) == 2
+    assert outcome.tier == "codegen" and len(calls) == 2
     np.testing.assert_array_equal(run_binary(module), 2 * np.arange(1024, dtype="float32"))
     assert (b.stats().remote_rejected, b.stats().hits_remote) == (1, 0)
     assert any("rejected remote entry" in r.getMessage() and "replaces the damaged value" in r.getMessage()
@@ -192,7 +192,7 @@ def test_an_entry_with_a_bad_signature_is_rejected_and_left_in_place(hosts, redi
         client.set(name, bytes(garbled))
     b = hosts("b", redis_url)
     module, outcome = b.lower_with_outcome(mod, target, codegen=codegen)
-    assert outcome.tier == "built" and len(calls) == 2
+    assert outcome.tier == "codegen" and len(calls) == 2
     np.testing.assert_array_equal(run_binary(module), 2 * np.arange(1024, dtype="float32"))
     assert (b.stats().remote_rejected, b.stats().remote_kept, b.stats().remote_stores) == (1, 1, 0)
     with redis_server.client() as client:
@@ -207,15 +207,15 @@ def test_unsigned_or_badly_signed_entry_is_rejected(hosts, redis_url, llvm_vadd,
     hosts("writer", redis_url, secret=writer_secret).lower(mod, target, codegen=codegen)
     reader = hosts("reader", redis_url)
     module, outcome = reader.lower_with_outcome(mod, target, codegen=codegen)
-    assert outcome.tier == "built" and len(calls) == 2
+    assert outcome.tier == "codegen" and len(calls) == 2
     np.testing.assert_array_equal(run_binary(module), 2 * np.arange(1024, dtype="float32"))
     assert reader.stats().remote_rejected == 1
 
 
 def test_signature_binds_the_key(hosts, redis_url, redis_server):
     """A validly signed entry copied under another key is rejected."""
-    vadd, target = cc.lower_for_codegen(kernels.vadd, "llvm")
-    vmul, _ = cc.lower_for_codegen(kernels.vmul, "llvm")
+    vadd, target = cc.prepare_for_codegen(kernels.vadd, "llvm")
+    vmul, _ = cc.prepare_for_codegen(kernels.vmul, "llvm")
     codegen, calls = counting_codegen()
     a = hosts("a", redis_url)
     a.lower(vadd, target, codegen=codegen)
@@ -225,7 +225,7 @@ def test_signature_binds_the_key(hosts, redis_url, redis_server):
         client.set(vmul_name, value)
     b = hosts("b", redis_url)
     module, outcome = b.lower_with_outcome(vmul, target, codegen=codegen)
-    assert outcome.tier == "built" and b.stats().remote_rejected == 1
+    assert outcome.tier == "codegen" and b.stats().remote_rejected == 1
     a_in = np.arange(1024, dtype="float32")
     np.testing.assert_array_equal(run_binary(module, "vmul"), a_in * a_in)
 
@@ -244,7 +244,7 @@ def test_signed_entry_with_bad_checksum_is_rejected(hosts, redis_url, llvm_vadd)
         client.delete(a._remote.redis_key(digest))  # noqa: SLF001 - put() never writes over an entry
     assert a._remote.put(digest, bytes(broken))  # noqa: SLF001 - put signs whatever it is given
     b = hosts("b", redis_url)
-    assert b.lower_with_outcome(mod, target, codegen=codegen)[1].tier == "built"
+    assert b.lower_with_outcome(mod, target, codegen=codegen)[1].tier == "codegen"
     assert b.stats().remote_rejected == 1 and len(calls) == 2
     assert b.stats().remote_replaced == 1  # a bad frame is bad for everyone, signed or not
 
@@ -262,7 +262,7 @@ def test_a_pickle_in_redis_is_never_unpickled(hosts, redis_url, redis_server, ll
     with redis_server.client() as client:
         client.set(name, pickle.dumps(Bomb()))
     module, outcome = b.lower_with_outcome(mod, target)
-    assert outcome.tier == "built" and b.stats().remote_rejected == 1 and not marker.exists()
+    assert outcome.tier == "codegen" and b.stats().remote_rejected == 1 and not marker.exists()
     np.testing.assert_array_equal(run_binary(module), 2 * np.arange(1024, dtype="float32"))
 
 
@@ -280,7 +280,7 @@ def test_entries_over_the_size_cap_stay_local(hosts, redis_url, redis_server, ll
     assert (stats.stores, stats.remote_stores, stats.remote_skipped) == (1, 0, 1)
     with redis_server.client() as client:
         assert client.dbsize() == 0
-    assert hosts("b", redis_url).lower_with_outcome(mod, target, codegen=codegen)[1].tier == "built"
+    assert hosts("b", redis_url).lower_with_outcome(mod, target, codegen=codegen)[1].tier == "codegen"
     assert len(calls) == 2
 
 
@@ -302,7 +302,7 @@ def test_a_planted_value_over_the_cap_is_not_read(hosts, redis_url, redis_server
         tracemalloc.stop()
     assert peak < 4 << 20 and elapsed < NO_HANG_SECONDS, (peak, elapsed)
     module, outcome = b.lower_with_outcome(mod, target)
-    assert outcome.tier == "built" and b.stats().remote_rejected == 1 and not b.stats().errors.get("remote")
+    assert outcome.tier == "codegen" and b.stats().remote_rejected == 1 and not b.stats().errors.get("remote")
     np.testing.assert_array_equal(run_binary(module), 2 * np.arange(1024, dtype="float32"))
     # Not an outage, and not this host's to replace: a host with a larger cap may read it.
     assert b.stats().remote_kept == 1
@@ -341,8 +341,8 @@ def test_entries_expire_after_the_ttl_and_zero_means_never(redis_url, redis_serv
 
 
 def test_redis_killed_mid_run_still_correct_and_fast(tmp_path, own_redis, caplog):
-    vadd, target = cc.lower_for_codegen(kernels.vadd, "llvm")
-    vmul, _ = cc.lower_for_codegen(kernels.vmul, "llvm")
+    vadd, target = cc.prepare_for_codegen(kernels.vadd, "llvm")
+    vmul, _ = cc.prepare_for_codegen(kernels.vmul, "llvm")
     codegen, calls = counting_codegen()
     a = cc.CodegenCache(tmp_path / "a", remote=own_redis.url, remote_secret=SECRET)  # write-behind, as in use
     b = cc.CodegenCache(tmp_path / "b", remote=own_redis.url, remote_secret=SECRET)
@@ -356,7 +356,7 @@ def test_redis_killed_mid_run_still_correct_and_fast(tmp_path, own_redis, caplog
             t0 = time.perf_counter()
             module, outcome = cache.lower_with_outcome(mod, target, codegen=codegen)
             elapsed = time.perf_counter() - t0
-            assert outcome.tier in ("built", "memory") and elapsed < NO_HANG_SECONDS, (outcome, elapsed)
+            assert outcome.tier in ("codegen", "memory") and elapsed < NO_HANG_SECONDS, (outcome, elapsed)
             np.testing.assert_array_equal(run_binary(module, func), expected)
         a.flush()
         b.flush()
@@ -374,8 +374,8 @@ def test_redis_killed_mid_run_still_correct_and_fast(tmp_path, own_redis, caplog
 
 def test_hung_redis_costs_one_timeout_then_local_only(tmp_path, own_redis, caplog):
     """A server that accepts connections but never answers (SIGSTOP): no hang, one warning."""
-    vadd, target = cc.lower_for_codegen(kernels.vadd, "llvm")
-    vmul, _ = cc.lower_for_codegen(kernels.vmul, "llvm")
+    vadd, target = cc.prepare_for_codegen(kernels.vadd, "llvm")
+    vmul, _ = cc.prepare_for_codegen(kernels.vmul, "llvm")
     c = cc.CodegenCache(tmp_path / "c", remote=own_redis.url, remote_secret=SECRET)
     try:
         own_redis.proc.send_signal(signal.SIGSTOP)
@@ -387,7 +387,7 @@ def test_hung_redis_costs_one_timeout_then_local_only(tmp_path, own_redis, caplo
         assert elapsed < NO_HANG_SECONDS
         stats = c.stats()
         # The first lookup timed out; the rest (the lease re-check, vmul, both stores) skipped Redis.
-        assert stats.errors.get("remote") == 1 and stats.remote_offline >= 3 and stats.builds == 2
+        assert stats.errors.get("remote") == 1 and stats.remote_offline >= 3 and stats.codegen_runs == 2
     finally:
         own_redis.proc.send_signal(signal.SIGCONT)
         c.close()
@@ -472,7 +472,7 @@ def test_rediss_shares_entries_and_an_untrusted_server_is_local_only(hosts, tls_
     # Without the team CA the server's certificate does not verify: nothing is read from it.
     untrusted = hosts("c", tls_redis.url.partition("?")[0])
     module, outcome = untrusted.lower_with_outcome(mod, target, codegen=codegen)
-    assert outcome.tier == "built" and len(calls) == 2
+    assert outcome.tier == "codegen" and len(calls) == 2
     np.testing.assert_array_equal(run_binary(module), 2 * np.arange(1024, dtype="float32"))
     assert untrusted.stats().errors.get("remote") == 1
     assert any("CERTIFICATE_VERIFY_FAILED" in r.getMessage() for r in _remote_records(caplog))
@@ -718,7 +718,7 @@ def test_measure_remote_costs(tmp_path, redis_url, capsys):
 
     # What a miss costs the caller with and without the remote (write-behind: the put is on the
     # writer thread). recache=True rebuilds and stores every time.
-    mod, target = cc.lower_for_codegen(kernels.vadd, "llvm")
+    mod, target = cc.prepare_for_codegen(kernels.vadd, "llvm")
     for label, remote in (("no remote", None), ("remote", redis_url)):
         c = cc.CodegenCache(tmp_path / label, remote=remote, remote_secret=SECRET, recache=True)
         c.lower(mod, target)

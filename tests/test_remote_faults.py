@@ -212,7 +212,7 @@ def test_trickled_reply_ends_at_the_deadline_not_per_read(tmp_path, fake, llvm_v
     server = fake(answer)
     ref.append(server)
     outcome, elapsed, stats = _lower(tmp_path, server.url("codegen:pw"), llvm_vadd)
-    assert outcome.tier == "built" and stats.errors.get("remote") == 1
+    assert outcome.tier == "codegen" and stats.errors.get("remote") == 1
     assert elapsed < DEADLINE + MARGIN, elapsed
 
 
@@ -289,7 +289,7 @@ def test_value_over_the_cap_is_a_rejected_miss_and_rebuilt(tmp_path, fake, llvm_
     server = fake(answer)
     answer.ref.append(server)
     outcome, elapsed, stats = _lower(tmp_path, server.url(), llvm_vadd)
-    assert outcome.tier == "built" and stats.remote_rejected == 1 and not stats.errors.get("remote")
+    assert outcome.tier == "codegen" and stats.remote_rejected == 1 and not stats.errors.get("remote")
     # The tier did not go offline: the rebuild's store was sent, as SET NX (it replaces nothing).
     assert [c[-1] for c in server.commands if c[0] == b"SET" and b":lease:" not in c[1]] == [b"NX"]
     assert elapsed < DEADLINE + MARGIN
@@ -341,7 +341,7 @@ IN_LOWER = {
 def test_a_malformed_reply_inside_lower_is_a_fresh_build_and_counted(tmp_path, fake, llvm_vadd, command, reply):
     server = _serve(fake, command, reply)
     outcome, elapsed, stats = _lower(tmp_path, server.url("codegen:pw", db=2), llvm_vadd)
-    assert outcome.tier == "built" and stats.errors.get("remote") == 1 and stats.hits_remote == 0
+    assert outcome.tier == "codegen" and stats.errors.get("remote") == 1 and stats.hits_remote == 0
     if reply.startswith(b"-") and command == b"GET":
         # A refused read stops reads only: the lease and the store went on.
         assert (stats.remote_offline, stats.remote_stores) == (0, 1)
@@ -354,7 +354,7 @@ def test_a_malformed_reply_inside_lower_is_a_fresh_build_and_counted(tmp_path, f
                          ids=["reset-mid-reply", "eof-mid-value"])
 def test_a_connection_broken_inside_lower_is_a_fresh_build_and_counted(tmp_path, fake, llvm_vadd, sent, how):
     outcome, elapsed, stats = _lower(tmp_path, fake(_break(sent, how)).url(), llvm_vadd)
-    assert outcome.tier == "built" and stats.errors.get("remote") == 1
+    assert outcome.tier == "codegen" and stats.errors.get("remote") == 1
     assert elapsed < DEADLINE + MARGIN
 
 

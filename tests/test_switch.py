@@ -67,18 +67,18 @@ def test_tvm_entry_points_hit_the_cache_once_enabled(switch, tmp_path):
     with cc.record_outcomes() as outcomes:
         first = tvm.tirx.build(_tir_vadd(), target)
         second = tvm.compile(_tir_vadd(), target)
-    assert [o.tier for o in outcomes if o.codegen == "build"] == ["built", "memory"]
+    assert [o.tier for o in outcomes if o.codegen == "build"] == ["codegen", "memory"]
     a = np.arange(1024, dtype="float32")
     for module in (first, second.mod):
         out = tvm.runtime.tensor(np.zeros(1024, "float32"))
         module["vadd"](tvm.runtime.tensor(a), tvm.runtime.tensor(a), out)
         np.testing.assert_array_equal(out.numpy(), 2 * a)
     # A direct call of TVM's global codegen function goes through the cache too.
-    device_mod, device_target = cc.lower_for_codegen(kernels.vadd, "llvm")
+    device_mod, device_target = cc.prepare_for_codegen(kernels.vadd, "llvm")
     with cc.record_outcomes() as outcomes:
         for _ in range(2):
             tvm_ffi.get_global_func("target.build.llvm")(device_mod, device_target)
-    assert [(o.codegen, o.tier) for o in outcomes] == [("llvm", "built"), ("llvm", "memory")]
+    assert [(o.codegen, o.tier) for o in outcomes] == [("llvm", "codegen"), ("llvm", "memory")]
 
 
 def test_without_an_active_cache_tvm_compiles_as_its_own(switch, tmp_path):
@@ -160,7 +160,7 @@ def test_the_variable_enables_a_process_that_only_imports_tvm(tmp_path):
     env = {"CODEGEN_CACHE_ENABLE": "1", "CODEGEN_CACHE_DIR": str(tmp_path / "cache")}
     first = python_json(COMPILE_PLAIN_TVM, env=env)
     second = python_json(COMPILE_PLAIN_TVM, env=env)
-    assert first == {"imported_before_compile": True, "enabled": True, "tier": "built"}
+    assert first == {"imported_before_compile": True, "enabled": True, "tier": "codegen"}
     assert second["tier"] == "disk"
 
 
@@ -210,7 +210,7 @@ def test_children_of_an_enabled_process_compile_through_its_cache(tmp_path):
                 for _ in range(2)]
         print(json.dumps([json.loads(run.stdout.strip().splitlines()[-1]) for run in runs]))
     """, env={"CODEGEN_CACHE_DIR": str(tmp_path / "elsewhere"), "CODEGEN_CACHE_ENABLE": None})
-    assert [(run["enabled"], run["tier"]) for run in found] == [(True, "built"), (True, "disk")]
+    assert [(run["enabled"], run["tier"]) for run in found] == [(True, "codegen"), (True, "disk")]
     assert not (tmp_path / "elsewhere").exists()
 
 
@@ -235,4 +235,4 @@ def test_metaschedule_builder_workers_build_through_the_cache(tmp_path):
         assert results[0].error_msg is None, results[0].error_msg
         print(json.dumps(cc.get_cache().stats().as_dict()["by_codegen"].get("llvm/compiled", {})))
     """, env={"CODEGEN_CACHE_DIR": str(tmp_path / "cache")}, timeout=500)
-    assert found["builds"] == 1 and found["hits"] >= 1  # the worker's build was a hit
+    assert found["codegen_runs"] == 1 and found["hits"] >= 1  # the worker's build was a hit

@@ -39,7 +39,7 @@ DIGEST = "0123456789abcdef0123456789abcdef"
 def _entry(kind: str, digest: str = DIGEST) -> Entry:
     """A built module and its entry (bytes included): llvm source of a vector add, or CUDA source."""
     kernel, target, compiled = (kernels.vadd, "llvm", False) if kind == "llvm" else (kernels.vadd_gpu, CUDA_TARGET, False)
-    mod, tgt = cc.lower_for_codegen(kernel, target)
+    mod, tgt = cc.prepare_for_codegen(kernel, target)
     with cc.use_cache(None):
         module = cc.resolve_device_codegen(tgt).lower(mod, tgt, compile_device=compiled)
     meta = {"key": digest, "build_seconds": 0.25}
@@ -62,7 +62,7 @@ class _Tiers:
             return MemoryTier(ModuleLRU(max_entries=8, max_bytes=1 << 24))
         if kind == "disk":
             stores = {m: ArtifactStore(self.root / m, size_limit=1 << 30) for m in ("compiled", "source")}
-            staged = {m: PendingFiles(self.root / "pending" / m) for m in ("compiled", "source")}
+            staged = {m: PendingFiles(self.root / "staged" / m) for m in ("compiled", "source")}
             self.closers += [s.close for s in stores.values()]
             promoted = []
 
@@ -139,7 +139,7 @@ def test_another_key_is_not_served(tier, entries):
 def test_an_entry_is_served_to_a_structurally_equal_module(tier, entries):
     entry = entries["cuda"]
     tier.put(entry)
-    equal, _ = cc.lower_for_codegen(kernels.vadd_gpu, CUDA_TARGET)
+    equal, _ = cc.prepare_for_codegen(kernels.vadd_gpu, CUDA_TARGET)
     assert not equal.same_as(entry.ir)
     assert isinstance(tier.get(Probe(entry.digest, entry.mode, equal)), Hit)
 
@@ -184,7 +184,7 @@ def test_disk_serves_a_staged_entry_and_promotes_it(tmp_path, entries):
 
 
 def test_an_llvm_module_served_by_memory_and_disk_runs(tmp_path):
-    mod, target = cc.lower_for_codegen(kernels.vadd, "llvm")
+    mod, target = cc.prepare_for_codegen(kernels.vadd, "llvm")
     cache = cc.CodegenCache(tmp_path, write_behind=False)
     cache.lower(mod, target)
     for module in (cache.lower(mod, target), cc.CodegenCache(tmp_path).lower(mod, target)):

@@ -34,7 +34,7 @@ VICTIM = textwrap.dedent("""
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     import numpy as np, tvm
     import codegen_cache as cc, kernels
-    mod, target = cc.lower_for_codegen(kernels.vadd, "llvm")
+    mod, target = cc.prepare_for_codegen(kernels.vadd, "llvm")
     cache = cc.CodegenCache({directory!r}, write_behind=False)
     module, outcome = cache.lower_with_outcome(mod, target)
     if {flush!r}:
@@ -199,7 +199,7 @@ def test_a_cache_in_a_directory_anyone_can_write_is_never_used_and_one_renamed_a
     sticky = base / "sticky-own"
     sticky.mkdir(mode=0o1777)
     sticky.chmod(0o1777)
-    assert run_as(users, interpreter, "alice", sticky / "cache", flush=True)[0]["tier"] == "built"
+    assert run_as(users, interpreter, "alice", sticky / "cache", flush=True)[0]["tier"] == "codegen"
     assert run_as(users, interpreter, "alice", sticky / "cache")[0] == {"tier": "disk", "right": True,
                                                                         "trusted": True}
     done = subprocess.run(["mv", str(sticky / "cache"), str(sticky / "moved")], user=users["mallory"][0],
@@ -219,7 +219,7 @@ def test_a_setgid_team_cache_is_shared_by_its_members_and_no_member_can_kill_ano
     team.mkdir()
     os.chown(team, 0, users["team"])
     team.chmod(0o2775)  # the documented setup: setgid, group-writable; members use umask 002
-    assert run_as(users, interpreter, "alice", team / "cache", flush=True, umask=0o002)[0]["tier"] == "built"
+    assert run_as(users, interpreter, "alice", team / "cache", flush=True, umask=0o002)[0]["tier"] == "codegen"
     result, log = run_as(users, interpreter, "bob", team / "cache", umask=0o002)
     assert result == {"tier": "disk", "right": True, "trusted": True}, log
     assert "not using" not in log
@@ -245,7 +245,7 @@ def test_another_users_cache_is_used_only_where_an_administrator_trusts_it_and_n
     bobs = base / "bobs"
     bobs.mkdir()
     os.chown(bobs, *users["bob"])
-    assert run_as(users, interpreter, "bob", bobs / "cache", flush=True)[0]["tier"] == "built"
+    assert run_as(users, interpreter, "bob", bobs / "cache", flush=True)[0]["tier"] == "codegen"
     result, log = run_as(users, interpreter, "alice", bobs / "cache")
     assert result["tier"] == "uncached" and users["names"]["bob"] in log
     trusted = {"CODEGEN_CACHE_TRUSTED_DIRS": f"/nowhere:{bobs}/*"}

@@ -17,4 +17,4 @@ def variant(i: int):
     a = te.placeholder((256,), name="A", dtype="float32")
     c = te.compute((256,), lambda j: a[j] + float(i), name="C")
     func = te.create_prim_func([a, c]).with_attr("global_symbol", f"add_{i}")
-    return cc.lower_for_codegen(tvm.IRModule({f"add_{i}": func}), "llvm")
+    return cc.prepare_for_codegen(tvm.IRModule({f"add_{i}": func}), "llvm")

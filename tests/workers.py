@@ -37,7 +37,7 @@ def variant(i: int):
     a = te.placeholder((N,), name="A", dtype="float32")
     c = te.compute((N,), lambda j: a[j] + float(i), name="C")
     func = te.create_prim_func([a, c]).with_attr("global_symbol", f"add_{i}")
-    return cc.lower_for_codegen(tvm.IRModule({f"add_{i}": func}), "llvm")
+    return cc.prepare_for_codegen(tvm.IRModule({f"add_{i}": func}), "llvm")
 
 
 @functools.lru_cache(maxsize=None)
@@ -127,7 +127,7 @@ def mixer(args: dict) -> None:
     cache.flush()
     local = cache.stats(shared=False)
     _write_line(**counts, first_error=first_error, hits=local.hits, misses=local.misses,
-                builds=local.builds, cache_errors=local.errors)
+                codegen_runs=local.codegen_runs, cache_errors=local.errors)
     cache.close()
 
 
@@ -146,7 +146,7 @@ def populate(args: dict) -> None:
             cache.lower(*variant(0), codegen=cc.DeviceCodegen("rejects", build=_rejects))
         except ValueError:
             pass
-        len(cache.store("builds"))  # opened (so created) as codegen_cache.build would
+        len(cache.store("index"))  # opened (so created) as codegen_cache.build would
         cache.reset_stats()  # makes stats.sqlite (live processes count in their own files)
         cache.close()
     _write_line(done=True)

@@ -1,17 +1,19 @@
 """tvm-codegen-cache: a device-codegen registry for Apache TVM under a content-addressed cache."""
 
+import warnings as _warnings
+
 from ._build import (
     BuildPart,
     BuildRecord,
     CachedBuild,
-    LoweredKernel,
+    PreparedKernel,
     build,
     build_key,
     build_with_record,
     cached_export,
-    lower_for_codegen,
-    lower_kernel,
     metaschedule_builder,
+    prepare_for_codegen,
+    prepare_kernel,
 )
 from ._cache import CacheStats, CodegenCache
 from ._cli import main
@@ -23,7 +25,7 @@ from ._errors import (
     CodegenCacheError,
     ConfigError,
     CudaRuntimeUnavailableError,
-    LoweringError,
+    PrepareError,
     UncacheableError,
 )
 from ._key import CacheKey
@@ -67,9 +69,9 @@ __all__ = [
     "DeviceCodegenFunc",
     "DeviceCodegenRegistry",
     "FsReport",
-    "LoweredKernel",
-    "LoweringError",
     "Outcome",
+    "PrepareError",
+    "PreparedKernel",
     "RedisTier",
     "Settings",
     "TargetPredicate",
@@ -88,10 +90,10 @@ __all__ = [
     "global_func_device_codegen",
     "is_enabled",
     "last_outcome",
-    "lower_for_codegen",
-    "lower_kernel",
     "main",
     "metaschedule_builder",
+    "prepare_for_codegen",
+    "prepare_kernel",
     "probe_filesystem",
     "record_outcomes",
     "register_device_codegen",
@@ -100,3 +102,17 @@ __all__ = [
     "settings_from_env",
     "use_cache",
 ]
+
+# Old names of issue 26's renames, answered until the next release with a DeprecationWarning
+# (docs/cli.md, "Renamed in this release"); not in __all__.
+_RENAMED = {"lower_kernel": "prepare_kernel", "lower_for_codegen": "prepare_for_codegen",
+            "LoweredKernel": "PreparedKernel", "LoweringError": "PrepareError"}
+
+
+def __getattr__(name: str) -> object:
+    """An old name of a renamed function or class: the new one, with a DeprecationWarning."""
+    new = _RENAMED.get(name)
+    if new is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    _warnings.warn(f"codegen_cache.{name} is now codegen_cache.{new}", DeprecationWarning, stacklevel=2)
+    return globals()[new]

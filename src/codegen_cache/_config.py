@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import tempfile
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
@@ -22,6 +23,8 @@ from ._errors import ConfigError
 
 __all__ = [
     "ENV_VARS",
+    "OLD_ENV_VARS",
+    "OLD_SETTINGS",
     "REMOTE_ACCEPTED",
     "REMOTE_URL_OPTIONS",
     "Settings",
@@ -143,17 +146,17 @@ def _parse_dir_list(name: str, value: str | os.PathLike[str] | tuple | list) -> 
 _DIR_LIST_ACCEPTED = f"absolute directory paths separated by {os.pathsep!r}; <path>/* for every directory below it; * for all"
 
 
-def _parse_min_build_time(name: str, value: str | float) -> str | float:
-    """`auto` (learnt per codegen: docs/cache.md), or a duration: builds shorter are kept in memory only."""
+def _parse_min_codegen_time(name: str, value: str | float) -> str | float:
+    """`auto` (learnt per codegen: docs/cache.md), or a duration: shorter codegen runs are kept in memory only."""
     if isinstance(value, str) and value.strip().lower() == "auto":
         return "auto"
     try:
         return parse_age(name, value)
     except ConfigError:
-        raise ConfigError(name, value, _MIN_BUILD_ACCEPTED) from None
+        raise ConfigError(name, value, _MIN_CODEGEN_ACCEPTED) from None
 
 
-_MIN_BUILD_ACCEPTED = "auto, or seconds of 0 or more, e.g. 0 (store every entry) or 0.002"
+_MIN_CODEGEN_ACCEPTED = "auto, or seconds of 0 or more, e.g. 0 (store every entry) or 0.002"
 
 
 def _parse_text(name: str, value: str) -> str | None:
@@ -276,8 +279,47 @@ class Settings:
     remote_lease: float = 5.0
     lease_wait: float = 600.0
     failure_ttl: float = 24 * 3600.0
-    min_build_time: str | float = "auto"
+    min_codegen_time: str | float = "auto"
     log_level: str | None = None
+
+
+# Old names of renamed settings (issue 26: "build" is a whole build only), accepted until the next
+# release: the argument with a DeprecationWarning, the variable as the new one (both set to
+# different values: ConfigError naming both).
+OLD_SETTINGS = {"min_build_time": "min_codegen_time"}
+OLD_ENV_VARS = {"CODEGEN_CACHE_MIN_BUILD_TIME": "CODEGEN_CACHE_MIN_CODEGEN_TIME"}
+_settings_init = Settings.__init__
+
+
+def _renamed(overrides: dict[str, object], where: str) -> dict[str, object]:
+    """`overrides` with each old setting name replaced by its new one (a DeprecationWarning each)."""
+    for old, new in OLD_SETTINGS.items():
+        if old in overrides:
+            if new in overrides:
+                raise TypeError(f"{where} got both {new!r} and its old name {old!r}; pass {new!r} only")
+            warnings.warn(f"{where}: {old!r} is now {new!r}", DeprecationWarning, stacklevel=3)
+            overrides[new] = overrides.pop(old)
+    return overrides
+
+
+def _settings_init_with_old_names(self: Settings, *args: object, **kwargs: object) -> None:
+    _settings_init(self, *args, **_renamed(kwargs, "Settings()"))
+
+
+def _old_setting(new: str) -> property:
+    def read(self: Settings) -> object:
+        old = next(o for o, n in OLD_SETTINGS.items() if n == new)
+        warnings.warn(f"Settings.{old} is now Settings.{new}", DeprecationWarning, stacklevel=2)
+        return getattr(self, new)
+    read.__doc__ = f"Deprecated name of {new} (until the next release)."
+    return property(read)
+
+
+# Set after the class: a slotted dataclass's generated __init__ knows its fields only, and a
+# property named like an old field inside the class body would be taken for that field's default.
+Settings.__init__ = _settings_init_with_old_names  # type: ignore[method-assign]
+for _old, _new in OLD_SETTINGS.items():
+    setattr(Settings, _old, _old_setting(_new))
 
 
 # name -> (Settings field, parser, one-line description); docs/configuration.md lists them all.
@@ -307,8 +349,9 @@ ENV_VARS: dict[str, tuple[str, object, str]] = {
                                    "expiry of a fleet-wide build lease, renewed while building (0: no lease)"),
     "CODEGEN_CACHE_LEASE_WAIT": ("lease_wait", parse_age, "longest wait for another process's compile"),
     "CODEGEN_CACHE_FAILURE_TTL": ("failure_ttl", parse_age, "how long a codegen failure is remembered"),
-    "CODEGEN_CACHE_MIN_BUILD_TIME": ("min_build_time", _parse_min_build_time,
-                                     "entries that build faster are not stored on disk (auto: where no tier pays)"),
+    "CODEGEN_CACHE_MIN_CODEGEN_TIME": ("min_codegen_time", _parse_min_codegen_time,
+                                       "entries whose codegen runs faster are not stored on disk (auto: where no "
+                                       "tier pays; CODEGEN_CACHE_MIN_BUILD_TIME: its old name)"),
     "CODEGEN_CACHE_LOG_LEVEL": ("log_level", _parse_level, "level of the codegen_cache logger"),
 }
 
@@ -323,7 +366,7 @@ ACCEPTED: dict[object, str] = {
     _parse_deadline: "a duration above 0, e.g. 0.5 (seconds) or 2s",
     _parse_level: "one of " + ", ".join(_LOG_LEVELS),
     _parse_text: "text (empty: unset)",
-    _parse_min_build_time: _MIN_BUILD_ACCEPTED,
+    _parse_min_codegen_time: _MIN_CODEGEN_ACCEPTED,
     _parse_dir_list: _DIR_LIST_ACCEPTED,
     _parse_remote: REMOTE_ACCEPTED + " (empty: unset)",
 }
@@ -347,6 +390,16 @@ def settings_from_env(environ: Mapping[str, str] | None = None, *, base: Setting
             raw = environ.get(var)
             if raw is not None and raw.strip():
                 values[field] = parse(var, raw)  # type: ignore[operator]
+        for old, new in OLD_ENV_VARS.items():
+            raw = environ.get(old)
+            if raw is not None and raw.strip():
+                field, parse, _doc = ENV_VARS[new]
+                value = parse(old, raw)  # type: ignore[operator]
+                if field in values and values[field] != value:
+                    raise ConfigError(new, environ[new], f"the value of {old} (its old name, set to {raw!r}), "
+                                      f"or only one of the two set")
+                values[field] = value
+    overrides = _renamed(dict(overrides), "settings_from_env()")
     fields = {f.name for f in dataclasses.fields(Settings)}
     if base is not None:
         # Values given as a Settings object are checked like arguments.
@@ -371,7 +424,7 @@ def disabled_by_env(environ: Mapping[str, str] | None = None) -> bool:
 def unknown_env_vars(environ: Mapping[str, str] | None = None) -> list[str]:
     """CODEGEN_CACHE_* variables that are set but mean nothing (typos, old names)."""
     environ = os.environ if environ is None else environ
-    return sorted(v for v in environ if v.startswith(ENV_PREFIX) and v not in ENV_VARS)
+    return sorted(v for v in environ if v.startswith(ENV_PREFIX) and v not in ENV_VARS and v not in OLD_ENV_VARS)
 
 
 def check_directory(path: str | os.PathLike[str], name: str = "CODEGEN_CACHE_DIR") -> Path:
@@ -447,10 +500,11 @@ def describe_settings(environ: Mapping[str, str] | None = None, **overrides: obj
     settings = settings_from_env(environ, **overrides)
     defaults = Settings()
     rows = []
+    old_var = {new: old for old, new in OLD_ENV_VARS.items()}
     for var, (field, parse, doc) in ENV_VARS.items():
         if overrides.get(field) is not None:
             origin = "argument"
-        elif (environ.get(var) or "").strip():
+        elif (environ.get(var) or "").strip() or (environ.get(old_var.get(var, "")) or "").strip():
             origin = "environment"
         else:
             origin = "default"

@@ -16,8 +16,8 @@ __all__ = [
     "CudaRuntimeUnavailableError",
     "EntryKeyError",
     "KernelSourceError",
-    "LoweringError",
     "ReadOnlyStoreError",
+    "PrepareError",
     "ReentrantLoweringError",
     "RemoteRefusedError",
     "RemoteReplyError",
@@ -77,8 +77,8 @@ class ConfigError(CodegenCacheError, ValueError):
         return f"invalid value {self.value!r} for {self.name}: expected {self.accepted}"
 
 
-class LoweringError(CodegenCacheError, ValueError):
-    """A kernel cannot be turned into the device module a codegen expects."""
+class PrepareError(CodegenCacheError, ValueError):
+    """A kernel cannot be prepared into the device module a codegen expects (was LoweringError)."""
 
 
 class CudaRuntimeUnavailableError(CodegenCacheError, RuntimeError):

@@ -5,29 +5,31 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 from dataclasses import dataclass
 
 __all__ = ["TIERS", "Outcome", "emit", "emit_uncached", "last_outcome", "record_outcomes"]
 
-TIERS = ("memory", "disk", "remote", "built", "failure", "uncached")
+# Where a result came from. "codegen" was "built" before issue 26 ("build" is a whole build only).
+TIERS = ("memory", "disk", "remote", "codegen", "failure", "uncached")
 
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """What one lowering cost and where its module came from.
 
-    tier: memory | disk | remote (a hit), built (the codegen ran), failure (the call raised: a
+    tier: memory | disk | remote (a hit), codegen (the codegen ran), failure (the call raised: a
       remembered codegen error was served, or the codegen raised now; no module), uncached (no
       cache was active, caching is disabled, or the cache stepped aside: an input it cannot key).
     key: the key digest ('' for uncached, and for a failure with no cache).
     key_seconds: computing the key (mostly the structural hash).
-    load_seconds: reading and decoding the entry (0 for built).
-    build_seconds: the codegen's own time (built, uncached, a failure now), or what the entry
-      saved: the codegen time recorded when it was built (hits; for a codegen_cache.build hit, the
+    load_seconds: reading and decoding the entry (0 for codegen).
+    codegen_seconds: the codegen's own time (codegen, uncached, a failure now), or what the entry
+      saved: the codegen time recorded when it was made (hits; for a codegen_cache.build hit, the
       codegen time of the whole build). 0 for a remembered failure.
-    stored: for built modules, whether the entry was stored (False: skipped).
+    stored: for tier codegen, whether the entry was stored (False: skipped).
     """
 
     tier: str
@@ -36,7 +38,7 @@ class Outcome:
     mode: str
     key_seconds: float
     load_seconds: float
-    build_seconds: float
+    codegen_seconds: float
     total_seconds: float
     stored: bool | None = None
 
@@ -44,6 +46,12 @@ class Outcome:
     def hit(self) -> bool:
         """True when a tier served the module without running the codegen."""
         return self.tier in ("memory", "disk", "remote")
+
+    @property
+    def build_seconds(self) -> float:
+        """Deprecated name of codegen_seconds (until the next release)."""
+        warnings.warn("Outcome.build_seconds is now Outcome.codegen_seconds", DeprecationWarning, stacklevel=2)
+        return self.codegen_seconds
 
 
 # Holds an Outcome, or the tuple of its fields (made into an Outcome when read: cheaper on hits).
@@ -58,13 +66,13 @@ def last_outcome() -> Outcome | None:
 
 
 def emit(*, tier: str, key: str, codegen: str, mode: str, key_seconds: float, load_seconds: float,
-         build_seconds: float, total_seconds: float, stored: bool | None = None) -> None:
+         codegen_seconds: float, total_seconds: float, stored: bool | None = None) -> None:
     """Record one lowering's outcome, Outcome's fields by name; built into an Outcome only when needed.
 
     Keyword-only, kept as a tuple until read: what that costs against positional values and
     against an Outcome made on every call is in docs/benchmarks.md ("Named outcome fields").
     """
-    fields = (tier, key, codegen, mode, key_seconds, load_seconds, build_seconds, total_seconds, stored)
+    fields = (tier, key, codegen, mode, key_seconds, load_seconds, codegen_seconds, total_seconds, stored)
     sinks = _sinks.get()
     if sinks:
         outcome = Outcome(*fields)
@@ -78,7 +86,7 @@ def emit(*, tier: str, key: str, codegen: str, mode: str, key_seconds: float, lo
 def emit_uncached(codegen: str, mode: str, seconds: float, *, failed: bool = False) -> None:
     """Record a lowering that went straight to the codegen (failed: and the codegen raised)."""
     emit(tier="failure" if failed else "uncached", key="", codegen=codegen, mode=mode, key_seconds=0.0,
-         load_seconds=0.0, build_seconds=seconds, total_seconds=seconds, stored=False)
+         load_seconds=0.0, codegen_seconds=seconds, total_seconds=seconds, stored=False)
 
 
 def run_uncached(codegen: str, mode: str, call: Callable[[], Any], start: float) -> Any:

@@ -42,7 +42,7 @@ def test_a_disk_hit_is_the_module_tilelang_made(compile_device, fresh_cache):
     cct.enable()
     with cc.use_cache(fresh_cache()):
         _lower(vadd(), compile_device=compile_device)
-        assert cc.last_outcome().tier == "built"
+        assert cc.last_outcome().tier == "codegen"
     with cc.use_cache(fresh_cache()):  # a new cache object: the disk tier, as in a new process
         hit, hit_device = _lower(vadd(), compile_device=compile_device)
         outcome = cc.last_outcome()
@@ -80,7 +80,7 @@ def test_a_compile_option_is_never_served_the_binary_made_without_it(config, fre
         _, plain = _lower(vadd(), compile_device=True)
     with cc.use_cache(fresh_cache()):
         _, flagged = _lower(vadd(), compile_device=True, config=config)
-        assert cc.last_outcome().tier == "built"
+        assert cc.last_outcome().tier == "codegen"
     if "tl.device_compile_flags" in config:  # -G: device debug code, a different binary
         assert _cuda.module_payload(flagged).code != _cuda.module_payload(plain).code
     with cc.use_cache(fresh_cache()):

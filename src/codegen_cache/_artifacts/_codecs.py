@@ -38,7 +38,7 @@ __all__ = ["CODECS", "check", "decode", "encode_cuda_binary", "function_names", 
            "prepare", "symbol_names", "upgradable", "upgrade"]
 
 # The JSON type of each metadata field a hit reads; a checksum is not authentication, so a
-# well-framed entry may still hold anything there (a null build_seconds made lower() raise).
+# well-framed entry may still hold anything there (a null codegen_seconds made lower() raise).
 _HOT_TYPES = {"key": str, "build_seconds": (int, float), "source_format": str, "c_func_names": list,
               "func_names": list, "module_kind": str, "ir_digest": str, "llvm_queries": dict, "property_mask": int,
               "triple": str}
@@ -234,7 +234,7 @@ def decode(blob: bytes | memoryview, *, scratch: str, path: str | None = None,
     `key`: the digest the entry must be stored under; EntryKeyError when its metadata names
     another, raised before the codec runs (a shared library's constructors run when it loads).
     `path`: the file `blob` was read from (never opened again: what is loaded is `blob`). The
-    returned metadata holds what a hit needs (key, build_seconds, ...).
+    returned metadata holds what a hit needs (key, codegen_seconds, ...).
     """
     art = unframe(blob, info=False, views=True)
     check(art)

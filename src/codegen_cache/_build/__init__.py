@@ -1,19 +1,19 @@
-"""Whole builds through the cache: codegen_cache.build, its index, lowering, MetaSchedule."""
+"""Whole builds through the cache: codegen_cache.build, its index, preparing kernels, MetaSchedule."""
 
 from ._build import BuildPart, BuildRecord, build, build_key, build_with_record
-from ._lowering import LoweredKernel, lower_for_codegen, lower_kernel
+from ._prepare import PreparedKernel, prepare_for_codegen, prepare_kernel
 from ._metaschedule import CachedBuild, cached_export, metaschedule_builder
 
 __all__ = [
     "BuildPart",
     "BuildRecord",
     "CachedBuild",
-    "LoweredKernel",
+    "PreparedKernel",
     "build",
     "build_key",
     "build_with_record",
     "cached_export",
-    "lower_for_codegen",
-    "lower_kernel",
     "metaschedule_builder",
+    "prepare_for_codegen",
+    "prepare_kernel",
 ]

@@ -7,7 +7,7 @@ the registry's codegen for that target, looked up through the active cache.
 
 The warm path skips lowering: a *build key* over the input module (its structural hash), the
 targets, the pipeline, the PassContext and the codegens' salts points, through an index kept
-in the cache's `builds` store, at the device-level entries of that build. A build served from
+in the cache's `index` store, at the device-level entries of that build. A build served from
 the index reads those entries by digest; a build repeated in one process is one memory hit.
 """
 
@@ -17,6 +17,7 @@ import contextlib
 import contextvars
 import logging
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +32,7 @@ from .._key import CacheKey
 from .._outcome import emit, last_outcome
 from .._registry import DeviceCodegenRegistry, default_registry
 from ._index import BuildPart, compile_device, key_of, read_index, write_index
-from ._plan import Plan, lower_plan, plan
+from ._plan import Plan, prepare_plan, plan
 
 __all__ = ["BuildPart", "BuildRecord", "build", "build_key", "build_with_record", "capture_builds", "serve_parts"]
 
@@ -57,16 +58,22 @@ def capture_builds() -> Iterator[list[tuple[BuildRecord, Module]]]:
 
 @dataclass(frozen=True, slots=True)
 class BuildRecord:
-    """How a build was served: tier ('memory', 'disk', 'built', 'uncached'), its key, its parts.
+    """How a build was served: tier ('memory', 'disk', 'codegen', 'uncached': as Outcome.tier), its key, its parts.
 
-    build_seconds: the codegen time of the build's parts (for a hit: what serving it saved).
+    codegen_seconds: the codegen time of the build's parts (for a hit: what serving it saved).
     """
 
     tier: str
     key: CacheKey | None
     host: BuildPart
     devices: tuple[BuildPart, ...]
-    build_seconds: float = 0.0
+    codegen_seconds: float = 0.0
+
+    @property
+    def build_seconds(self) -> float:
+        """Deprecated name of codegen_seconds (until the next release)."""
+        warnings.warn("BuildRecord.build_seconds is now BuildRecord.codegen_seconds", DeprecationWarning, stacklevel=2)
+        return self.codegen_seconds
 
 
 def build(mod: PrimFunc | IRModule, target: str | Target | None = None, pipeline: str | None = "default") -> Module:
@@ -103,7 +110,7 @@ def _build_with_record(mod: PrimFunc | IRModule, target: str | Target | None,
         module, host, devices, seconds = _cold(cache, registry, planned)
         total = time.perf_counter() - start
         emit(tier="uncached", key="", codegen="build", mode="build", key_seconds=0.0, load_seconds=0.0,
-             build_seconds=seconds, total_seconds=total, stored=False)
+             codegen_seconds=seconds, total_seconds=total, stored=False)
         return module, BuildRecord("uncached", None, host, devices, seconds)
     # The background writer waits until the build returns (docs/benchmarks.md: a cold build's
     # cost over TVM's); every entry is staged before that.
@@ -114,14 +121,14 @@ def _build_with_record(mod: PrimFunc | IRModule, target: str | Target | None,
 def _cold_build(cache: CodegenCache, registry: DeviceCodegenRegistry, planned: Plan, key: CacheKey | None,
                 start: float) -> tuple[Module, BuildRecord]:
     module, host, devices, seconds = _cold(cache, registry, planned)
-    record = BuildRecord("built", key, host, devices, seconds)
+    record = BuildRecord("codegen", key, host, devices, seconds)
     stored = key is not None and all(p.digest is not None for p in (host, *devices))
     if stored:
         write_index(cache, key, host, devices, seconds)
         _remember(cache, key, module, planned, record)
     total = time.perf_counter() - start
-    emit(tier="built", key=key.digest if key is not None else "", codegen="build", mode="build", key_seconds=0.0,
-         load_seconds=0.0, build_seconds=seconds, total_seconds=total, stored=stored)
+    emit(tier="codegen", key=key.digest if key is not None else "", codegen="build", mode="build", key_seconds=0.0,
+         load_seconds=0.0, codegen_seconds=seconds, total_seconds=total, stored=stored)
     return module, record
 
 
@@ -149,8 +156,8 @@ def _warm(cache: CodegenCache, key: CacheKey, planned: Plan, start: float) -> tu
     if memo is not None:
         record: BuildRecord = memo[1]["record"]
         _count_parts(cache, "hits_memory", record)
-        _emit("memory", key, key_seconds, start, record.build_seconds)
-        return memo[0], BuildRecord("memory", key, record.host, record.devices, record.build_seconds)
+        _emit("memory", key, key_seconds, start, record.codegen_seconds)
+        return memo[0], BuildRecord("memory", key, record.host, record.devices, record.codegen_seconds)
     index = read_index(cache, key)
     if index is None:
         return None
@@ -187,8 +194,8 @@ def _count_parts(cache: CodegenCache, counter: str, record: BuildRecord) -> None
     stats = cache._stats  # noqa: SLF001 - the build layer counts into its cache's counters
     for part in (*record.devices, record.host):
         stats.add_for(part.codegen, part.mode, counter)
-    if record.build_seconds:
-        stats.add("saved_seconds", record.build_seconds)
+    if record.codegen_seconds:
+        stats.add("saved_seconds", record.codegen_seconds)
 
 
 def _remember(cache: CodegenCache, key: CacheKey, module: Module, planned: Plan, record: BuildRecord) -> None:
@@ -201,14 +208,14 @@ def _remember(cache: CodegenCache, key: CacheKey, module: Module, planned: Plan,
 def _emit(tier: str, key: CacheKey, key_seconds: float, start: float, saved: float) -> None:
     total = time.perf_counter() - start
     emit(tier=tier, key=key.digest, codegen="build", mode="build", key_seconds=key_seconds,
-         load_seconds=total - key_seconds, build_seconds=saved, total_seconds=total)
+         load_seconds=total - key_seconds, codegen_seconds=saved, total_seconds=total)
 
 
 # ---- cold path: tvm.tirx.build's steps 3-6 and tir_to_runtime -------------------------------
 
 
 def _cold(cache: CodegenCache | None, registry: DeviceCodegenRegistry, planned: Plan):
-    host_all, device_mods = lower_plan(planned)
+    host_all, device_mods = prepare_plan(planned)
     # tir_to_runtime: device modules first, then the host module, then the imports.
     device_modules, device_parts, seconds = [], [], 0.0
     for device_target, device_mod in device_mods:
@@ -220,7 +227,7 @@ def _cold(cache: CodegenCache | None, registry: DeviceCodegenRegistry, planned: 
         # The host module gets the device modules as imports: a miss's fresh module is ours alone.
         with fresh_results_are_the_callers():
             host_module, host_part, spent = _codegen(cache, registry, host_all, planned.host, "host")
-        fresh = last_outcome().tier in ("built", "uncached")
+        fresh = last_outcome().tier in ("codegen", "uncached")
     else:
         host_module, host_part, spent = _codegen(cache, registry, host_all, planned.host, "host")
         fresh = True
@@ -252,7 +259,7 @@ def _codegen(cache: CodegenCache | None, registry: DeviceCodegenRegistry, mod: I
         module, outcome = cache.lower_with_outcome(mod, target, compile_device=compiled, codegen=codegen)
     # An entry that was not stored (a mutating codegen, a collision, a skipped store) cannot be indexed.
     digest = outcome.key if (outcome.hit or outcome.stored) else None
-    return module, BuildPart(role, target.kind.name, codegen.name, mode, digest), outcome.build_seconds
+    return module, BuildPart(role, target.kind.name, codegen.name, mode, digest), outcome.codegen_seconds
 
 
 def _private_host(cache: CodegenCache | None, registry: DeviceCodegenRegistry, module: Module, part: BuildPart,

@@ -1,12 +1,12 @@
 """The build key of codegen_cache.build, and its index: build key -> the build's entries.
 
-An index entry lives in the cache's `builds` store (`<dir>/builds/`, owned, cleared, listed
+An index entry lives in the cache's `index` store (`<dir>/index/`, owned, cleared, listed
 and verified by the cache like its other stores) as framed bytes (codec "build-index", JSON
 metadata, checksum; nothing pickled). It names each part of a build (host and device codegen
 calls) by role, kind, codegen, mode and device-level key digest.
 
-Entries of the builds store (the index, compiled Relax models) are stored as a miss's device
-entries are: staged in `<dir>/pending/builds/` before the build returns (so they survive the
+Entries of the index store (build index entries, compiled Relax models) are stored as a miss's device
+entries are: staged in `<dir>/staged/index/` before the build returns (so they survive the
 process), moved into the store by the background writer. Opening and writing SQLite on the
 caller's thread was the largest part of what a cold build paid over TVM's own (docs/benchmarks.md).
 """
@@ -37,7 +37,7 @@ from .._storage._layout import INDEX_CODEC
 from .._targets import canonical_target
 from ._plan import Plan
 
-__all__ = ["INDEX_CODEC", "INDEX_ERRORS", "INDEX_FORMAT", "BuildPart", "build_seconds_of", "codegens_json",
+__all__ = ["INDEX_CODEC", "INDEX_ERRORS", "INDEX_FORMAT", "BuildPart", "codegen_seconds_of", "codegens_json",
            "compile_device", "key_of", "parse_part", "pass_context_part", "read_entry", "read_index", "write_entry",
            "write_index"]
 
@@ -197,20 +197,20 @@ def key_of(plan: Plan, registry: DeviceCodegenRegistry) -> CacheKey | None:
     return CacheKey((input_part, *tail_parts), digest)
 
 
-# ---- the index: the cache's builds store, build key -> the digests of the build's parts -------
+# ---- the index: the cache's index store, build key -> the digests of the build's parts -------
 
 
 def write_index(cache: CodegenCache, key: CacheKey, host: BuildPart, devices: Sequence[BuildPart],
-                build_seconds: float) -> None:
+                codegen_seconds: float) -> None:
     """Store the index entry of a build; a storage failure is logged once and skipped."""
     meta = {"key": key.digest, "parts": key.as_dict(), "host": host.as_dict(),
-            "devices": [p.as_dict() for p in devices], "build_seconds": build_seconds, "created": time.time()}
+            "devices": [p.as_dict() for p in devices], "build_seconds": codegen_seconds, "created": time.time()}
     write_entry(cache, key, frame(INDEX_CODEC, meta, []))
 
 
 def write_entry(cache: CodegenCache, key: CacheKey, blob: bytes) -> bool:
-    """Store a framed builds-store entry (staged now, in the store soon); False where that failed (warned)."""
-    return cache.stage_build_entry(key.digest, blob)
+    """Store a framed index-store entry (staged now, in the store soon); False where that failed (warned)."""
+    return cache.stage_index_entry(key.digest, blob)
 
 
 def read_index(cache: CodegenCache, key: CacheKey) -> tuple[BuildPart, tuple[BuildPart, ...], float] | None:
@@ -221,13 +221,13 @@ def read_index(cache: CodegenCache, key: CacheKey) -> tuple[BuildPart, tuple[Bui
         devices = art.meta.get("devices")
         if not isinstance(devices, list):
             raise ArtifactError("devices is not a list", kind=INDEX_CODEC)
-        return host, tuple(parse_part(d) for d in devices), build_seconds_of(art, INDEX_CODEC)
+        return host, tuple(parse_part(d) for d in devices), codegen_seconds_of(art, INDEX_CODEC)
 
     return read_entry(cache, key, INDEX_CODEC, parse, "build-index")
 
 
-def build_seconds_of(art: Artifact, codec: str) -> float:
-    """An entry's build_seconds (0 when absent); ArtifactError when it is not a number."""
+def codegen_seconds_of(art: Artifact, codec: str) -> float:
+    """An entry's codegen_seconds (0 when absent); ArtifactError when it is not a number."""
     seconds = art.meta.get("build_seconds", 0.0)
     if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
         raise ArtifactError("build_seconds is not a number", kind=codec)
@@ -235,19 +235,19 @@ def build_seconds_of(art: Artifact, codec: str) -> float:
 
 
 def read_entry(cache: CodegenCache, key: CacheKey, codec: str, parse: Callable[[Artifact], T], what: str) -> T | None:
-    """parse() of the builds-store entry of `key` (codec checked), or None.
+    """parse() of the index-store entry of `key` (codec checked), or None.
 
     A storage failure is warned about once and is a miss; an entry that is not what `parse` takes
     (ArtifactError) is dropped: a miss either way, and the next cold build writes it again.
     """
-    store = cache.store("builds")
+    store = cache.store("index")
     try:
         blob = store.get(key.digest)
         if blob is None:
             # Staged by a build that returned; its writer may not have moved it yet (or is gone).
-            blob = cache.staged("builds").read(key.digest)
+            blob = cache.staged("index").read(key.digest)
             if blob is not None:
-                cache.promote_build_entry(key.digest, blob)
+                cache.promote_index_entry(key.digest, blob)
     except INDEX_ERRORS as err:
         if not isinstance(err, CacheLinkError):  # that one was warned about where it was found
             warn_once(logger, (f"{codec}-read", str(cache.directory)), "codegen cache: cannot read the %s "
@@ -265,7 +265,7 @@ def read_entry(cache: CodegenCache, key: CacheKey, codec: str, parse: Callable[[
                   "%s: %s", what, key.digest[:16], err)
         try:
             store.delete(key.digest)
-            cache.staged("builds").remove(key.digest, blob)
+            cache.staged("index").remove(key.digest, blob)
         except INDEX_ERRORS:
             pass
         return None

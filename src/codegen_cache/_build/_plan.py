@@ -10,7 +10,7 @@ from .._compat import tvm, DLDeviceType, IRModule, PrimFunc, split_host_device_m
 from .. import _compat
 from .._targets import as_target
 
-__all__ = ["Plan", "lower_plan", "plan"]
+__all__ = ["Plan", "prepare_plan", "plan"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +111,7 @@ def _with_host(target: Target, host: Target) -> Target:
     return target.with_host(host)
 
 
-def lower_plan(plan: Plan) -> tuple[IRModule, list[tuple[Target, IRModule]]]:
+def prepare_plan(plan: Plan) -> tuple[IRModule, list[tuple[Target, IRModule]]]:
     """Steps 3-6 of tvm.tirx.build: the host module and the non-empty device modules to build."""
     mod = tvm.tirx.transform.BindTarget(plan.bind)(plan.mod)
     passes, finalize_host, finalize_device = _compat.tir_pipeline(plan.pipeline, plan.target)

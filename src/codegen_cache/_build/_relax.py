@@ -14,7 +14,7 @@ comes here. The *model key* is computed from what relax.build is given, before a
     codegens       name, mode, toolchain and salt of each codegen the build may call
     model_format
 
-An entry (codec "relax-executable", in the cache's builds store) holds the VMExecutable's own
+An entry (codec "relax-executable", in the cache's index store) holds the VMExecutable's own
 bytes (VM bytecode, constants, bound params: what its write_to_file writes, without imports)
 and names the parts of the build that made its library (device-level entries by digest). A hit
 loads the executable from those bytes, serves the library from its parts and imports it: no
@@ -52,7 +52,7 @@ from .._registry import DeviceCodegenRegistry
 from .._storage._layout import MODEL_CODEC
 from .._targets import canonical_target
 from ._build import BuildPart, BuildRecord, capture_builds, serve_parts
-from ._index import build_seconds_of, codegens_json, pass_context_part, parse_part, read_entry, write_entry
+from ._index import codegen_seconds_of, codegens_json, pass_context_part, parse_part, read_entry, write_entry
 
 __all__ = ["MODEL_CODEC", "MODEL_FORMAT", "model_key", "relax_build"]
 
@@ -172,11 +172,11 @@ def relax_build(original: Callable[..., Any], cache: CodegenCache, mod: Any, tar
     with writer.hold():
         with capture_builds() as builds:
             executable = original(mod, target, **call)
-        seconds = sum(record.build_seconds for record, _module in builds)
+        seconds = sum(record.codegen_seconds for record, _module in builds)
         stored = _store(cache, key, executable, builds, snapshot, seconds)
     total = time.perf_counter() - start
-    emit(tier="built", key=key.digest, codegen="relax.build", mode="model", key_seconds=key_seconds, load_seconds=0.0,
-         build_seconds=seconds, total_seconds=total, stored=stored)
+    emit(tier="codegen", key=key.digest, codegen="relax.build", mode="model", key_seconds=key_seconds, load_seconds=0.0,
+         codegen_seconds=seconds, total_seconds=total, stored=stored)
     return executable
 
 
@@ -186,7 +186,7 @@ def _warm(cache: CodegenCache, key: CacheKey, mod: IRModule, key_seconds: float,
         meta = memo[1]
         executable = _executable(meta["executable"], memo[0])
         _count(cache, "hits_memory", meta["record"])
-        _emit("memory", key, key_seconds, start, meta["record"].build_seconds)
+        _emit("memory", key, key_seconds, start, meta["record"].codegen_seconds)
         return executable
     entry = _read(cache, key)
     if entry is None:
@@ -198,7 +198,7 @@ def _warm(cache: CodegenCache, key: CacheKey, mod: IRModule, key_seconds: float,
     executable = _executable(data, library)
     _remember(cache, key, mod.clone(), data, library, record)
     _count(cache, "hits_disk", record)
-    _emit("disk", key, key_seconds, start, record.build_seconds if record is not None else 0.0)
+    _emit("disk", key, key_seconds, start, record.codegen_seconds if record is not None else 0.0)
     return executable
 
 
@@ -217,13 +217,13 @@ def _count(cache: CodegenCache, counter: str, record: BuildRecord | None) -> Non
     stats = cache._stats  # noqa: SLF001 - the build layer counts into its cache's counters
     for part in (*record.devices, record.host):
         stats.add_for(part.codegen, part.mode, counter)
-    stats.add("saved_seconds", record.build_seconds)
+    stats.add("saved_seconds", record.codegen_seconds)
 
 
 def _emit(tier: str, key: CacheKey, key_seconds: float, start: float, saved: float) -> None:
     total = time.perf_counter() - start
     emit(tier=tier, key=key.digest, codegen="relax.build", mode="model", key_seconds=key_seconds,
-         load_seconds=total - key_seconds, build_seconds=saved, total_seconds=total)
+         load_seconds=total - key_seconds, codegen_seconds=saved, total_seconds=total)
 
 
 # ---- entries ----------------------------------------------------------------------------------
@@ -245,7 +245,7 @@ def _store(cache: CodegenCache, key: CacheKey, executable: Any, builds: list[tup
             return False  # relax.build imported modules of its own into the library
         if record.key is None or not all(p.digest is not None for p in (record.host, *record.devices)):
             return False  # a part was not stored
-        record = BuildRecord("built", record.key, record.host, record.devices, seconds)
+        record = BuildRecord("codegen", record.key, record.host, record.devices, seconds)
     data = _executable_bytes(module, cache)
     if data is None:
         return False
@@ -285,7 +285,7 @@ def _read(cache: CodegenCache, key: CacheKey) -> tuple[bytes, BuildRecord | None
 def _parse_entry(art: Artifact) -> tuple[bytes, BuildRecord | None]:
     if len(art.fields) != 1:
         raise ArtifactError(f"{len(art.fields)} fields, expected 1", kind=MODEL_CODEC)
-    seconds = build_seconds_of(art, MODEL_CODEC)
+    seconds = codegen_seconds_of(art, MODEL_CODEC)
     library = art.meta.get("library")
     if library is None:
         return bytes(art.fields[0]), None
@@ -301,7 +301,7 @@ def _parse_entry(art: Artifact) -> tuple[bytes, BuildRecord | None]:
 def _remember(cache: CodegenCache, key: CacheKey, mod: IRModule, data: bytes, library: Module | None,
               record: BuildRecord | None) -> None:
     # In-process only: the meta holds the record object and the executable's bytes, never serialized.
-    record = record if record is not None else BuildRecord("built", None, BuildPart("host", "", "", "source", None), ())
+    record = record if record is not None else BuildRecord("codegen", None, BuildPart("host", "", "", "source", None), ())
     cache.keep(_MEMO_PREFIX + key.digest, library, mod, {"key": key.digest, "executable": data, "record": record},
                nbytes=len(data) + (1 << 16))
 

@@ -1,4 +1,6 @@
-"""Which tiers pay for a codegen: a minimum build time per tier, learnt from its builds (issue 25).
+"""Which tiers pay for a codegen: a minimum codegen time per tier, learnt from its runs (issue 25).
+
+("build" in this module's names and in tiers.json is one codegen run, not a whole build.)
 
 As JAX's persistent cache does not store what compiled faster than
 `jax_persistent_cache_min_compile_time_secs`, an entry is kept only in the tiers whose hit costs
@@ -68,9 +70,9 @@ _MAX_FILE_BYTES = 256 << 10
 _WINDOWS = ("builds", "key_share", "miss_disk", "miss_memory", "load_disk", "load_remote")
 
 
-def miss_budget(build_seconds: float) -> float:
+def miss_budget(codegen_seconds: float) -> float:
     """What a miss may add to the codegen: max(10% of it, 0.3 ms) (issue 12)."""
-    return max(0.1 * build_seconds, 0.3e-3)
+    return max(0.1 * codegen_seconds, 0.3e-3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,16 +142,16 @@ def _median(samples: deque[float], default: float) -> float:
 
 
 class TierBudget:
-    """Plans per codegen and mode: `min_build_time` "auto" (learnt), or seconds (a fixed threshold).
+    """Plans per codegen and mode: `min_codegen_time` "auto" (learnt), or seconds (a fixed threshold).
 
     With seconds, a codegen whose median build is shorter is kept in memory only (0: every tier,
     always). Lock-free: threads append samples to deques (atomic in CPython); a decision that
     meets a window changing under it is made again at the next call.
     """
 
-    def __init__(self, min_build_time: str | float = "auto", *, path: Path | None = None,
+    def __init__(self, min_codegen_time: str | float = "auto", *, path: Path | None = None,
                  save_later: Callable[[Callable[[], None]], None] | None = None) -> None:
-        self.min_build_time = min_build_time
+        self.min_codegen_time = min_codegen_time
         self._times: dict[tuple[str, str], _Times] = {}
         self._path = path  # <dir>/tiers.json: what earlier processes learnt (None: nothing kept)
         self._save_later = save_later  # runs a job off the caller's path (the writer thread)
@@ -157,7 +159,7 @@ class TierBudget:
 
     def plan(self, codegen: str, mode: str) -> Plan:
         """The tiers a lowering of `codegen` in `mode` uses now."""
-        if self.min_build_time == 0:
+        if self.min_codegen_time == 0:
             return EVERY_TIER
         times = self._times.get((codegen, mode))
         if times is None:
@@ -245,12 +247,12 @@ class TierBudget:
 
         return save
 
-    def built(self, codegen: str, mode: str, build_seconds: float, key_seconds: float | None = None) -> None:
-        """A codegen ran for `build_seconds` (key_seconds: the key of that call, None: not computed)."""
+    def built(self, codegen: str, mode: str, codegen_seconds: float, key_seconds: float | None = None) -> None:
+        """A codegen ran for `codegen_seconds` (key_seconds: the key of that call, None: not computed)."""
         times = self._for(codegen, mode)
-        times.builds.append(build_seconds)
-        if key_seconds is not None and build_seconds > 0:
-            times.key_share.append(key_seconds / build_seconds)
+        times.builds.append(codegen_seconds)
+        if key_seconds is not None and codegen_seconds > 0:
+            times.key_share.append(key_seconds / codegen_seconds)
         times.added()
 
     def missed(self, codegen: str, mode: str, extra_seconds: float, *, disk: bool) -> None:
@@ -260,7 +262,7 @@ class TierBudget:
         times.added()
 
     def hit(self, codegen: str, mode: str, tier: str, load_seconds: float, key_seconds: float,
-            build_seconds: float) -> None:
+            codegen_seconds: float) -> None:
         """A disk or remote hit: its load, its key, and the build its entry recorded."""
         times = self._for(codegen, mode)
         times.hits += 1
@@ -268,9 +270,9 @@ class TierBudget:
         if len(samples) == WINDOW and times.hits % _HIT_SAMPLING:
             return
         samples.append(load_seconds)
-        if build_seconds > 0:
-            times.builds.append(build_seconds)
-            times.key_share.append(key_seconds / build_seconds)
+        if codegen_seconds > 0:
+            times.builds.append(codegen_seconds)
+            times.key_share.append(key_seconds / codegen_seconds)
         times.added()
 
     def _for(self, codegen: str, mode: str) -> _Times:
@@ -283,10 +285,10 @@ class TierBudget:
         if len(times.builds) < LEARN_BUILDS:
             return EVERY_TIER
         build = statistics.median(times.builds)
-        if self.min_build_time != "auto":
-            if build >= float(self.min_build_time):
+        if self.min_codegen_time != "auto":
+            if build >= float(self.min_codegen_time):
                 return EVERY_TIER
-            return Plan(True, False, False, f"builds in {build * 1e3:.3g} ms, under min_build_time")
+            return Plan(True, False, False, f"the codegen runs in {build * 1e3:.3g} ms, under min_codegen_time")
         key = _median(times.key_share, 0.0) * build
         budget = miss_budget(build)
         memory = build > key + MEMORY_HIT_SECONDS and key + _median(times.miss_memory, MEMORY_HIT_SECONDS) <= budget
@@ -296,12 +298,12 @@ class TierBudget:
         remote = disk and build > key + _least(times.load_remote, REMOTE_HIT_SECONDS)
         if not memory:
             kept = key + _median(times.miss_memory, MEMORY_HIT_SECONDS)  # what a memory-only miss adds
-            why = "no tier pays: " + (f"a {build * 1e3:.3g} ms build against a {key * 1e3:.3g} ms key"
+            why = "no tier pays: " + (f"a {build * 1e3:.3g} ms codegen run against a {key * 1e3:.3g} ms key"
                                       if build <= key + MEMORY_HIT_SECONDS else
                                       f"a miss would add {kept * 1e3:.3g} ms (the key {key * 1e3:.3g} ms), over the "
                                       f"budget ({budget * 1e3:.3g} ms)")
             return Plan(False, False, False, why)
         if not disk:
             return Plan(True, False, False, f"memory only: a disk hit or a stored miss costs more than a "
-                                            f"{build * 1e3:.3g} ms build allows")
+                                            f"{build * 1e3:.3g} ms codegen run allows")
         return Plan(True, True, remote, "every tier" if remote else "memory and disk: a remote hit costs more")

@@ -7,8 +7,8 @@ staged entries into their diskcache store and the remote tier; a helper process 
 entries into shared libraries. The directory holds:
 
     compiled/ source/    diskcache stores of framed entries (compile_device True / False)
-    failures/ builds/    remembered codegen failures; codegen_cache.build's index
-    pending/<store>/     entries written but not yet in their store (builds/ too: stage_build_entry)
+    failures/ index/     remembered codegen failures; whole builds' index (codegen_cache.build, Relax models)
+    staged/<store>/      entries written but not yet in their store (index/ too: stage_index_entry)
     locks/               per-key build locks (flock)
     stats/ stats.sqlite  per-process counters, and the folded totals
     upgrade/ tmp/        llvm entries waiting for a shared library (and the upgrader's lock); scratch files
@@ -31,6 +31,7 @@ import logging
 import os
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -64,14 +65,16 @@ from ._push import Pusher
 from ._stats import StatsRecorder
 from ._tiers import COLLISION, DiskTier, Entry, Hit, MemoryTier, Probe, RemoteTierView, TierChain
 from ._writer import writer
-from .._storage._layout import ENTRY_STORES, FRONTEND_DIR, STORE_NAMES
+from .._storage._layout import ENTRY_STORES, FRONTEND_DIR, OLD_DIRS, STAGED_DIR, STORE_NAMES, migrate
 
 __all__ = ["STORE_NAMES", "CodegenCache", "fresh_results_are_the_callers", "store_in_every_tier"]
 
 logger = logging.getLogger(__name__)
 
 # The directories entries are read from: held to the cache directory's own ownership rule.
-_ENTRY_DIRS = (*STORE_NAMES, "pending", *(f"pending/{name}" for name in (*ENTRY_STORES, "builds")), FRONTEND_DIR)
+# An earlier release's names (OLD_DIRS) too: they are moved only when free, and may remain.
+_ENTRY_DIRS = (*STORE_NAMES, STAGED_DIR, *(f"{STAGED_DIR}/{name}" for name in (*ENTRY_STORES, "index")), FRONTEND_DIR,
+               *(old for old, _new in OLD_DIRS), *(f"pending/{name}" for name in (*ENTRY_STORES, "builds")))
 
 _FORMAT = str(FORMAT_VERSION)
 # Set while a caller takes the fresh module of a miss as its own (codegen_cache.build imports its
@@ -144,8 +147,9 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
     Options (keyword-only; None: the CODEGEN_CACHE_* variable, else the default, see
     docs/configuration.md): compiled_size_limit, source_size_limit, memory_entries,
     memory_bytes, verify, trusted_dirs, remote (a URL, or an object with get(digest) and put(digest, blob)),
-    remote_secret, lease_wait, failure_ttl, recache, min_build_time ("auto": the tiers that pay,
-    learnt per codegen; seconds: builds shorter are kept in memory only; 0: every tier);
+    remote_secret, lease_wait, failure_ttl, recache, min_codegen_time ("auto": the tiers that pay,
+    learnt per codegen; seconds: shorter codegen runs are kept in memory only; 0: every tier;
+    min_build_time: its old name, with a DeprecationWarning until the next release);
     write_behind=False moves staged entries into their store before lower() returns; registry:
     the codegens to resolve targets with.
     """
@@ -165,6 +169,7 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
         lease_wait: float | str | None = None,
         failure_ttl: float | str | None = None,
         recache: bool | None = None,
+        min_codegen_time: float | str | None = None,
         min_build_time: float | str | None = None,
         write_behind: bool = True,
         registry: DeviceCodegenRegistry | None = None,
@@ -178,6 +183,13 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
             raise TypeError(f"write_behind must be True or False, got {write_behind!r}")
         if registry is not None and not isinstance(registry, DeviceCodegenRegistry):
             raise TypeError(f"registry must be a DeviceCodegenRegistry or None, got {type(registry).__name__}")
+        if min_build_time is not None:
+            if min_codegen_time is not None:
+                raise TypeError("CodegenCache() got both min_codegen_time and its old name min_build_time; "
+                                "pass min_codegen_time only")
+            warnings.warn("CodegenCache(min_build_time=...) is now min_codegen_time=...", DeprecationWarning,
+                          stacklevel=2)
+            min_codegen_time = min_build_time
         overrides = {
             "directory": Path(directory).expanduser() if directory is not None else None,
             "compiled_size_limit": compiled_size_limit, "source_size_limit": source_size_limit,
@@ -185,7 +197,7 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
             "trusted_dirs": trusted_dirs,
             "remote": remote if isinstance(remote, str) else None, "remote_secret": remote_secret,
             "lease_wait": lease_wait, "failure_ttl": failure_ttl, "recache": recache,
-            "min_build_time": min_build_time,
+            "min_codegen_time": min_codegen_time,
         }
         if settings is None:
             warn_unknown_env()
@@ -224,27 +236,36 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
 
     @_made_once
     def _budget(self) -> TierBudget:
-        return TierBudget(self.settings.min_build_time, path=self.directory / "tiers.json", save_later=writer.submit)
+        return TierBudget(self.settings.min_codegen_time, path=self.directory / "tiers.json", save_later=writer.submit)
 
     @_made_once
     def _guard(self) -> StorageGuard:
         return StorageGuard(self.directory, self._stats.add)
 
     @_made_once
+    def _migrated(self) -> bool:
+        """An earlier release's store names moved to this one's (issue 26), before any store is opened."""
+        migrate(self.directory)
+        return True
+
+    @_made_once
     def _stores(self) -> dict[str, ArtifactStore]:
+        _ = self._migrated  # the old names moved first
         limits = {"compiled": self.settings.compiled_size_limit, "source": self.settings.source_size_limit,
-                  "failures": 64 << 20, "builds": _INDEX_SIZE_LIMIT}
+                  "failures": 64 << 20, "index": _INDEX_SIZE_LIMIT}
         return {name: ArtifactStore(self.directory / name, size_limit=limits[name],
                                     on_evict=lambda n: self._stats.add("evictions", n))
                 for name in STORE_NAMES}
 
     @_made_once
     def _staged(self) -> dict[str, PendingFiles]:
-        return {name: PendingFiles(self.directory / "pending" / name) for name in ENTRY_STORES}
+        _ = self._migrated  # the old names moved first
+        return {name: PendingFiles(self.directory / STAGED_DIR / name) for name in ENTRY_STORES}
 
     @_made_once
-    def _staged_builds(self) -> PendingFiles:  # stage_build_entry's
-        return PendingFiles(self.directory / "pending" / "builds")
+    def _staged_index(self) -> PendingFiles:  # stage_index_entry's
+        _ = self._migrated  # the old names moved first
+        return PendingFiles(self.directory / STAGED_DIR / "index")
 
     @_made_once
     def _failures(self) -> FailureCache:
@@ -417,7 +438,7 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
                 saved = float(kept.meta.get("build_seconds", 0.0))
                 self._stats.add_hit(codegen.name, mode, "memory", saved)
                 emit(tier="memory", key=key.digest, codegen=codegen.name, mode=mode, key_seconds=key_seconds,
-                     load_seconds=0.0, build_seconds=saved, total_seconds=time.perf_counter() - start)
+                     load_seconds=0.0, codegen_seconds=saved, total_seconds=time.perf_counter() - start)
                 keep_answering(kept.module)
                 return kept.module
         probe = Probe(key.digest, mode, mod, self.settings.verify, library=compile_device and target.kind.name == "llvm")
@@ -486,7 +507,7 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
                                                ir_digest=(lambda: probe.ir_digest) if self.settings.verify else None)
             except BaseException:
                 emit(tier="failure", key=key.digest, codegen=codegen.name, mode=mode, key_seconds=key_seconds,
-                     load_seconds=0.0, build_seconds=0.0, total_seconds=time.perf_counter() - start)
+                     load_seconds=0.0, codegen_seconds=0.0, total_seconds=time.perf_counter() - start)
                 raise
         held = lease = None
         if not collision and not self.settings.recache and plan.disk:
@@ -508,31 +529,31 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
         promote = None
         building = time.perf_counter()
         try:
-            module, build_seconds = self._run_codegen(codegen, key.digest, mod, target, compile_device, probe,
+            module, codegen_seconds = self._run_codegen(codegen, key.digest, mod, target, compile_device, probe,
                                                       remember=plan.disk)
-            self._budget.built(codegen.name, mode, build_seconds, key_seconds)
+            self._budget.built(codegen.name, mode, codegen_seconds, key_seconds)
             if not collision and plan.disk:
-                promote = self._store(codegen.name, key, mode, module, mod, target, build_seconds, before, lease)
+                promote = self._store(codegen.name, key, mode, module, mod, target, codegen_seconds, before, lease)
             elif not collision:
-                self._keep(codegen.name, key, mode, module, mod, build_seconds, before)
+                self._keep(codegen.name, key, mode, module, mod, codegen_seconds, before)
         except BaseException:
             # The codegen raised (its error is remembered when cacheable): the outcome says so,
             # rather than leaving the previous call's in place.
             now = time.perf_counter()
             emit(tier="failure", key=key.digest, codegen=codegen.name, mode=mode, key_seconds=key_seconds,
-                 load_seconds=0.0, build_seconds=now - building, total_seconds=now - start)
+                 load_seconds=0.0, codegen_seconds=now - building, total_seconds=now - start)
             raise
         finally:
             self._flight.release(held)
             if promote is None:
                 FleetFlight.release(lease)  # nothing to push: let the next host in now
-        emit(tier="built", key=key.digest, codegen=codegen.name, mode=mode, key_seconds=key_seconds, load_seconds=0.0,
-             build_seconds=build_seconds, total_seconds=time.perf_counter() - start, stored=promote is not None)
+        emit(tier="codegen", key=key.digest, codegen=codegen.name, mode=mode, key_seconds=key_seconds, load_seconds=0.0,
+             codegen_seconds=codegen_seconds, total_seconds=time.perf_counter() - start, stored=promote is not None)
         if promote is not None:
             # Last: once woken, the writer thread takes the GIL whenever this thread waits on a
             # file operation, so anything after this would wait for its SQLite work.
             promote()
-        self._budget.missed(codegen.name, mode, time.perf_counter() - start - build_seconds - key_seconds,
+        self._budget.missed(codegen.name, mode, time.perf_counter() - start - codegen_seconds - key_seconds,
                             disk=plan.disk)
         return module
 
@@ -544,7 +565,7 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
             if self._pusher is not None:
                 self._refresh_later(digest, hit.entry.blob)
         emit(tier=hit.tier, key=digest, codegen=codegen, mode=mode, key_seconds=key_seconds,
-             load_seconds=hit.load_seconds, build_seconds=saved, total_seconds=time.perf_counter() - start)
+             load_seconds=hit.load_seconds, codegen_seconds=saved, total_seconds=time.perf_counter() - start)
         if hit.tier == "memory":
             keep_answering(hit.entry.module)  # registered again as the newest (a decoded one is already)
         return hit.entry.module
@@ -567,11 +588,11 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
                                     ir_digest=probe.ir_digest if self.settings.verify else None)
             raise
         seconds = time.perf_counter() - t0
-        self._stats.add_build(codegen.name, mode, seconds)
+        self._stats.add_codegen_run(codegen.name, mode, seconds)
         return module, seconds
 
     def _store(self, codegen: str, key: CacheKey, mode: str, module: Module, mod: IRModule, target: Target,
-               build_seconds: float, before: tuple, lease: Lease | None = None) -> Callable[[], None] | None:
+               codegen_seconds: float, before: tuple, lease: Lease | None = None) -> Callable[[], None] | None:
         """Stage the entry of a fresh module before lower() returns; its promotion, or None when not stored."""
         change = changed(before, parts_of(mod))
         if change:
@@ -580,7 +601,7 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
                            codegen, change)
             return None
         meta = {"key": key.digest, "parts": key.as_dict(), "codegen": codegen, "mode": mode,
-                "target_kind": target.kind.name, "build_seconds": build_seconds, "created": time.time()}
+                "target_kind": target.kind.name, "build_seconds": codegen_seconds, "created": time.time()}
         if self.settings.verify:
             meta["ir_digest"] = Probe(key.digest, mode, mod).ir_digest
         try:
@@ -594,7 +615,7 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
             self._memory_tier.put(Entry(key.digest, mode, module, mod, meta, blob))
         return self._stage(codegen, mode, key.digest, blob, lease)
 
-    def _keep(self, codegen: str, key: CacheKey, mode: str, module: Module, mod: IRModule, build_seconds: float,
+    def _keep(self, codegen: str, key: CacheKey, mode: str, module: Module, mod: IRModule, codegen_seconds: float,
               before: tuple) -> None:
         """A miss only the memory tier pays for (_budget.py): the fresh module is kept there, not encoded."""
         change = changed(before, parts_of(mod))
@@ -606,7 +627,7 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
         if _caller_keeps.get():
             return
         self._stats.add_for(codegen, mode, "memory_only")
-        meta = {"key": key.digest, "codegen": codegen, "mode": mode, "build_seconds": build_seconds}
+        meta = {"key": key.digest, "codegen": codegen, "mode": mode, "build_seconds": codegen_seconds}
         self._memory_tier.put(Entry(key.digest, mode, module, mod, meta))
 
     def _stage(self, codegen: str, mode: str, digest: str, blob: bytes,
@@ -617,7 +638,7 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
         build lease, if any, is released once the entry is in the remote.
         """
         self._sweep_once()
-        # Where staging fails (a symlink planted at pending/ is refused, say), the store itself is
+        # Where staging fails (a symlink planted at staged/ is refused, say), the store itself is
         # written before lower() returns; only where both fail is nothing stored.
         if not self._guard("stage", self._staged[mode].write, digest, blob) \
                 and not self._guard("write", self._stores[mode].put, digest, blob):
@@ -667,7 +688,7 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
         if self._swept == os.getpid():
             return
         self._swept = os.getpid()
-        scratch, staged = self._scratch(), (*self._staged.values(), self._staged_builds)
+        scratch, staged = self._scratch(), (*self._staged.values(), self._staged_index)
 
         def sweep() -> None:
             sweep_leftovers(scratch)

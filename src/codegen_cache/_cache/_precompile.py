@@ -64,8 +64,8 @@ def precompile_cuda(cache: CodegenCache, mod: IRModule, target: TargetLike, code
         t0 = time.perf_counter()
         payload, source = compile_cuda_payload(mod, target)
         seconds = time.perf_counter() - t0
-        count(codegen.name, "compiled", "builds")
-        count(codegen.name, "compiled", "build_seconds", seconds)
+        count(codegen.name, "compiled", "codegen_runs")
+        count(codegen.name, "compiled", "codegen_seconds", seconds)
         meta = {"key": digest, "parts": key.as_dict(), "codegen": codegen.name, "mode": "compiled",
                 "target_kind": target.kind.name, "build_seconds": seconds, "created": time.time()}
         if cache.settings.verify:

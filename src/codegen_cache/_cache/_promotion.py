@@ -3,7 +3,7 @@
 A miss stages its entry in a file before lower() returns (`CodegenCache._stage`); what is here
 moves that file's bytes into the diskcache store, pushes them to the remote, asks the llvm
 upgrader for a shared library, and removes the staged file last. A job holds what it needs,
-not the cache: it runs even if the cache object is gone. The same for the builds store's
+not the cache: it runs even if the cache object is gone. The same for the index store's
 entries (codegen_cache.build's index, compiled Relax models) and for tools (`promote_staged`).
 """
 
@@ -112,10 +112,10 @@ class Promotion(CacheState):
                 if blob is not None:
                     self._promotion(mode, digest, blob, pusher is not None, pusher=pusher)()
                     moved += 1
-        for digest in list(self._staged_builds.digests()):
-            blob = self._staged_builds.read(digest)
+        for digest in list(self._staged_index.digests()):
+            blob = self._staged_index.read(digest)
             if blob is not None:
-                self._build_promotion(digest, blob)()
+                self._index_promotion(digest, blob)()
                 moved += 1
         if pusher is not None:
             self._push_pending(pusher)
@@ -123,25 +123,25 @@ class Promotion(CacheState):
                 pusher.remote.close()
         return moved
 
-    # ---- the builds store's entries (codegen_cache.build's index, compiled Relax models) --------
+    # ---- the index store's entries (codegen_cache.build's index, compiled Relax models) --------
 
-    def stage_build_entry(self, digest: str, blob: bytes) -> bool:
-        """Stage a builds-store entry now (it survives the process) for the writer to store; False: not stored."""
-        if not self._guard("stage", self._staged_builds.write, digest, blob):
-            return bool(self._guard("write", self._stores["builds"].put, digest, blob))
-        self.promote_build_entry(digest, blob)
+    def stage_index_entry(self, digest: str, blob: bytes) -> bool:
+        """Stage an index-store entry now (it survives the process) for the writer to store; False: not stored."""
+        if not self._guard("stage", self._staged_index.write, digest, blob):
+            return bool(self._guard("write", self._stores["index"].put, digest, blob))
+        self.promote_index_entry(digest, blob)
         return True
 
-    def promote_build_entry(self, digest: str, blob: bytes) -> None:
-        """Move a staged entry of the builds store into the store (by the writer; write_behind=False: now)."""
-        job = self._build_promotion(digest, blob)
+    def promote_index_entry(self, digest: str, blob: bytes) -> None:
+        """Move a staged entry of the index store into the store (by the writer; write_behind=False: now)."""
+        job = self._index_promotion(digest, blob)
         if self.write_behind:
             writer.submit(job)
         else:
             job()
 
-    def _build_promotion(self, digest: str, blob: bytes) -> Callable[[], None]:
-        store, staged, guard = self._stores["builds"], self._staged_builds, self._guard
+    def _index_promotion(self, digest: str, blob: bytes) -> Callable[[], None]:
+        store, staged, guard = self._stores["index"], self._staged_index, self._guard
 
         def promote() -> None:
             if guard("write", store.put, digest, blob):

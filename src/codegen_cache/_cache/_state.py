@@ -27,7 +27,7 @@ class CacheState:
     trusted: bool  # CodegenCache's property
     _stores: dict[str, ArtifactStore]
     _staged: dict[str, PendingFiles]
-    _staged_builds: PendingFiles
+    _staged_index: PendingFiles
     _guard: StorageGuard
     _memory: ModuleLRU
     _chain: TierChain

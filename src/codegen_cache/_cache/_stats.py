@@ -3,27 +3,29 @@
 Every lowering counts exactly one of: a hit (of the tier that served it), a miss (the codegen
 ran or a remembered failure was raised), uncacheable (the cache stepped aside: an input it
 cannot key, a user's callback without a declared salt), or uncached_cheap (no tier pays for
-that codegen's builds: `_budget.py`; no key was computed). On a cold run misses = builds =
-stores + memory_only (misses kept in memory only: a disk hit would cost more than the build).
+that codegen's runs: `_budget.py`; no key was computed). On a cold run misses = codegen_runs =
+stores + memory_only (misses kept in memory only: a disk hit would cost more than the codegen run).
 The counts live in `_storage._counters` (a mapped file per process, folded into `<dir>/stats.sqlite`), so
-they survive the process and need no flushing.
+they survive the process and need no flushing. Counts written under a counter's old name (OLD_NAMES:
+by an earlier release, or by a process of it still running) are read as the new name's.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._storage._counters import CounterTable
 
-__all__ = ["BREAKDOWN", "COUNTERS", "CacheStats", "StatsRecorder"]
+__all__ = ["BREAKDOWN", "COUNTERS", "OLD_NAMES", "CacheStats", "StatsRecorder"]
 
 COUNTERS = (
     "hits_memory",
     "hits_disk",
     "hits_remote",
     "misses",
-    "builds",
+    "codegen_runs",
     "stores",
     "stores_skipped",
     "uncacheable",
@@ -47,20 +49,24 @@ COUNTERS = (
     "remote_replaced",
     "remote_refreshed",
     "remote_lease_waits",
-    "build_seconds",
+    "codegen_seconds",
     "saved_seconds",
 )
 # Counted per codegen and mode too ("by:<codegen>:<mode>:<name>").
-BREAKDOWN = ("hits", "misses", "builds", "stores", "uncacheable", "uncached_cheap", "memory_only", "build_seconds",
-             "saved_seconds")
+BREAKDOWN = ("hits", "misses", "codegen_runs", "stores", "uncacheable", "uncached_cheap", "memory_only",
+             "codegen_seconds", "saved_seconds")
+# Renamed counters (issue 26: "build" is a whole build only): old name -> new name. Counts stored
+# under an old name are added to the new one when read; as_dict() gives the old keys too, and
+# CacheStats answers the old attribute names with a DeprecationWarning, until the next release.
+OLD_NAMES = {"builds": "codegen_runs", "build_seconds": "codegen_seconds"}
 
 
 @dataclass(frozen=True, slots=True)
 class CacheStats:
     """A snapshot of the counters; `errors` maps an error kind to its count.
 
-    `by_codegen` maps "codegen/mode" (e.g. "cuda/source") to that pair's hits, misses, builds,
-    stores, uncacheable, uncached_cheap, memory_only, build_seconds and saved_seconds. `zeroed_at`: when the counters were
+    `by_codegen` maps "codegen/mode" (e.g. "cuda/source") to that pair's hits, misses, codegen_runs,
+    stores, uncacheable, uncached_cheap, memory_only, codegen_seconds and saved_seconds. `zeroed_at`: when the counters were
     last reset (seconds since the epoch; None: never).
     """
 
@@ -68,7 +74,7 @@ class CacheStats:
     hits_disk: int = 0
     hits_remote: int = 0
     misses: int = 0
-    builds: int = 0
+    codegen_runs: int = 0
     stores: int = 0
     stores_skipped: int = 0
     uncacheable: int = 0
@@ -92,7 +98,7 @@ class CacheStats:
     remote_replaced: int = 0
     remote_refreshed: int = 0
     remote_lease_waits: int = 0
-    build_seconds: float = 0.0
+    codegen_seconds: float = 0.0
     saved_seconds: float = 0.0
     errors: dict[str, int] = field(default_factory=dict)
     by_codegen: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -103,12 +109,25 @@ class CacheStats:
         """Hits of every tier."""
         return self.hits_memory + self.hits_disk + self.hits_remote
 
+    @property
+    def builds(self) -> int:
+        """Deprecated name of codegen_runs (until the next release)."""
+        warnings.warn("CacheStats.builds is now CacheStats.codegen_runs", DeprecationWarning, stacklevel=2)
+        return self.codegen_runs
+
+    @property
+    def build_seconds(self) -> float:
+        """Deprecated name of codegen_seconds (until the next release)."""
+        warnings.warn("CacheStats.build_seconds is now CacheStats.codegen_seconds", DeprecationWarning, stacklevel=2)
+        return self.codegen_seconds
+
     def as_dict(self) -> dict[str, object]:
-        """Every counter, plus hits, as a JSON-ready dict."""
+        """Every counter, plus hits, as a JSON-ready dict (with the old names' keys: OLD_NAMES)."""
         out: dict[str, object] = {name: getattr(self, name) for name in COUNTERS}
         out["hits"] = self.hits
         out["errors"] = dict(self.errors)
-        out["by_codegen"] = {k: dict(v) for k, v in self.by_codegen.items()}
+        out["by_codegen"] = {k: _with_old_names(v) for k, v in self.by_codegen.items()}
+        out.update((old, out[new]) for old, new in OLD_NAMES.items())
         out["zeroed_at"] = self.zeroed_at
         return out
 
@@ -125,13 +144,20 @@ class CacheStats:
             elif name.startswith("by:"):
                 pair, _, counter = name[3:].rpartition(":")
                 codegen, _, mode = pair.rpartition(":")
+                counter = OLD_NAMES.get(counter, counter)
                 if counter in BREAKDOWN and codegen:
                     row = by.setdefault(f"{codegen}/{mode}", {c: 0 for c in BREAKDOWN})
-                    row[counter] = float(value) if counter.endswith("seconds") else int(value)
-            elif name in COUNTERS:
-                values[name] = float(value) if name.endswith("seconds") else int(round(value))
+                    row[counter] += float(value) if counter.endswith("seconds") else int(value)
+            elif (name := OLD_NAMES.get(name, name)) in COUNTERS:
+                values[name] = values.get(name, 0) + (float(value) if name.endswith("seconds") else int(round(value)))
         by = {pair: row for pair, row in by.items() if any(row.values())}  # zeroed rows: nothing since a reset
         return cls(**values, errors=errors, by_codegen=by, zeroed_at=zeroed_at)  # type: ignore[arg-type]
+
+
+def _with_old_names(row: dict[str, float]) -> dict[str, float]:
+    out = dict(row)
+    out.update((old, row[new]) for old, new in OLD_NAMES.items() if new in row)
+    return out
 
 
 class StatsRecorder:
@@ -158,14 +184,14 @@ class StatsRecorder:
         if self.table is not None:
             self.table.add_many(((name, amount), (self._by(codegen, mode, name), amount)))
 
-    def add_build(self, codegen: str, mode: str, seconds: float) -> None:
-        """Count a build and its seconds (one lock for the four counts)."""
+    def add_codegen_run(self, codegen: str, mode: str, seconds: float) -> None:
+        """Count a codegen run and its seconds (one lock for the four counts)."""
         if self.table is not None:
-            self.table.add_many((("builds", 1), (self._by(codegen, mode, "builds"), 1),
-                                 ("build_seconds", seconds), (self._by(codegen, mode, "build_seconds"), seconds)))
+            self.table.add_many((("codegen_runs", 1), (self._by(codegen, mode, "codegen_runs"), 1),
+                                 ("codegen_seconds", seconds), (self._by(codegen, mode, "codegen_seconds"), seconds)))
 
     def add_hit(self, codegen: str, mode: str, tier: str, saved: float) -> None:
-        """Count a hit served by `tier` and the build seconds it saved (one lock for the four counts)."""
+        """Count a hit served by `tier` and the codegen seconds it saved (one lock for the four counts)."""
         if self.table is None:
             return
         names = self._hit_names.get((codegen, mode, tier))

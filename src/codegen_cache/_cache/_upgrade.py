@@ -30,6 +30,7 @@ from pathlib import Path
 from .._forksafe import on_fork_child
 from .._log import warn_once
 from .._storage._faults import FILE_MODE, ensure_dir, real_dir
+from .._storage._layout import STAGED_DIR
 from . import _push
 from ._upgrade_lock import HELD, marker_dir as _marker_dir, take_lock as _take_lock, wait_exited
 
@@ -166,7 +167,7 @@ def _upgrade_one(directory: Path, store_name: str, digest: str, stores: dict, co
         # The size limit is the store's own setting, kept in its database; this one is unused.
         # Nothing is made again here: a cache directory removed meanwhile stays removed.
         store = stores[store_name] = ArtifactStore(directory / store_name, size_limit=1 << 62, make_root=False)
-    staged = PendingFiles(directory / "pending" / store_name, make_root=False)
+    staged = PendingFiles(directory / STAGED_DIR / store_name, make_root=False)
     try:
         row = store.read(digest)
         blob = row.blob if row is not None else staged.read(digest)

@@ -139,7 +139,7 @@ def chosen_stores(args: argparse.Namespace, default: tuple[str, ...]) -> tuple[s
 
 
 def cmd_ls(args: argparse.Namespace, settings: Settings) -> int:
-    """Entries with codegen, target, mode, size, age and build time."""
+    """Entries with codegen, target, mode, size, age and codegen time."""
     from ._inventory import LISTED_STORES, iter_entries
 
     cache = open_cache(settings)
@@ -147,13 +147,14 @@ def cmd_ls(args: argparse.Namespace, settings: Settings) -> int:
     cache.close()
     order: dict[str, Callable] = {
         "age": lambda e: -(e.created or 0.0), "size": lambda e: -e.size, "key": lambda e: e.key,
-        "build": lambda e: -float(e.meta.get("build_seconds") or 0.0),
+        "codegen": lambda e: -float(e.meta.get("build_seconds") or 0.0),
     }
+    order["build"] = order["codegen"]  # the old spelling of --sort codegen, until the next release
     entries.sort(key=order[args.sort])
     if args.json:
         print_json([e.as_dict() for e in entries])
         return EXIT_OK
-    rows = [["KEY", "STORE", "CODEGEN", "TARGET", "FUNCTIONS", "SIZE", "AGE", "BUILD"]]
+    rows = [["KEY", "STORE", "CODEGEN", "TARGET", "FUNCTIONS", "SIZE", "AGE", "CODEGEN TIME"]]
     failed = [["KEY", "STORE", "CODEGEN", "ERROR", "SIZE", "AGE"]]
     for e in entries:
         if e.store == "failures":
@@ -221,10 +222,10 @@ def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
                    f"execution backend {context.get('execution_backend')}"),
                   ("target", entry.target),
                   ("functions", ", ".join(entry.functions) or "-"),
-                  ("build time", fmt_seconds(entry.meta.get("build_seconds")))]
+                  ("codegen time", fmt_seconds(entry.meta.get("build_seconds")))]
     lines.append(("created", fmt_when(entry.created)))
     for name, value in lines:
-        print(f"{name:<11} {value}")
+        print(f"{name:<12} {value}")
     if entry.parts:
         print("key parts")
         width = max(len(n) for n in entry.parts)

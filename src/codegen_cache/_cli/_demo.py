@@ -48,13 +48,13 @@ def _spread(configs: tuple, n: int) -> list:
 
 def _sweeps(nvcc_configs: int) -> tuple[list[_Sweep], float, list[str]]:
     from . import _demo_kernels as k
-    from .._build._lowering import lower_for_codegen
+    from .._build._prepare import prepare_for_codegen
     from .._compat import cuda_runtime_available
     from ..codegens.cuda import find_nvcc, nvcc_version
 
     t0 = time.perf_counter()
-    cuda = {cfg: lower_for_codegen(k.cuda_matmul(*cfg), CUDA_TARGET) for cfg in k.CUDA_TILES}
-    cpu = [lower_for_codegen(k.cpu_matmul(*cfg), "llvm") for cfg in k.CPU_TILES]
+    cuda = {cfg: prepare_for_codegen(k.cuda_matmul(*cfg), CUDA_TARGET) for cfg in k.CUDA_TILES}
+    cpu = [prepare_for_codegen(k.cpu_matmul(*cfg), "llvm") for cfg in k.CPU_TILES]
     lowering = time.perf_counter() - t0
     notes = []
     sweeps = [_Sweep(f"cuda matmul, source ({len(cuda)} configs)", [(m, t, False) for m, t in cuda.values()])]
@@ -94,7 +94,7 @@ def _run(cache, sweeps: list[_Sweep], phase: str, progress: bool | None) -> None
                 hit = result["status"] == "hit"
                 if phase == "cold":
                     sweep.cold += seconds
-                    sweep.codegen += result["build_seconds"]
+                    sweep.codegen += result["codegen_seconds"]
                     sweep.cold_hits += hit
                 else:
                     sweep.warm += seconds
@@ -141,9 +141,9 @@ def run_demo(directory: str | Path | None = None, *, nvcc_configs: int = DEFAULT
     emit(f"  cache directory: {root} (the demo's own: emptied first, kept afterwards)")
     emit(f"  TVM's TIR pipeline lowered the {sum(len(s.items) for s in sweeps)} kernels once beforehand "
          f"in {lowering:.2f} s (lowering is not cached; the codegen after it is)")
-    # Every entry stored (min_build_time=0): the demo shows the disk tier, also for kernels whose
+    # Every entry stored (min_codegen_time=0): the demo shows the disk tier, also for kernels whose
     # codegen is cheaper than a disk hit (which a lowering would keep in memory only).
-    cold_cache = CodegenCache(settings=Settings(directory=root, min_build_time=0), write_behind=False)
+    cold_cache = CodegenCache(settings=Settings(directory=root, min_codegen_time=0), write_behind=False)
     cold_cache.clear()
     cold_cache.reset_stats()
     t0 = time.perf_counter()
@@ -151,7 +151,7 @@ def run_demo(directory: str | Path | None = None, *, nvcc_configs: int = DEFAULT
     cold_wall = time.perf_counter() - t0
     cold_cache.close()
     # A new object: nothing in its memory tier, so every hit comes from disk, as in a new process.
-    warm_cache = CodegenCache(settings=Settings(directory=root, min_build_time=0), write_behind=False)
+    warm_cache = CodegenCache(settings=Settings(directory=root, min_codegen_time=0), write_behind=False)
     t0 = time.perf_counter()
     _run(warm_cache, sweeps, "warm", progress)
     warm_wall = time.perf_counter() - t0

@@ -40,7 +40,7 @@ def _sample_kernel(name: str, target):
 
 def _child(spec: dict[str, Any]) -> dict[str, Any]:
     """In a fresh process: the key parts of each sample, lowered twice."""
-    from .._build._lowering import lower_for_codegen
+    from .._build._prepare import prepare_for_codegen
     from .._cache._cache import CodegenCache
     from .._config import Settings
     from .._targets import as_target, canonical_target
@@ -57,7 +57,7 @@ def _child(spec: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, target, modes, kernel in jobs:
         kernel = kernel if kernel is not None else _sample_kernel(name, target)
-        first, second = lower_for_codegen(kernel, target), lower_for_codegen(kernel, target)
+        first, second = prepare_for_codegen(kernel, target), prepare_for_codegen(kernel, target)
         for compile_device in modes:
             if (cache.resolve(first[1]).build if compile_device else True) is None:
                 continue

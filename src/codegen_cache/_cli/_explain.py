@@ -113,11 +113,11 @@ class _Relowering:
 
     def _lower(self, target_json: str) -> str | None:
         from .._key import ir_hash
-        from .._build._lowering import lower_for_codegen
+        from .._build._prepare import prepare_for_codegen
         from ._kernel_files import parse_target
 
         try:
-            mod, _target = lower_for_codegen(self.kernel, parse_target(target_json))
+            mod, _target = prepare_for_codegen(self.kernel, parse_target(target_json))
         except Exception:  # noqa: BLE001 - the kernel may not lower for that target at all: no answer
             return None
         return f"{ir_hash(mod) & 0xFFFFFFFFFFFFFFFF:016x}"
@@ -259,11 +259,11 @@ def _unverified(cache, exact: StoredItem | None, mod) -> str:
     stored = exact.meta.get("ir_digest")
     if stored is None:
         return ("An entry is stored under this key, but without the exact IR digest that CODEGEN_CACHE_VERIFY=1 "
-                "requires (it was written with verify off): it is not served, so this lowering builds and "
+                "requires (it was written with verify off): it is not served, so this lowering runs the codegen and "
                 "stores an entry that carries the digest.")
     if stored != ir_digest(mod):
         return ("The entry stored under this key holds another IRModule (a 64-bit structural hash collision, "
-                "caught by CODEGEN_CACHE_VERIFY=1): this lowering builds without caching.")
+                "caught by CODEGEN_CACHE_VERIFY=1): this lowering runs the codegen without caching.")
     return ""
 
 

@@ -1,6 +1,6 @@
 """`codegen-cache explain --build`: why a codegen_cache.build call missed.
 
-A build is served whole when its build key has an index entry in `<dir>/builds` and every
+A build is served whole when its build key has an index entry in `<dir>/index` and every
 codegen entry that index names is still stored. So a miss is either no index entry (the
 nearest index entries say which build-key part differs: the input module, the PassContext,
 the pipeline, ...) or an index entry whose parts are gone (evicted, cleared, pruned).
@@ -32,7 +32,7 @@ def explain_build(cache, kernel, target, *, limit: int = 3) -> dict[str, Any]:
                                             "that cannot be hashed): codegen_cache.build lowers it every time, "
                                             "each codegen call still goes through the cache."]})
         return report
-    indexed = list(iter_entries(cache, ("builds",)))
+    indexed = list(iter_entries(cache, ("index",)))
     report["entries"] = len(indexed)
     exact = next((e for e in indexed if e.key == key.digest), None)
     missing = _missing_parts(cache, exact) if exact is not None else []
@@ -45,7 +45,7 @@ def explain_build(cache, kernel, target, *, limit: int = 3) -> dict[str, Any]:
         "key": key.digest,
         "parts": key.as_dict(),
         "status": status,
-        "entry": None if exact is None else {"store": "builds", "created": exact.created,
+        "entry": None if exact is None else {"store": "index", "created": exact.created,
                                              "age_seconds": time.time() - (exact.created or time.time())},
         "failure": None,
         "nearest": others[:limit] if exact is None else [],

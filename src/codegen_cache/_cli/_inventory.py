@@ -18,7 +18,7 @@ from .._artifacts import CODECS, read_meta, unframe
 from .._errors import ArtifactError
 from .._key import PART_NAMES
 from .._storage._disk import STORAGE_ERRORS, ArtifactStore
-from .._storage._layout import ALL_STORES, BUILDS_CODECS, ENTRY_STORES, FRONTEND_DIR
+from .._storage._layout import ALL_STORES, INDEX_CODECS, ENTRY_STORES, FRONTEND_DIR
 from .._storage._plain import PlainFiles
 from ..tilelang._frontend import ENTRY_CODEC, entry_problem
 
@@ -32,7 +32,7 @@ LISTED_STORES = (*ENTRY_STORES, FRONTEND_DIR)
 # The order of the key's parts (_key.compute_key); entry metadata is sorted JSON, so restore it.
 # Payload fields per codec, as the decoder expects them (checked without decoding).
 _CODEC_FIELDS = {**{codec: fields for codec, (fields, _decoder) in CODECS.items()}, "failure": 0,
-                 **BUILDS_CODECS, ENTRY_CODEC: 3}
+                 **INDEX_CODECS, ENTRY_CODEC: 3}
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +95,8 @@ class StoredItem:
             "module_kind": self.meta.get("module_kind"),
             "functions": self.functions,
             "func_names": self.meta.get("func_names", []),
-            "build_seconds": self.meta.get("build_seconds"),
+            "codegen_seconds": self.meta.get("build_seconds"),
+            "build_seconds": self.meta.get("build_seconds"),  # codegen_seconds' old name, until the next release
             "created": created,
             "age_seconds": None if created is None else max(0.0, time.time() - created),
             "parts": self.parts,

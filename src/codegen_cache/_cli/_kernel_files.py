@@ -160,8 +160,8 @@ def is_lowered(kernel) -> bool:
 
 
 def codegen_target(target):
-    """The target a codegen is keyed with for an already-lowered module (as lower_kernel gives it)."""
-    from .._build._lowering import CPU_KINDS
+    """The target a codegen is keyed with for an already-lowered module (as prepare_kernel gives it)."""
+    from .._build._prepare import CPU_KINDS
     from .._compat import Target
 
     if target.kind.name in CPU_KINDS:
@@ -179,7 +179,7 @@ def load_module(path: str, target_text: str | None, *, kernel: str | None = None
 
     `kernel` is the module before lowering (None when the file holds a lowered module).
     """
-    from .._build._lowering import lower_for_codegen
+    from .._build._prepare import prepare_for_codegen
 
     target = parse_target(target_text) if target_text else None
     file = Path(path)
@@ -208,4 +208,4 @@ def load_module(path: str, target_text: str | None, *, kernel: str | None = None
         return mod, codegen_target(target), None
     if target is None:
         raise KernelSourceError("a target is needed to lower the kernel (--target)")
-    return (*lower_for_codegen(mod, target), mod)
+    return (*prepare_for_codegen(mod, target), mod)

@@ -56,10 +56,10 @@ __all__ = ["EXIT_CACHE", "EXIT_CODES", "EXIT_CONFIG", "EXIT_INPUT", "EXIT_INTERR
 
 
 def _input_errors() -> tuple[type[BaseException], ...]:
-    from .._errors import LoweringError
+    from .._errors import PrepareError
     from .._errors import KernelSourceError
 
-    return (KernelSourceError, LoweringError, ValueError, TypeError)
+    return (KernelSourceError, PrepareError, ValueError, TypeError)
 
 
 # ---- the commands whose work lives in their own module ----------------------------------------
@@ -74,14 +74,14 @@ def cmd_explain(args: argparse.Namespace, settings: Settings) -> int:
         mod, target, kernel = load_module(args.module, args.target, kernel=args.kernel,
                                           lowered=args.lowered or None)
         cache = open_cache(settings)
-        entry = cache.resolve(target)
+        codegen = cache.resolve(target)
     except _input_errors() as err:
         raise CommandError(str(err), EXIT_INPUT) from None
-    supported = [m for m in (True, False) if (entry.build if m else entry.build_without_compile) is not None]
+    supported = [m for m in (True, False) if (codegen.build if m else codegen.build_without_compile) is not None]
     wanted = {"compiled": [True], "source": [False], "both": [True, False]}[args.mode]
     modes = [m for m in wanted if m in supported]
     if not modes:
-        raise CommandError(f"codegen {entry.name!r} has no {args.mode} mode", EXIT_INPUT)
+        raise CommandError(f"codegen {codegen.name!r} has no {args.mode} mode", EXIT_INPUT)
     if args.build:
         from ._explain_build import explain_build
 
@@ -125,7 +125,7 @@ def cmd_warm(args: argparse.Namespace, settings: Settings) -> int:
                 print(f"NOT CACHED  {r['kernel']} for {r['target']} ({r['mode']}): it reads an input the key "
                       "cannot hold (the warning above names it)")
         print(f"warmed {summary['tasks']} lowerings in {summary['seconds']:.1f} s with {summary['workers']} "
-              f"workers: {summary['built']} built, {summary['hit']} already cached, "
+              f"workers: {summary['codegen']} ran the codegen, {summary['hit']} already cached, "
               f"{summary['uncacheable']} not cacheable, {summary['failed']} failed")
     return EXIT_PROBLEMS if summary["failed"] or summary["uncacheable"] else EXIT_OK
 

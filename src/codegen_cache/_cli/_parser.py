@@ -83,10 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("stats", "entries and bytes per store, hits and misses per tier, errors, time saved")
     p.add_argument("--reset", action="store_true", help="zero the counters (entries stay)")
     p.add_argument("-v", "--verbose", action="store_true", help="also the counters per codegen and mode")
-    p = add("ls", "list entries: codegen, target, mode, size, age, build time")
+    p = add("ls", "list entries: codegen, target, mode, size, age, codegen time")
     store_flags(p)
-    p.add_argument("--sort", choices=("age", "size", "build", "key"), default="age",
-                   help="order (default: newest first)")
+    p.add_argument("--sort", choices=("age", "size", "codegen", "build", "key"), default="age",
+                   help="order (default: newest first; codegen: longest codegen time first; build: its old name)")
     p = add("show", "one entry in full, with its key parts")
     p.add_argument("key", metavar="KEY", help="the key or a unique prefix of it")
     p.add_argument("--code", action="store_true", help="also print the stored source (CUDA/C source)")

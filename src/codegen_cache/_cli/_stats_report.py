@@ -46,7 +46,7 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
         cache.reset_stats()
     limits = {"compiled": settings.compiled_size_limit, "source": settings.source_size_limit, "failures": None,
               # The frontend's entries are bounded by the compiled limit, on their own (_frontend._store).
-              "builds": None, "tilelang": settings.compiled_size_limit}
+              "index": None, "tilelang": settings.compiled_size_limit}
     stores = {}
     for name in ALL_STORES:
         store = open_store(cache, name)
@@ -70,7 +70,7 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     print()
     print(f"hits        {c['hits']:>8}   memory {c['hits_memory']}, disk {c['hits_disk']}, remote {c['hits_remote']}")
     print(f"misses      {c['misses']:>8}   hit rate {rate}")
-    print(f"builds      {c['builds']:>8}   codegen time {fmt_seconds(c['build_seconds'])}")
+    print(f"codegen runs{c['codegen_runs']:>8}   codegen time {fmt_seconds(c['codegen_seconds'])}")
     print(f"stores      {c['stores']:>8}   skipped {c['stores_skipped']}")
     print(f"time saved  {fmt_seconds(c['saved_seconds']):>8}   (codegen time of the entries that hit)")
     other = [(name, c[name]) for name in OTHER_COUNTERS if c.get(name)]
@@ -90,9 +90,9 @@ def _breakdown(by_codegen: dict[str, dict[str, float]]) -> list[str]:
     """The per codegen and mode table of `stats -v`."""
     if not by_codegen:
         return ["per codegen and mode: nothing counted yet"]
-    rows = [["CODEGEN", "MODE", "HITS", "MISSES", "BUILDS", "STORES", "UNCACHEABLE", "CODEGEN TIME", "SAVED"]]
+    rows = [["CODEGEN", "MODE", "HITS", "MISSES", "CODEGEN RUNS", "STORES", "UNCACHEABLE", "CODEGEN TIME", "SAVED"]]
     for pair, row in sorted(by_codegen.items()):
         codegen, _, mode = pair.rpartition("/")
-        rows.append([codegen, mode, *(str(int(row[n])) for n in ("hits", "misses", "builds", "stores", "uncacheable")),
-                     fmt_seconds(row["build_seconds"]), fmt_seconds(row["saved_seconds"])])
+        rows.append([codegen, mode, *(str(int(row[n])) for n in ("hits", "misses", "codegen_runs", "stores", "uncacheable")),
+                     fmt_seconds(row["codegen_seconds"]), fmt_seconds(row["saved_seconds"])])
     return fmt_table(rows, right=set(range(2, 9)))

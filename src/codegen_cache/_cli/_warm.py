@@ -28,7 +28,7 @@ def _init_worker(spec: str, directory: str, names: list[str] | None) -> None:
     from .._cache._cache import CodegenCache
 
     # Settings other than the directory come from the environment this process inherited.
-    _worker.update(spec=spec, names=names, cache=CodegenCache(directory, write_behind=False, min_build_time=0),
+    _worker.update(spec=spec, names=names, cache=CodegenCache(directory, write_behind=False, min_codegen_time=0),
                    kernels={})  # warm fills the stores: every entry, cheap or not
 
 
@@ -57,24 +57,30 @@ def warm_lowered(cache, mod, target, compile_device: bool) -> dict[str, Any]:
         had = not cache.settings.recache and cache._has_entry("compiled", key)  # noqa: SLF001
         t1 = time.perf_counter()
         cache.precompile_cuda(mod, target)  # counts the hit or the miss, as a lowering would
-        return {"status": "hit" if had else "built", "tier": "disk" if had else "nvcc", "key": key,
-                "seconds": time.perf_counter() - t0, "build_seconds": 0.0 if had else time.perf_counter() - t1}
+        return _result("hit" if had else "codegen", "disk" if had else "nvcc", key, time.perf_counter() - t0,
+                       0.0 if had else time.perf_counter() - t1)
     _module, outcome = cache.lower_with_outcome(mod, target, compile_device=compile_device)
     # "uncached": the lowering reads an input the key cannot hold; it ran, nothing was stored.
-    status = "hit" if outcome.hit else "uncacheable" if outcome.tier == "uncached" else "built"
-    return {"status": status, "tier": outcome.tier, "key": outcome.key,
-            "seconds": time.perf_counter() - t0, "build_seconds": 0.0 if outcome.hit else outcome.build_seconds}
+    status = "hit" if outcome.hit else "uncacheable" if outcome.tier == "uncached" else "codegen"
+    return _result(status, outcome.tier, outcome.key, time.perf_counter() - t0,
+                   0.0 if outcome.hit else outcome.codegen_seconds)
+
+
+def _result(status: str, tier: str, key: str, seconds: float, codegen_seconds: float) -> dict[str, Any]:
+    # build_seconds: codegen_seconds' old name, kept in the JSON until the next release (docs/cli.md).
+    return {"status": status, "tier": tier, "key": key, "seconds": seconds, "codegen_seconds": codegen_seconds,
+            "build_seconds": codegen_seconds}
 
 
 def warm_one(cache, kernel, target, compile_device: bool) -> dict[str, Any]:
     """Lower one kernel (unless it is lowered already) and put it into the cache."""
-    from .._build._lowering import lower_for_codegen
+    from .._build._prepare import prepare_for_codegen
 
     t0 = time.perf_counter()
     if is_lowered(kernel):
         mod, dev_target = kernel, codegen_target(target)
     else:
-        mod, dev_target = lower_for_codegen(kernel, target)
+        mod, dev_target = prepare_for_codegen(kernel, target)
     lowering = time.perf_counter() - t0
     result = warm_lowered(cache, mod, dev_target, compile_device)
     result["seconds"] += lowering
@@ -121,7 +127,7 @@ def warm(spec: str, targets: list[str], directory: str, *, workers: int, mode: s
     t0 = time.perf_counter()
     bar = tqdm(total=len(tasks), unit="kernel", desc="warm", disable=None if progress is None else not progress,
                file=sys.stderr)
-    counts = {"built": 0, "hit": 0, "uncacheable": 0, "failed": 0}
+    counts = {"codegen": 0, "hit": 0, "uncacheable": 0, "failed": 0}
 
     def record(result: dict[str, Any]) -> None:
         results.append(result)
@@ -152,8 +158,9 @@ def warm(spec: str, targets: list[str], directory: str, *, workers: int, mode: s
                     raise
     finally:
         bar.close()
+    # "built": the old name of "codegen" (the codegen ran), kept in the JSON until the next release.
     return {"tasks": len(tasks), "workers": workers, "seconds": time.perf_counter() - t0, **counts,
-            "results": results}
+            "built": counts["codegen"], "results": results}
 
 
 def default_workers() -> int:

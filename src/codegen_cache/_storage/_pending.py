@@ -57,11 +57,11 @@ def _drop(spares: list[tuple[int, str, float]]) -> None:
 
 
 class PendingFiles:
-    """The staging directory of one store: `<cache>/pending/<store>/`."""
+    """The staging directory of one store: `<cache>/staged/<store>/`."""
 
     def __init__(self, directory: Path, *, make_root: bool = True) -> None:
         self.directory = str(directory)
-        # <cache>/pending/<store>: nothing below the cache directory is reached through a link.
+        # <cache>/staged/<store>: nothing below the cache directory is reached through a link.
         self.root, self.make_root = os.path.dirname(os.path.dirname(self.directory)), make_root
         self._real = False  # seen as a real directory all the way down (then not looked at again)
         self._spares: list[tuple[int, str, float]] = []  # (fd, path, time.monotonic() when made)

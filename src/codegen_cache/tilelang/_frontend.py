@@ -260,7 +260,7 @@ def _stored_dispatch(original_module: Any, call: dict[str, Any], stored: Any):
 
 
 def _store(cache: CodegenCache, key: CacheKey, func: Any, kernel: Any, call: dict[str, Any], original_module: Any,
-           build_seconds: float) -> bool:
+           codegen_seconds: float) -> bool:
     """Store a compiled kernel as the backend's own KernelCache would save it (its export code), in one entry."""
     import shutil
     import tempfile
@@ -294,7 +294,7 @@ def _store(cache: CodegenCache, key: CacheKey, func: Any, kernel: Any, call: dic
         shutil.rmtree(staging, ignore_errors=True)
     meta = {"key": key.digest, "parts": key.as_dict(), "params": dump_kernel_params(kernel.params),
             "static_params": _static_params(kernel.params),
-            "build_seconds": build_seconds, "created": time.time(), "func_names": _names(func),
+            "build_seconds": codegen_seconds, "created": time.time(), "func_names": _names(func),
             # The resolved backend context, so that a hit skips tilelang's target resolution.
             "context": {"backend": context.module.name, "target": canonical_target(context.target),
                         "target_host": canonical_target(context.target_host),
@@ -439,7 +439,7 @@ def _cached(original, original_module):
             seconds = time.perf_counter() - t0
         stored = _store(cache, key, func, kernel, call, original_module, seconds)
         _remember(key.digest, func, kernel)
-        _emit("built", key, key_seconds, start, seconds, stored)
+        _emit("codegen", key, key_seconds, start, seconds, stored)
         return kernel
 
     cached.__doc__ = original.__doc__
@@ -449,7 +449,7 @@ def _cached(original, original_module):
 def _emit(tier: str, key: CacheKey, key_seconds: float, start: float, seconds: float, stored: bool | None) -> None:
     total = time.perf_counter() - start
     emit(tier=tier, key=key.digest, codegen="tilelang.compile", mode="kernel", key_seconds=key_seconds,
-         load_seconds=total - key_seconds, build_seconds=seconds, total_seconds=total, stored=stored)
+         load_seconds=total - key_seconds, codegen_seconds=seconds, total_seconds=total, stored=stored)
 
 
 def install() -> bool:

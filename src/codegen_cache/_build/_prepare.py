@@ -1,7 +1,8 @@
-"""From a PrimFunc or IRModule to the module and target a device codegen takes.
+"""Preparing a kernel: from a PrimFunc or IRModule to the module and target a device codegen takes.
 
 Follows tvm/tirx/build.py: BindTarget with a host, the default TIR pipeline,
-split_host_device_mods and the finalize passes.
+split_host_device_mods and the finalize passes. TVM calls this lowering; here "lower" is
+the codegen's (DeviceCodegen.lower), so this step is "prepare" (issue 26).
 """
 
 from __future__ import annotations
@@ -10,17 +11,17 @@ from dataclasses import dataclass
 
 from .._compat import tvm, IRModule, PrimFunc, split_host_device_mods, Target
 from .. import _compat
-from .._errors import LoweringError
+from .._errors import PrepareError
 from .._targets import TargetLike, as_target
 
-__all__ = ["CPU_KINDS", "LoweredKernel", "lower_for_codegen", "lower_kernel"]
+__all__ = ["CPU_KINDS", "PreparedKernel", "prepare_for_codegen", "prepare_kernel"]
 
 CPU_KINDS = frozenset({"llvm", "c"})
 
 
 @dataclass(frozen=True, slots=True)
-class LoweredKernel:
-    """The host module and, for GPU targets, the device module of one lowered kernel."""
+class PreparedKernel:
+    """The host module and, for GPU targets, the device module of one prepared kernel."""
 
     host_mod: IRModule
     host_target: Target
@@ -43,7 +44,7 @@ def _with_host(target: Target) -> Target:
     return target.with_host(Target(host))
 
 
-def lower_kernel(kernel: PrimFunc | IRModule, target: TargetLike, *, pipeline: str = "default") -> LoweredKernel:
+def prepare_kernel(kernel: PrimFunc | IRModule, target: TargetLike, *, pipeline: str = "default") -> PreparedKernel:
     """Run TVM's TIR pipeline on `kernel` for `target` and split it into host and device parts."""
     if isinstance(kernel, PrimFunc):
         kernel = IRModule.from_expr(kernel)
@@ -57,24 +58,24 @@ def lower_kernel(kernel: PrimFunc | IRModule, target: TargetLike, *, pipeline: s
     host_mod = finalize_host()(host_mod)
     kind = target.kind.name
     if kind in CPU_KINDS:
-        return LoweredKernel(host_mod, target, None, None)
+        return PreparedKernel(host_mod, target, None, None)
     device_mods = {t: finalize_device()(m) for t, m in device_mods.items() if len(m.functions)}
     if not device_mods:
         names = [gv.name_hint for gv in kernel.functions]
-        raise LoweringError(
-            f"Kernel {names} has no thread binding, so lowering it for target kind {kind!r} "
+        raise PrepareError(
+            f"Kernel {names} has no thread binding, so preparing it for target kind {kind!r} "
             f"produced host code only. Bind its loops to blockIdx/threadIdx "
             f"(e.g. T.thread_binding) before building for {kind!r}."
         )
     if len(device_mods) > 1:
-        raise LoweringError(
-            f"Kernel lowered to {len(device_mods)} device targets "
+        raise PrepareError(
+            f"Kernel prepared for {len(device_mods)} device targets "
             f"({[str(t) for t in device_mods]}); one device target per kernel is supported"
         )
     (device_target, device_mod), = device_mods.items()
-    return LoweredKernel(host_mod, target.host, device_mod, device_target)
+    return PreparedKernel(host_mod, target.host, device_mod, device_target)
 
 
-def lower_for_codegen(kernel: PrimFunc | IRModule, target: TargetLike) -> tuple[IRModule, Target]:
+def prepare_for_codegen(kernel: PrimFunc | IRModule, target: TargetLike) -> tuple[IRModule, Target]:
     """The (module, target) pair to pass to DeviceCodegen.lower for this kernel and target."""
-    return lower_kernel(kernel, target).codegen_input()
+    return prepare_kernel(kernel, target).codegen_input()
