@@ -152,16 +152,16 @@ def _old_layout(directory):
     return outcome.key, staged.key
 
 
-def test_a_directory_with_the_old_store_names_is_moved_on_open_and_serves_its_entries(tmp_path, capsys):
+def test_a_directory_with_the_old_store_names_is_moved_at_first_use_and_serves_its_entries(tmp_path, capsys):
     import kernels
 
     directory = tmp_path / "c"
     stored, staged = _old_layout(directory)
-    cache = cc.CodegenCache(directory, write_behind=False)
-    assert not (directory / "builds").exists() and not (directory / "pending").exists()
-    assert (directory / "index" / "cache.db").is_file() and (directory / "staged" / "index").is_dir()
+    cache = cc.CodegenCache(directory, write_behind=False)  # moves them at its first use of a store
     tiers = [cache.lower_with_outcome(*cc.prepare_for_codegen(k, "llvm"), compile_device=False)[1]
              for k in (kernels.vadd, kernels.vmul)]
+    assert not (directory / "builds").exists() and not (directory / "pending").exists()
+    assert (directory / "index" / "cache.db").is_file() and (directory / "staged" / "index").is_dir()
     assert [(o.tier, o.key) for o in tiers] == [("disk", stored), ("disk", staged)]  # the staged one too
     with cc.use_cache(cc.CodegenCache(directory, memory_entries=0)), cc.record_outcomes() as outcomes:
         cc.build(kernels.vadd, "c")
