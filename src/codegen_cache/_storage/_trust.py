@@ -53,7 +53,8 @@ def untrusted(cache_dir: str | os.PathLike[str], trusted_dirs: Iterable[str] = (
     path = os.path.abspath(os.fspath(cache_dir))
     if is_trusted_by_setting(path, trusted_dirs):
         return None
-    for chain in (_lexical(path), _lexical(os.path.realpath(path))):
+    real = os.path.realpath(path)
+    for chain in (_lexical(path), _lexical(real)) if real != path else (_lexical(path),):  # no link: one walk
         found = _check_chain(chain)
         if found is not None:
             return found
