@@ -201,9 +201,7 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
                               on_fill=self._promote_fill)
         tiers: list = [self._memory_tier, self._disk]
         if self._remote is not None:
-            tiers.append(RemoteTierView(remote=self._remote, guard=self._guard, scratch=self._scratch,
-                                        stage=self._stage_fill, staged=self._promote_fill,
-                                        unstage=lambda mode, digest, blob: self._staged[mode].remove(digest, blob)))
+            tiers.append(RemoteTierView(remote=self._remote, guard=self._guard, scratch=self._scratch))
         self._chain = TierChain(tiers)
         if self._pusher is not None:
             # What processes of this directory left unpushed (killed, exited at once, remote down):
