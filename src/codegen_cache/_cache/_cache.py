@@ -219,10 +219,15 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
             return None
         from .._storage._remote import RedisTier
 
-        return RedisTier(settings.remote, secret=settings.remote_secret, on_event=self._stats.add,
+        tier = RedisTier(settings.remote, secret=settings.remote_secret, on_event=self._stats.add,
                          ttl=settings.remote_ttl, max_entry_bytes=settings.remote_max_entry_bytes,
                          timeout=settings.remote_timeout, read_only=settings.remote_read_only,
                          lease=settings.remote_lease)
+        if not settings.disable:
+            # A fresh process's first remote call would otherwise resolve the name and connect
+            # (TLS, AUTH, SELECT) on its caller's path; it waits for this connection instead.
+            tier.connect_early()
+        return tier
 
     def _pusher_for(self, remote: Any) -> Pusher | None:
         """What pushes this directory's entries to `remote`; None where it takes no writes (read-only)."""

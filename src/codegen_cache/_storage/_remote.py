@@ -104,7 +104,7 @@ class RedisTier:
         # The format version is in the prefix: readers of another layout never see these keys.
         self.prefix = f"{prefix}:v{FORMAT_VERSION}:"
         try:
-            # Nothing connects here: the first call does.
+            # Nothing connects here: the first call does, or connect_early (the cache calls it).
             self._client = RespClient(Endpoint.from_url(self.url, self.timeout))
         except ValueError as err:
             raise ConfigError("remote (CODEGEN_CACHE_REMOTE)", _redact(url), f"{REMOTE_ACCEPTED} ({err})") from None
@@ -299,6 +299,11 @@ class RedisTier:
             if self.health.attempt(self.health.writes, "refresh",
                                    lambda: self._client.run(REFRESH, name.encode(), args, _read_int)) == 1:
                 self.health.event("remote_refreshed")
+
+    def connect_early(self) -> None:
+        """Start connecting now, in the background, so that the first call finds a connection (see _client)."""
+        if not self.health.reads.offline():
+            self._client.connect_early()
 
     def close(self) -> None:
         """Close the connections to Redis."""
