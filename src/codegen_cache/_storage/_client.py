@@ -87,11 +87,12 @@ class RespClient:
             # Not counted: the first call connects itself, and reports what fails then.
             logger.debug("codegen cache: connecting early to %s: %s", show_address(self.endpoint.address), err)
         else:
-            with self._lock:
-                keep = generation == self._generation
-            if keep:
-                self._give(self.endpoint.address, conn)
-            else:
+            with self._lock:  # one hold: a close() now cannot miss this connection
+                idle = self._idle.setdefault(self.endpoint.address, [])
+                keep = generation == self._generation and len(idle) < _KEEP_IDLE
+                if keep:
+                    idle.append(conn)
+            if not keep:
                 conn.close()
         finally:
             early.set()
