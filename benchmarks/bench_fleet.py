@@ -8,7 +8,11 @@
    later disk hit, and the bare codegen (the build); after them, apart, a remote hit served the
    LLVM IR only (host C on a second database that holds no library: what the remote served
    before). Goal: remote hit <= 2x disk hit (medians), and B links nothing (no upgrade ever
-   asked, a mapped library).
+   asked, a mapped library). A warm-up round comes first: neither hit counts what only a
+   process's first call pays (B's connection to Redis, its store's SQLite connection).
+   Then the first hit in a fresh process, which counts those for both: fresh interpreters in
+   turn, each making its cache, then the kernel, then one timed lowering: a remote hit on an
+   empty directory, then a disk hit on the directory that process left.
 2. Fleet-wide builds: 8 host processes, each with its own directory, start together on the
    same 30 cold keys (tests/fleet_host.py), with the build lease (default) and without
    (CODEGEN_CACHE_REMOTE_LEASE=0), one after the other on a fresh server. Goal: <= 36 builds.
@@ -107,6 +111,43 @@ def reuse(root: Path, url: str, names: list[str], reps: int) -> list[dict]:
     return rows
 
 
+def first_hit(directory: str, url: str, name: str) -> None:
+    """In a fresh interpreter (--first-hit): the first lowering of `name`, timed; one JSON line."""
+    import codegen_cache as cc
+    import kernels
+
+    cache = cc.CodegenCache(directory, remote=url, remote_secret=SECRET, memory_entries=0)
+    mod, target = cc.lower_for_codegen(kernels.kernel(name, False), "llvm")
+    t0 = time.perf_counter()
+    module, outcome = cache.lower_with_outcome(mod, target)
+    seconds = time.perf_counter() - t0
+    print(json.dumps({"tier": outcome.tier, "seconds": seconds, "module": type(module).__name__}), flush=True)
+    cache.close()  # its writer's jobs (the remote hit's copy) are done before it exits
+
+
+def first_hits(root: Path, url: str, names: list[str], rounds: int) -> list[dict]:
+    """Per kernel: fresh processes in turn, a remote hit (empty directory) then a disk hit (the one it left)."""
+    rows = []
+    for name in names:
+        times: dict[str, list[float]] = {"remote": [], "disk": []}
+        tiers: Counter = Counter()
+        for i in range(rounds):
+            directory = root / f"first-{name}-{i}"
+            for expected in ("remote", "disk"):
+                done = subprocess.run([sys.executable, __file__, "--first-hit", str(directory), url, name],
+                                      capture_output=True, text=True, timeout=300, check=False)
+                if done.returncode != 0:
+                    raise SystemExit(f"a fresh process failed:\n{done.stderr[-3000:]}")
+                result = json.loads(done.stdout.strip().splitlines()[-1])
+                tiers[(expected, result["tier"], result["module"])] += 1
+                times[expected].append(result["seconds"])
+        row = {"kernel": name, "t": {k: summary(v) for k, v in times.items()},
+               "tiers": [[*k, n] for k, n in tiers.items()]}
+        row["ratio_remote_disk"] = row["t"]["remote"]["median"] / row["t"]["disk"]["median"]
+        rows.append(row)
+    return rows
+
+
 def fleet(root: Path, url: str, hosts: int, keys: int, lease: bool) -> dict:
     """Section 2: `hosts` processes on the same `keys` cold keys, starting together."""
     log = root / "builds.log"
@@ -141,10 +182,15 @@ def main() -> None:
     parser.add_argument("--same-priority", action="store_true",
                         help="leave redis-server at the default priority (by default it gets nice -10 where "
                              "allowed, standing in for a server on its own machine)")
+    parser.add_argument("--first-hit", nargs=3, metavar=("DIR", "URL", "KERNEL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.first_hit:
+        first_hit(*args.first_hit)
+        return
     why = why_no_remote(HERE.parent)
     if why:
         raise SystemExit(f"cannot run: {why}")
+    load_start = os.getloadavg()
     names = ["vadd"] if args.quick else ["vadd", "matmul", "64 funcs"]
     reps = 15 if args.quick else 41
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
@@ -152,6 +198,7 @@ def main() -> None:
         server = RedisServer(root / "redis", priority=None if args.same_priority else -10)
         try:
             rows = reuse(root / "reuse", server.url, names, reps)
+            firsts = first_hits(root / "reuse", server.url, names[:2], 3 if args.quick else 7)
             runs = []
             for lease in (True, False):
                 import redis
@@ -165,7 +212,7 @@ def main() -> None:
             server.stop()
     load = os.getloadavg()
     print(f"redis-server priority: {'nice ' + str(priority) if priority is not None else 'default'}; "
-          f"load average at the end {load[0]:.1f}")
+          f"load average at the start {load_start[0]:.1f}, at the end {load[0]:.1f}")
     print("== 1. fleet reuse: llvm, a fresh host's remote hit vs its disk hit vs the build (medians) ==")
     print(f"{'kernel':>9} {'remote hit':>11} {'disk hit':>9} {'remote/disk':>12} {'(paired)':>9} {'(p10s)':>7} "
           f"{'remote, IR only':>16} {'build':>8}  fresh host: modules, upgrades")
@@ -181,6 +228,12 @@ def main() -> None:
             set(r["remote_modules"]) == {"CachedLibraryModule"} and set(r["tiers"]["remote"]) == {"remote"}
         goals.append((f"{r['kernel']}: remote hit <= 2x disk hit, fresh host links nothing",
                       r["ratio_remote_disk"] <= 2.0 and links_nothing))
+    print("\n== 1b. the first hit in a fresh process (each a new interpreter; medians) ==")
+    print(f"{'kernel':>9} {'remote hit':>11} {'disk hit':>9} {'remote/disk':>12}  tiers")
+    for r in firsts:
+        t = r["t"]
+        print(f"{r['kernel']:>9} {fmt_time(t['remote']['median']):>11} {fmt_time(t['disk']['median']):>9} "
+              f"{fmt_ratio(r['ratio_remote_disk']):>12}  {r['tiers']}")
     print("\n== 2. fleet-wide builds: 8 hosts start together on the same 30 cold keys ==")
     print(f"{'lease':>6} {'builds':>7} {'max/key':>8} {'lease waits':>12} {'tiers':>30} {'wrong':>6}")
     for run in runs:
@@ -191,8 +244,9 @@ def main() -> None:
     for what, ok in goals:
         print(f"{'PASS' if ok else 'FAIL'}  {what}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"reuse": rows, "fleet": runs, "goals": goals,
-                                               "redis_priority": priority, "load_average": load}, indent=2))
+        Path(args.json).write_text(json.dumps({"reuse": rows, "first_hits": firsts, "fleet": runs, "goals": goals,
+                                               "redis_priority": priority, "load_average": load,
+                                               "load_average_start": load_start}, indent=2))
 
 
 if __name__ == "__main__":

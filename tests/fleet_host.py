@@ -2,12 +2,15 @@
 
 usage: fleet_host.py DIR FIRST COUNT --remote URL [--secret S] [--start-at T] [--start-file F]
                      [--exit normal|os_exit|wait] [--lease-wait S] [--codegen slow|llvm] [--flush-upgrades]
+                     [--hold-writer]
 
 Lowers variants FIRST..FIRST+COUNT-1 (tests/variants.py: `C[j] = A[j] + i`, llvm), runs each
 result and checks it, and prints one JSON line: the tier of each lowering, wrong results, the
 time of each call, and this process's counters. Then it exits as asked: normally (closing the
 cache), with os._exit(0) right after lowering one more variant (FIRST+COUNT), or by waiting to
-be killed. With --codegen slow the codegen
+be killed. --hold-writer: the background writer starts no job meanwhile (writer.hold(), up to
+its HOLD_SECONDS), so what os._exit loses is what only the writer would have written. With
+--codegen slow the codegen
 sleeps SLOW_CODEGEN_SECONDS and logs each call to SLOW_CODEGEN_LOG (tests/slow_codegen.py).
 `lower_range` is the same work for a multiprocessing pool's workers.
 """
@@ -15,6 +18,7 @@ sleeps SLOW_CODEGEN_SECONDS and logs each call to SLOW_CODEGEN_LOG (tests/slow_c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -27,6 +31,7 @@ import numpy as np  # noqa: E402
 import tvm  # noqa: E402
 
 import codegen_cache as cc  # noqa: E402
+from codegen_cache._cache._writer import writer  # noqa: E402
 from slow_codegen import SLOW_LLVM  # noqa: E402
 from variants import variant  # noqa: E402
 
@@ -76,7 +81,11 @@ def main() -> None:
     parser.add_argument("--codegen", choices=["slow", "llvm"], default="slow")
     parser.add_argument("--flush-upgrades", action="store_true")
     parser.add_argument("--start-file", default=None, help="print a ready line, then start once this file exists")
+    parser.add_argument("--hold-writer", action="store_true", help="the background writer starts no job meanwhile")
     args = parser.parse_args()
+    held = contextlib.ExitStack()
+    if args.hold_writer:
+        held.enter_context(writer.hold())
     result = lower_range(args.directory, args.first, args.count, args.remote, args.secret, args.codegen,
                          args.lease_wait, args.start_at, args.start_file)
     cache = next(iter(_caches.values()))
@@ -90,6 +99,7 @@ def main() -> None:
         os._exit(0)  # no atexit, no writer drain
     if args.exit == "wait":
         time.sleep(600)  # until the test kills it
+    held.close()
     cache.close()
 
 

@@ -325,6 +325,81 @@ def test_connection_broken_mid_reply_is_a_counted_miss(fake, sent, how, caplog):
     assert caplog.records and "TimeoutError" not in caplog.records[-1].getMessage()
 
 
+# ---- connecting early ---------------------------------------------------------------------------
+
+
+def _wait_for(condition, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_connect_early_makes_the_connection_the_first_call_uses(fake):
+    """AUTH is sent on a connection opened in the background; the first call then sends only its GET on it."""
+    server = fake()
+    tier = RedisTier(server.url(auth=":pw"), secret=SECRET)
+    try:
+        tier.connect_early()
+        _wait_for(lambda: server.commands)
+        assert tier.get("k" * 32) is None
+    finally:
+        tier.close()
+    assert server.connections == 1 and [c[0] for c in server.commands] == [b"AUTH", b"GET"]
+
+
+def test_a_first_call_waits_for_an_early_connection_within_its_own_one_deadline(fake):
+    """An early connection that hangs (AUTH never answered) costs the first call its deadline, once, not twice."""
+    def answer(conn, args):
+        if args[0].upper() != b"AUTH":
+            conn.send(b"$-1\r\n")  # never reached: AUTH is never answered
+
+    server = fake(answer)
+    events = []
+    tier = RedisTier(server.url(auth=":pw"), secret=SECRET, timeout=2.0, on_event=lambda name, n=1: events.append(name))
+    try:
+        tier.connect_early()
+        t0 = time.perf_counter()
+        assert tier.get("k" * 32) is None
+        elapsed = time.perf_counter() - t0
+    finally:
+        tier.close()
+    # It waited for the early connection, then tried its own within what was left of its deadline.
+    assert 1.9 < elapsed < 3.9 and events == ["error:remote"]
+
+
+def test_a_cache_with_a_remote_connects_before_its_first_lowering(fake, tmp_path):
+    server = fake()
+    cache = cc.CodegenCache(tmp_path / "c", remote=server.url(), remote_secret=SECRET)
+    try:
+        _wait_for(lambda: server.connections == 1)
+        assert server.commands == []  # a connection and nothing else (no AUTH or SELECT in this URL)
+    finally:
+        cache.close()
+
+
+def test_an_ip_address_is_connected_to_without_the_resolver(fake, monkeypatch):
+    """A process's first getaddrinfo reads the resolver's configuration: an IP literal needs none of it."""
+    import socket
+
+    server = fake()
+    asked = []
+    real = socket.getaddrinfo
+
+    def getaddrinfo(*args, **kwargs):
+        asked.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    for host in ("127.0.0.1", "localhost"):
+        tier = RedisTier(f"redis://{host}:{server.port}/0", secret=SECRET)
+        try:
+            assert tier.get("k" * 32) is None
+        finally:
+            tier.close()
+    assert asked == ["localhost"] and server.connections == 2
+
+
 # ---- inside lower() ----------------------------------------------------------------------------
 
 IN_LOWER = {

@@ -483,6 +483,30 @@ def test_hits_refresh_the_ttl_at_most_once_per_interval(hosts, url, server, llvm
     assert later.stats(shared=False).remote_refreshed == 1
 
 
+def test_a_remote_hit_of_a_library_refreshes_the_library_and_its_ir(tmp_path, url, server, monkeypatch):
+    from codegen_cache._cache._writer import writer
+
+    monkeypatch.setenv("CODEGEN_CACHE_REMOTE_TTL", "16")  # refreshed once 2 s of it have passed
+    mod, target = variant(545)
+    a = cc.CodegenCache(tmp_path / "a", remote=url, remote_secret=SECRET)
+    a.lower(mod, target)
+    assert a.flush(120, upgrades=True)
+    digest = a.key_for(mod, target).digest
+    names = [a._remote.redis_key(digest), a._remote.library_key(digest)]  # noqa: SLF001
+    a.close()
+    time.sleep(2.5)
+    b = cc.CodegenCache(tmp_path / "b", remote=url, remote_secret=SECRET)
+    try:
+        module, outcome = b.lower_with_outcome(mod, target)
+        assert (outcome.tier, type(module).__name__) == ("remote", "CachedLibraryModule")
+        assert writer.wait(30)
+        with server.client() as client:
+            assert [client.pttl(name) > 15_000 for name in names] == [True, True]
+        assert b.stats(shared=False).remote_refreshed == 2
+    finally:
+        b.close()
+
+
 # ---- 4. the fast form is shared ----------------------------------------------------------------
 
 
@@ -507,6 +531,63 @@ def test_a_fresh_host_is_served_the_library_another_host_linked(tmp_path, url, s
     after = cc.CodegenCache(tmp_path / "b")
     assert {_codec(after.store("compiled").get(d)) for d in digests} == {"llvm-so"}  # its disk holds the library
     after.close()
+
+
+def test_a_remote_hits_copy_is_stored_by_the_writer_and_is_on_disk_after_flush(tmp_path, url):
+    """A remote hit's caller writes nothing: the background writer stores this host's copy (flush waits for it)."""
+    from codegen_cache._cache._writer import writer
+
+    mod, target = variant(540)
+    a = cc.CodegenCache(tmp_path / "a", remote=url, remote_secret=SECRET)
+    a.lower(mod, target)
+    assert a.flush(120, upgrades=True)  # the remote holds the library
+    digest = a.key_for(mod, target).digest
+    linked = a.store("compiled").get(digest)
+    a.close()
+    assert _codec(linked) == "llvm-so"
+    b = cc.CodegenCache(tmp_path / "b", remote=url, remote_secret=SECRET)  # write-behind, the default
+    try:
+        with writer.hold():
+            module, outcome = b.lower_with_outcome(mod, target)
+            assert (outcome.tier, type(module).__name__) == ("remote", "CachedLibraryModule")
+            # Nothing on this disk yet, not even a staged file: the caller's path wrote nothing.
+            assert b.store("compiled").get(digest) is None and list(b.staged("compiled").digests()) == []
+        assert b.flush(60)
+        assert b.store("compiled").get(digest) == linked  # the very bytes the remote served, checked
+        _check(module, 540)
+    finally:
+        b.close()
+    local = cc.CodegenCache(tmp_path / "b")  # no remote: its own disk serves it
+    try:
+        module, outcome = local.lower_with_outcome(mod, target)
+        assert outcome.tier == "disk" and type(module).__name__ == "CachedLibraryModule"
+        _check(module, 540)
+    finally:
+        local.close()
+
+
+def test_a_crash_right_after_a_remote_hit_loses_only_that_hosts_local_copy(tmp_path, url):
+    """os._exit before the writer ran: the copies are not on that disk, and the next process there is served
+    by the remote again (nothing built, nothing wrong), and keeps them."""
+    a = cc.CodegenCache(tmp_path / "a", remote=url, remote_secret=SECRET)
+    for i in range(530, 533):
+        a.lower(*variant(i))
+    assert a.flush(120, upgrades=True)
+    digests = [a.key_for(*variant(i)).digest for i in range(530, 533)]
+    a.close()
+    crashed = _result(_host(tmp_path / "b", 530, 2, url, "--codegen", "llvm", "--exit", "os_exit", "--hold-writer"))
+    assert crashed["tiers"] == ["remote", "remote"] and crashed["wrong"] == []  # then one more, and os._exit
+    assert crashed["modules"] == ["CachedLibraryModule"] * 2
+    left = cc.CodegenCache(tmp_path / "b")
+    try:
+        assert [left.store("compiled").get(d) for d in digests] == [None] * 3
+        assert list(left.staged("compiled").digests()) == []
+    finally:
+        left.close()
+    again = _result(_host(tmp_path / "b", 530, 3, url, "--codegen", "llvm"))
+    assert again["tiers"] == ["remote"] * 3 and again["wrong"] == [] and again["stats"]["builds"] == 0
+    kept = _result(_host(tmp_path / "b", 530, 3, url, "--codegen", "llvm"))
+    assert kept["tiers"] == ["disk"] * 3 and kept["wrong"] == []
 
 
 def test_the_upgrader_pushes_the_library_itself_where_its_environment_names_the_remote(tmp_path, url, server):

@@ -228,15 +228,17 @@ def check(art: Artifact) -> None:
 
 
 def decode(blob: bytes | memoryview, *, scratch: str, path: str | None = None,
-           key: str | None = None) -> tuple[Module, dict[str, Any]]:
+           key: str | None = None, unframed: Artifact | None = None) -> tuple[Module, dict[str, Any]]:
     """Rebuild the runtime module of a framed artifact; ArtifactError when malformed.
 
     `key`: the digest the entry must be stored under; EntryKeyError when its metadata names
     another, raised before the codec runs (a shared library's constructors run when it loads).
     `path`: the file `blob` was read from (never opened again: what is loaded is `blob`). The
-    returned metadata holds what a hit needs (key, codegen_seconds, ...).
+    returned metadata holds what a hit needs (key, codegen_seconds, ...). `unframed`: what
+    `unframe(blob, info=False, views=True)` gave for these very bytes (the remote tier checks
+    the frame before the signature), so that they are not unframed and checksummed twice.
     """
-    art = unframe(blob, info=False, views=True)
+    art = unframe(blob, info=False, views=True) if unframed is None else unframed
     check(art)
     if key is not None and art.meta.get("key") != key:
         raise EntryKeyError(key, art.meta.get("key"), art.codec)

@@ -294,9 +294,7 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
     def _chain(self) -> TierChain:
         tiers: list = [self._memory_tier, self._disk]
         if self._remote is not None:
-            tiers.append(RemoteTierView(remote=self._remote, guard=self._guard, scratch=self._scratch,
-                                        stage=self._stage_fill, staged=self._promote_fill,
-                                        unstage=lambda mode, digest, blob: self._staged[mode].remove(digest, blob)))
+            tiers.append(RemoteTierView(remote=self._remote, guard=self._guard, scratch=self._scratch))
         return TierChain(tiers)
 
     def _make_remote(self, remote: Any, settings: Settings) -> Any:
@@ -309,10 +307,15 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
             return None
         from .._storage._remote import RedisTier
 
-        return RedisTier(settings.remote, secret=settings.remote_secret, on_event=self._stats.add,
+        tier = RedisTier(settings.remote, secret=settings.remote_secret, on_event=self._stats.add,
                          ttl=settings.remote_ttl, max_entry_bytes=settings.remote_max_entry_bytes,
                          timeout=settings.remote_timeout, read_only=settings.remote_read_only,
                          lease=settings.remote_lease)
+        if not settings.disable:
+            # A fresh process's first remote call would otherwise resolve the name and connect
+            # (TLS, AUTH, SELECT) on its caller's path; it waits for this connection instead.
+            tier.connect_early()
+        return tier
 
     def _pusher_for(self, remote: Any) -> Pusher | None:
         """What pushes this directory's entries to `remote`; None where it takes no writes (read-only)."""

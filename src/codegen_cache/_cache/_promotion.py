@@ -38,46 +38,50 @@ class Promotion(CacheState):
         """A staged entry was read (its writer may be gone): move it into its store, and to the remote."""
         writer.submit(self._promotion(mode, digest, blob, True))
 
-    def _stage_fill(self, mode: str, digest: str, blob: bytes) -> str | None:
-        """Write a remote hit's entry to this disk first; its file, to map it from (None: load from a copy)."""
-        if not self._guard("stage", self._staged[mode].write, digest, blob):
-            return None
-        return self._staged[mode].path(digest)
+    def _promote_fill(self, mode: str, digest: str, blob: bytes | memoryview) -> None:
+        """A remote hit's copy for this disk (the remote has it): stored by the writer, off the caller's path.
 
-    def _promote_fill(self, mode: str, digest: str, blob: bytes) -> None:
-        """An entry served by the remote was staged here: move it into its store (the remote has it)."""
-        writer.submit(self._promotion(mode, digest, blob, False))
+        Nothing is staged first: a process that ends before the writer ran loses this copy
+        alone (its next lowering of the key is a remote hit again), and the caller pays neither
+        a file write nor a copy of the value (`blob` may be a view of it: copied in the job).
+        """
+        job = self._promotion(mode, digest, blob, False, fill=True)
+        if self.write_behind:
+            writer.submit(job)
+        else:
+            job()
 
-    def _promotion(self, mode: str, digest: str, blob: bytes, remote: bool,
-                   lease: Lease | None = None, pusher: Pusher | None = None) -> Callable[[], None]:
+    def _promotion(self, mode: str, digest: str, blob: bytes | memoryview, remote: bool,
+                   lease: Lease | None = None, pusher: Pusher | None = None, *,
+                   fill: bool = False) -> Callable[[], None]:
         # The job holds what it needs, not the cache: it runs even if the cache object is gone.
         store, staged, guard, directory = self._stores[mode], self._staged[mode], self._guard, self.directory
         pusher = (pusher or self._pusher) if remote else None
-        # llvm-ir entries get a shared library, unless the IR is another target's (cross-compiled).
-        raw_llvm = mode == "compiled" and b"llvm-ir" in blob[-64:] and _native_llvm(blob)
-        spare = self.write_behind  # on this thread, a spare file would cost the caller what it saves
+        spare = self.write_behind and not fill  # on this thread, a spare file would cost the caller what it saves
 
         def promote() -> None:
-            stored = guard("write", store.put, digest, blob)
+            data = bytes(blob)  # a remote hit's view copied here, not on its caller's path
+            stored = guard("write", store.put, digest, data)
             # The staged file goes only after the push was tried (or marked for later): a
             # process that ends before this line leaves the file, and the next opener pushes it.
-            pushed = pusher is None or pusher.push(mode, digest, blob)
+            pushed = pusher is None or pusher.push(mode, digest, data)
             FleetFlight.release(lease)  # after the push: waiting hosts find the entry, not the lease
             if stored:
-                if pushed:
-                    staged.remove(digest, blob)
-                if raw_llvm:
+                if pushed and not fill:
+                    staged.remove(digest, data)
+                # llvm-ir entries get a shared library, unless the IR is another target's (cross-compiled).
+                if mode == "compiled" and b"llvm-ir" in data[-64:] and _native_llvm(data):
                     _upgrade.request(directory, mode, digest)
             if spare:
                 staged.keep_spare()  # the next miss writes into a file made here, not one it makes
 
         return promote
 
-    def _refresh_later(self, digest: str, blob: bytes | None) -> None:
+    def _refresh_later(self, digest: str, blob: bytes | memoryview | None) -> None:
         """A hit from disk or remote: have the writer extend the remote entry's TTL (once per interval)."""
         due = getattr(self._remote, "refresh_due", None)
         if due is not None and due(digest):
-            remote, library = self._remote, blob is not None and b"llvm-so" in blob[-64:]
+            remote, library = self._remote, blob is not None and b"llvm-so" in bytes(blob[-64:])
             writer.submit(lambda: remote.refresh(digest, library=library))
 
     def _push_pending(self, pusher: Pusher | None = None, *, only: dict[str, list[str]] | None = None) -> int:

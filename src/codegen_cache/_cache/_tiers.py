@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import xxhash
 
 from .. import _compat
-from .._artifacts import decode, needs_upgrade
+from .._artifacts import Artifact, decode, needs_upgrade
 from .._compat import IRModule, Module
 from .._errors import ArtifactError, CudaRuntimeUnavailableError, EntryKeyError
 from .._storage._disk import STORAGE_ERRORS, ArtifactStore
@@ -62,8 +62,7 @@ class Entry:
     module: Module
     ir: IRModule
     meta: dict[str, Any]
-    blob: bytes | None = None
-    staged: bool = False  # already written to this host's disk (a remote hit's copy)
+    blob: bytes | memoryview | None = None  # a remote hit's: a read-only view of the checked value
 
 
 @dataclass(slots=True)
@@ -126,7 +125,8 @@ class DiskTier:
     scratch: Callable[[], str]
     on_staged_hit: Callable[[str, str, bytes], None]  # (mode, digest, blob): promote it
     on_raw_hit: Callable[[str, str], None]  # (mode, digest): an llvm entry to upgrade
-    on_fill: Callable[[str, str, bytes], None] | None = None  # (mode, digest, blob): promote a remote hit's copy
+    # (mode, digest, blob): keep a remote hit's copy (the cache's writer does); None: stored now
+    on_fill: Callable[[str, str, bytes | memoryview], None] | None = None
     name: str = "disk"
     _checked: set = field(default_factory=set)
 
@@ -152,62 +152,57 @@ class DiskTier:
         return Hit("disk", found, time.perf_counter() - t0)
 
     def put(self, entry: Entry) -> None:
-        if entry.blob is None or entry.staged:
+        # A slower tier's hit (the remote's): `on_fill` stores this host's copy, by the writer;
+        # nothing is staged first, since a copy lost in a crash costs one more remote hit.
+        if entry.blob is None:
             return
-        self.guard("stage", self.staged[entry.mode].write, entry.digest, entry.blob)
-        (self.on_fill or self.on_staged_hit)(entry.mode, entry.digest, entry.blob)
+        if self.on_fill is not None:
+            self.on_fill(entry.mode, entry.digest, entry.blob)
+        else:
+            self.guard("write", self.stores[entry.mode].put, entry.digest, bytes(entry.blob))
 
 
 @dataclass(kw_only=True)
 class RemoteTierView:
     """A shared tier (Redis): `get(digest) -> framed bytes | None`, `put(digest, framed bytes)`.
 
-    A shared library it serves is first written to this host's disk (`stage`: the copy a
-    remote hit makes anyway) and mapped from there, rather than from a scratch copy made and
-    removed for the load alone; `staged` then moves it into its store, as the chain's fill would.
+    A RedisTier is asked with `fetch`: what it checked (envelope, signature, frame) comes back
+    as a view of the bytes it read, unframed once, and is decoded from there. Nothing is written
+    on the caller's path: the chain's fill hands this host's copy to the disk tier, whose writer
+    stores it (a process that dies first costs a later remote hit, nothing else).
     """
 
     remote: Any
     guard: StorageGuard
     scratch: Callable[[], str]
-    stage: Callable[[str, str, bytes], str | None] | None = None  # (mode, digest, blob) -> its file, or None
-    staged: Callable[[str, str, bytes], None] | None = None  # (mode, digest, blob): decoded fine, promote it
-    unstage: Callable[[str, str, bytes], None] | None = None  # (mode, digest, blob): it did not decode
     name: str = "remote"
 
     def get(self, probe: Probe) -> Hit | _Collision | None:
         t0 = time.perf_counter()
-        # Only a RedisTier knows libraries; any other remote is asked for the digest alone.
-        blob = self.remote.get(probe.digest, library=True) if probe.library and hasattr(self.remote, "library_key") \
-            else self.remote.get(probe.digest)
-        if blob is None:
-            return None
-        # A library is written to this host's disk (the copy a remote hit makes anyway); it is
-        # loaded from a private copy of the checked bytes all the same (_artifacts/_private.py).
-        path = self.stage(probe.mode, probe.digest, blob) if self.stage is not None and _is_library(blob) else None
-        found = decode_entry(self.guard, probe, blob, self.scratch(), "remote", None)
+        fetch = getattr(self.remote, "fetch", None)  # a RedisTier; any other remote has get(digest) alone
+        if fetch is not None:
+            found = fetch(probe.digest, library=probe.library)
+            if found is None:
+                return None
+            blob, unframed = found.frame, found.artifact
+        else:
+            blob, unframed = self.remote.get(probe.digest), None
+            if blob is None:
+                return None
+        found = decode_entry(self.guard, probe, blob, self.scratch(), "remote", None, unframed)
         if found is None or found is COLLISION:
-            if path is not None:
-                self.unstage(probe.mode, probe.digest, blob)  # not served: not kept on this disk either
             return found
         found.blob = blob
-        if path is not None:
-            found.staged = True
-            self.staged(probe.mode, probe.digest, blob)
         return Hit("remote", found, time.perf_counter() - t0)
 
     def put(self, entry: Entry) -> None:
         if entry.blob is not None:
-            self.remote.put(entry.digest, entry.blob)
+            self.remote.put(entry.digest, bytes(entry.blob))
 
 
-def _is_library(blob: bytes) -> bool:
-    # The codec name sits just before the field lengths and the footer (_artifacts._frame).
-    return b"llvm-so" in blob[-64:]
-
-
-def decode_entry(guard: StorageGuard, probe: Probe, blob: bytes, scratch: str,
-                 tier: str, drop: Callable[[], object] | None) -> Entry | _Collision | None:
+def decode_entry(guard: StorageGuard, probe: Probe, blob: bytes | memoryview, scratch: str,
+                 tier: str, drop: Callable[[], object] | None, unframed: Artifact | None = None
+                 ) -> Entry | _Collision | None:
     """The entry a stored blob holds for `probe`; None when it is unusable here.
 
     Its checksum and key are checked before any of it is loaded (decode's `key`): a stored
@@ -215,9 +210,10 @@ def decode_entry(guard: StorageGuard, probe: Probe, blob: bytes, scratch: str,
     the file it came from. A corrupt entry, or one holding another key, is counted, warned about
     once and dropped (`drop`); one that is fine but not usable here (a CUDA binary without a
     driver, stored without the digest verify needs) is kept for those who can use it.
+    `unframed`: `blob` already unframed and checksummed (the remote tier's check did it).
     """
     try:
-        module, meta = decode(blob, scratch=scratch, key=probe.digest)
+        module, meta = decode(blob, scratch=scratch, key=probe.digest, unframed=unframed)
     except EntryKeyError as err:
         guard.count("corrupt")
         guard.warn("mismatch", "codegen cache: entry %s holds key %s; ignored", probe.digest[:16],

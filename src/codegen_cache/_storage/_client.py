@@ -10,7 +10,9 @@ call, and marks the map to be read again by the next one (a failover may have mo
 
 Every failure is an OSError (`_resp`'s), or ConfigError for a setting a cluster cannot have (a
 database other than 0). A few idle connections per node are kept for reuse (thread-safe); a
-child made by fork opens its own.
+child made by fork opens its own. `connect_early` opens the first one on a thread of its own
+(resolving the name, TLS, AUTH, SELECT), so that a fresh process's first call need not: that
+call waits for it, within its own deadline, rather than open a second one.
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from .._errors import RemoteRefusedError, RemoteReplyError
+from .._errors import ConfigError, RemoteRefusedError, RemoteReplyError
 from .._forksafe import on_fork_child
 from ._cluster import Redirect, SlotMap
-from ._endpoint import Endpoint, show_address
+from ._endpoint import Endpoint, left, show_address
 from ._resp import Connection
 
 __all__ = ["MAX_REDIRECTS", "RespClient", "Script"]
@@ -61,7 +63,39 @@ class RespClient:
         self._idle: dict[tuple[str, int] | str, list[Connection]] = {}
         self._lock = threading.Lock()
         self._refreshed = 0.0
+        self._early: threading.Event | None = None  # set once connect_early's connection is made (or failed)
+        self._generation = 0  # close() ends it: a connection made early for an older one is closed, not kept
         on_fork_child(self._forget_parent)
+
+    def connect_early(self) -> None:
+        """Open a connection to the URL's node now, on a thread of its own, for the first call to take."""
+        with self._lock:
+            if self._early is not None or self._idle.get(self.endpoint.address):
+                return
+            early = self._early = threading.Event()
+            generation = self._generation
+        try:
+            threading.Thread(target=self._open_early, args=(early, generation), name="codegen-cache-remote-connect",
+                             daemon=True).start()
+        except RuntimeError:  # no new threads (the interpreter is exiting): the first call connects
+            early.set()
+
+    def _open_early(self, early: threading.Event, generation: int) -> None:
+        try:
+            conn = Connection(self.endpoint, time.monotonic() + self.endpoint.timeout)
+        except (OSError, ConfigError) as err:
+            # Not counted: the first call connects itself, and reports what fails then.
+            logger.debug("codegen cache: connecting early to %s: %s", show_address(self.endpoint.address), err)
+        else:
+            with self._lock:  # one hold: a close() now cannot miss this connection
+                idle = self._idle.setdefault(self.endpoint.address, [])
+                keep = generation == self._generation and len(idle) < _KEEP_IDLE
+                if keep:
+                    idle.append(conn)
+            if not keep:
+                conn.close()
+        finally:
+            early.set()
 
     # ---- commands ------------------------------------------------------------------------
 
@@ -103,6 +137,7 @@ class RespClient:
         """Close the idle connections (one in use closes when its call ends)."""
         with self._lock:
             idle, self._idle = self._idle, {}
+            self._generation += 1
         for conns in idle.values():
             for conn in conns:
                 conn.close()
@@ -189,6 +224,10 @@ class RespClient:
             with self._lock:
                 idle = self._idle.get(address)
                 conn = idle.pop() if idle else None
+                early = self._early if address == self.endpoint.address else None
+            if conn is None and early is not None and not early.is_set():
+                early.wait(left(deadline))  # connect_early's connection is on its way, within this call's deadline
+                continue
             if conn is None:
                 endpoint = self.endpoint if address == self.endpoint.address else self.endpoint.at(address)
                 return Connection(endpoint, deadline)
@@ -209,6 +248,7 @@ class RespClient:
         # close them either (a TLS close could send a close_notify on the parent's session).
         self._lock = threading.Lock()
         self._idle = {}
+        self._early = None  # the parent's thread does not run here
 
 
 def _host(address: tuple[str, int] | str) -> str:

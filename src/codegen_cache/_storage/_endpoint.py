@@ -9,6 +9,7 @@ others from it (`at`), with the same credentials, TLS settings and deadline.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import socket
 import ssl
 import time
@@ -87,8 +88,12 @@ def connect(address: tuple[str, int] | str, deadline: float) -> socket.socket:
     """A connected socket; every address of the host is tried within the one deadline."""
     if isinstance(address, str):
         targets = [(socket.AF_UNIX, socket.SOCK_STREAM, 0, "", address)]
+    elif (family := _numeric_family(address[0])) is not None:
+        # An IP address needs no resolver: a process's first getaddrinfo loads the resolver's
+        # configuration, which costs a fresh process's first remote call more than the connect.
+        targets = [(family, socket.SOCK_STREAM, 0, "", address)]
     else:
-        # Name resolution is the system resolver's, with its own timeouts; a numeric host has none.
+        # Name resolution is the system resolver's, with its own timeouts.
         try:
             targets = socket.getaddrinfo(*address, type=socket.SOCK_STREAM)
         except UnicodeError as err:  # a host name IDNA cannot encode ("a..b")
@@ -110,6 +115,17 @@ def connect(address: tuple[str, int] | str, deadline: float) -> socket.socket:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock
     raise error
+
+
+def _numeric_family(host: str) -> socket.AddressFamily | None:
+    """AF_INET or AF_INET6 for an IP address literal (not a scoped IPv6 one); None for a name."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    if ip.version == 6 and "%" in host:
+        return None  # the scope (an interface name) is the resolver's to read
+    return socket.AF_INET6 if ip.version == 6 else socket.AF_INET
 
 
 def speaks_tls(address: tuple[str, int], deadline: float) -> bool:

@@ -24,11 +24,12 @@ import hashlib
 import hmac
 import struct
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from .._artifacts import unframe
+from .._artifacts import Artifact, unframe
 from .._errors import ArtifactError
 
-__all__ = ["ENVELOPE_BYTES", "Rejection", "open_value", "seal"]
+__all__ = ["ENVELOPE_BYTES", "Opened", "Rejection", "open_value", "seal"]
 
 _MAGIC = b"CGCR"
 _ENVELOPE_VERSION = 1
@@ -50,6 +51,14 @@ class Rejection:
         return self.kind == "damaged"
 
 
+class Opened(NamedTuple):
+    """A value that passed every check: its frame (a read-only view of the value), codec, and the frame unframed."""
+
+    frame: memoryview
+    codec: str
+    artifact: Artifact  # unframe(frame, info=False, views=True): a reader decodes it without unframing again
+
+
 def _signature(secret: bytes, name: str, blob: bytes | memoryview) -> bytes:
     mac = hmac.new(secret, digestmod=hashlib.sha256)
     mac.update(name.encode() + b"\0")
@@ -63,8 +72,11 @@ def seal(name: str, blob: bytes, secret: bytes | None) -> bytes:
     return _HEAD.pack(_MAGIC, _ENVELOPE_VERSION, len(signature)) + signature + blob
 
 
-def open_value(name: str, value: bytes | bytearray, secret: bytes | None) -> tuple[memoryview, str] | Rejection:
-    """(the frame, its codec) inside `value` after every check, or why it was rejected."""
+def open_value(name: str, value: bytes | bytearray, secret: bytes | None) -> Opened | Rejection:
+    """The frame inside `value` after every check (`Opened`), or why it was rejected.
+
+    The frame is a view of `value`, not a copy: the caller must not change `value` afterwards.
+    """
     if len(value) < _HEAD.size:
         return Rejection("damaged", f"{len(value)} bytes is shorter than the remote envelope")
     magic, version, sig_len = _HEAD.unpack_from(value, 0)
@@ -75,11 +87,11 @@ def open_value(name: str, value: bytes | bytearray, secret: bytes | None) -> tup
                                     "(written by a newer codegen-cache?)")
     if sig_len not in (0, _SIG_LEN) or len(value) < _HEAD.size + sig_len:
         return Rejection("damaged", f"bad signature length {sig_len}")
-    view = memoryview(value)
+    view = memoryview(value).toreadonly()
     signature, blob = bytes(view[_HEAD.size : _HEAD.size + sig_len]), view[_HEAD.size + sig_len :]
     # The frame first: a bad frame is damaged for every reader, whoever signed it.
     try:
-        codec = unframe(blob, info=False, views=True).codec  # framing, format version, checksum
+        artifact = unframe(blob, info=False, views=True)  # framing, format version, checksum
     except ArtifactError as err:
         return Rejection("damaged", str(err))
     if secret is not None:
@@ -87,4 +99,4 @@ def open_value(name: str, value: bytes | bytearray, secret: bytes | None) -> tup
             return Rejection("unsigned", "entry is not signed (a shared secret is configured here)")
         if not hmac.compare_digest(signature, _signature(secret, name, blob)):
             return Rejection("signature", "bad signature (written with another secret, or tampered with)")
-    return blob, codec
+    return Opened(blob, artifact.codec, artifact)

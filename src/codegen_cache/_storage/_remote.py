@@ -28,13 +28,13 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from .._artifacts import FORMAT_VERSION, read_meta
+from .._artifacts import FORMAT_VERSION, read_meta, unframe
 from .._artifacts import portable as portable_form
 from .._config import REMOTE_ACCEPTED, Settings, check_remote_url, redact_url
 from .._errors import ArtifactError, ConfigError, RemoteValueTooLargeError
 from ._client import RespClient
 from ._endpoint import Endpoint
-from ._envelope import ENVELOPE_BYTES, Rejection, open_value, seal
+from ._envelope import ENVELOPE_BYTES, Opened, Rejection, open_value, seal
 from ._health import FAILED, Health
 from ._leases import Leases
 from ._platform import library_platform
@@ -63,7 +63,7 @@ check_url = check_remote_url
 
 
 class RedisTier:
-    """The remote tier: get(digest) -> framed bytes or None, put/push(digest, framed bytes), leases, close()."""
+    """The remote tier: get/fetch(digest) -> framed bytes or None, put/push(digest, framed bytes), leases, close()."""
 
     def __init__(
         self,
@@ -104,7 +104,7 @@ class RedisTier:
         # The format version is in the prefix: readers of another layout never see these keys.
         self.prefix = f"{prefix}:v{FORMAT_VERSION}:"
         try:
-            # Nothing connects here: the first call does.
+            # Nothing connects here: the first call does, or connect_early (the cache calls it).
             self._client = RespClient(Endpoint.from_url(self.url, self.timeout))
         except ValueError as err:
             raise ConfigError("remote (CODEGEN_CACHE_REMOTE)", _redact(url), f"{REMOTE_ACCEPTED} ({err})") from None
@@ -156,6 +156,15 @@ class RedisTier:
         library=True: an llvm build, whose library is asked for first (one round trip for a hit
         of the fast form); otherwise the library is asked for after an LLVM IR entry.
         """
+        found = self.fetch(digest, library=library)
+        return None if found is None else bytes(found.frame)
+
+    def fetch(self, digest: str, *, library: bool = False) -> Opened | None:
+        """As get(), without a copy: the checked frame as a read-only view, and that frame unframed.
+
+        The remote hit's way (`_cache._tiers.RemoteTierView`): it decodes what was checked
+        here without unframing it again, and copies the bytes for this host's disk off its path.
+        """
         if self.health.reads.offline():
             self.health.event("remote_offline")
             return None
@@ -166,25 +175,26 @@ class RedisTier:
         found = self._read(self.redis_key(digest), count_miss=True)
         if found is None:
             return None
-        blob, codec = found
-        if codec == "llvm-so":
-            return portable_form(blob)  # a library where any host reads: loaded only from its platform's key
-        if codec == "llvm-ir" and not library:
-            return self._library(digest) or blob
-        return blob
+        if found.codec == "llvm-so":
+            # A library where any host reads: loaded only from its platform's key; its IR is served.
+            portable = portable_form(found.frame)
+            return Opened(memoryview(portable).toreadonly(), "llvm-ir", unframe(portable, info=False, views=True))
+        if found.codec == "llvm-ir" and not library:
+            return self._library(digest) or found
+        return found
 
-    def _library(self, digest: str) -> bytes | None:
+    def _library(self, digest: str) -> Opened | None:
         if self.health.reads.offline():
             return None
         found = self._read(self.library_key(digest), count_miss=False)
-        return found[0] if found is not None and found[1] == "llvm-so" else None
+        return found if found is not None and found.codec == "llvm-so" else None
 
     def forget(self, digest: str) -> None:
         """Look `digest` up for real next time (a waiter polls for another host's entry)."""
         self._absent.pop(self.redis_key(digest), None)
         self._absent.pop(self.library_key(digest), None)
 
-    def _read(self, name: str, *, count_miss: bool) -> tuple[bytes, str] | None:
+    def _read(self, name: str, *, count_miss: bool) -> Opened | None:
         seen = self._absent.get(name)
         if seen is not None and time.monotonic() - seen < _ABSENT_SECONDS:
             return None
@@ -212,7 +222,7 @@ class RedisTier:
             return None
         if self._secret is not None:
             self.health.verified()
-        return bytes(opened[0]), opened[1]
+        return opened  # views of `value`, which nothing changes: it is this call's own buffer
 
     # ---- writes ---------------------------------------------------------------------------
 
@@ -289,6 +299,11 @@ class RedisTier:
             if self.health.attempt(self.health.writes, "refresh",
                                    lambda: self._client.run(REFRESH, name.encode(), args, _read_int)) == 1:
                 self.health.event("remote_refreshed")
+
+    def connect_early(self) -> None:
+        """Start connecting now, in the background, so that the first call finds a connection (see _client)."""
+        if not self.health.reads.offline():
+            self._client.connect_early()
 
     def close(self) -> None:
         """Close the connections to Redis."""
