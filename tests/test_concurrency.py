@@ -330,3 +330,37 @@ def test_precompile_cuda_is_single_flight(tmp_path):
         keys.add(out.strip().splitlines()[-1])
     assert len(keys) == 1
     assert cc.CodegenCache(tmp_path / "cache").stats().codegen_runs == 1  # nvcc ran once for 3 processes
+
+
+def test_an_entry_promoted_between_the_store_read_and_the_staged_read_is_a_hit(tmp_path):
+    """Another process's writer moves a staged entry into its store (store first, staged file
+    last) right between this lookup's two reads: the lookup finds it, never builds it again."""
+    directory = tmp_path / "cache"
+    mod, target = variant(3)
+    first = cc.CodegenCache(directory, write_behind=False)
+    key = first.lower_with_outcome(mod, target, compile_device=False)[1].key
+    blob = first.store("source").get(key)
+    first.store("source").delete(key)
+    first.staged("source").write(key, blob)  # staged, as a process whose writer has not run yet
+    first.close()
+    cache = cc.CodegenCache(directory, write_behind=False)
+    staged = cache.staged("source")
+    read, reads = staged.read, []
+
+    def promoted_meanwhile(digest):
+        reads.append(digest)
+        if len(reads) == 1:
+            return None  # the first lookup: the other process is still building (nothing staged yet)
+        # The recheck after the build lock: that process's writer moves the entry right now,
+        # the store first, then the staged file goes.
+        other = cc.CodegenCache(directory, write_behind=False)
+        other.store("source").put(digest, read(digest))
+        other.staged("source").remove(digest, read(digest))
+        other.close()
+        return read(digest)
+
+    staged.read = promoted_meanwhile
+    _module, outcome = cache.lower_with_outcome(mod, target, compile_device=False)
+    assert outcome.tier == "disk" and len(reads) == 2
+    assert cache.stats(shared=False).codegen_runs == 0
+    cache.close()

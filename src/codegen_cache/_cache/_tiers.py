@@ -117,7 +117,7 @@ class MemoryTier:
 
 @dataclass(kw_only=True)
 class DiskTier:
-    """`<dir>/compiled` and `<dir>/source` (diskcache), with entries still staged in `<dir>/pending`."""
+    """`<dir>/compiled` and `<dir>/source` (diskcache), with entries still staged in `<dir>/staged`."""
 
     stores: dict[str, ArtifactStore]
     staged: dict[str, PendingFiles]
@@ -136,7 +136,12 @@ class DiskTier:
         staged = row is None
         blob = self.staged[probe.mode].read(probe.digest) if staged else row.blob
         if blob is None:
-            return None
+            # Another process's writer may have moved the entry between the two reads (its store
+            # is written before its staged file goes): the store once more, on a miss only.
+            row = self.guard("read", self.stores[probe.mode].read, probe.digest)
+            if row is None:
+                return None
+            staged, blob = False, row.blob
         if staged:
             drop = lambda: self.staged[probe.mode].remove(probe.digest, blob)  # noqa: E731
         else:
