@@ -40,6 +40,7 @@ __all__ = [
     "parse_size",
     "redact_url",
     "settings_from_env",
+    "own_env_vars",
     "unknown_env_vars",
 ]
 
@@ -385,7 +386,7 @@ def settings_from_env(environ: Mapping[str, str] | None = None, *, base: Setting
     if base is not None:
         values = {f.name: getattr(base, f.name) for f in dataclasses.fields(Settings)}
     else:
-        environ = os.environ if environ is None else environ
+        environ = own_env_vars(environ)
         for var, (field, parse, _doc) in ENV_VARS.items():
             raw = environ.get(var)
             if raw is not None and raw.strip():
@@ -421,10 +422,19 @@ def disabled_by_env(environ: Mapping[str, str] | None = None) -> bool:
     return raw is not None and bool(raw.strip()) and bool(parse_bool("CODEGEN_CACHE_DISABLE", raw))
 
 
+def own_env_vars(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The CODEGEN_CACHE_* variables that are set, by name (os.environ by default).
+
+    The names are looked at first and only those values read: decoding every variable of the
+    environment cost a fresh process's first cache ~0.05 ms, twice.
+    """
+    environ = os.environ if environ is None else environ
+    return {name: environ[name] for name in list(environ) if name.startswith(ENV_PREFIX)}
+
+
 def unknown_env_vars(environ: Mapping[str, str] | None = None) -> list[str]:
     """CODEGEN_CACHE_* variables that are set but mean nothing (typos, old names)."""
-    environ = os.environ if environ is None else environ
-    return sorted(v for v in environ if v.startswith(ENV_PREFIX) and v not in ENV_VARS and v not in OLD_ENV_VARS)
+    return sorted(v for v in own_env_vars(environ) if v not in ENV_VARS and v not in OLD_ENV_VARS)
 
 
 def check_directory(path: str | os.PathLike[str], name: str = "CODEGEN_CACHE_DIR") -> Path:

@@ -32,14 +32,14 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from .. import _context
 from .._artifacts import FORMAT_VERSION, frame, keep_answering, prepare, symbol_names
 from .._compat import IRModule, Module, Target
-from .._config import ENV_VARS, Settings, disabled_by_env, settings_from_env, unknown_env_vars
+from .._config import ENV_VARS, Settings, disabled_by_env, own_env_vars, settings_from_env, unknown_env_vars
 from .._errors import ConfigError, ReentrantLoweringError, UncacheableError
 from .._log import warn_once
 from .._key import CacheKey, compute_key, ir_hash
@@ -199,9 +199,10 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
             "lease_wait": lease_wait, "failure_ttl": failure_ttl, "recache": recache,
             "min_codegen_time": min_codegen_time,
         }
-        if settings is None:
-            warn_unknown_env()
-        self.settings = settings_from_env(base=settings, **overrides)
+        own = own_env_vars() if settings is None else None  # the environment scanned once
+        if own is not None:
+            warn_unknown_env(own)
+        self.settings = settings_from_env(own, base=settings, **overrides)
         self.directory = Path(self.settings.directory)
         if self.directory.exists() and not self.directory.is_dir():
             raise ConfigError("directory (CODEGEN_CACHE_DIR)", str(self.directory),
@@ -714,9 +715,9 @@ def _check_mode(compile_device: object) -> None:
                         f"({type(compile_device).__name__})")
 
 
-def warn_unknown_env() -> None:
+def warn_unknown_env(environ: Mapping[str, str] | None = None) -> None:
     """Warn once per variable about a CODEGEN_CACHE_* variable that is no setting (a typo: it does nothing)."""
-    for var in unknown_env_vars():
+    for var in unknown_env_vars(environ):
         close = difflib.get_close_matches(var, list(ENV_VARS), n=1)
         warn_once(logger, ("unknown-env", var), "%s is set but is not a codegen-cache setting, so it has no "
                   "effect%s; `codegen-cache config` lists the settings", var,
