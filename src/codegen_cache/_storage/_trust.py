@@ -58,18 +58,32 @@ def untrusted(cache_dir: str | os.PathLike[str], trusted_dirs: Iterable[str] = (
         found = _check_chain(chain)
         if found is not None:
             return found
+    present: dict[str, frozenset[str]] = {}  # directory -> the names in it: one listing, not a failed lstat each
     for name in inside:
+        parent, _, leaf = name.rpartition("/")
+        if parent not in present:
+            present[parent] = _names_in(os.path.join(path, parent) if parent else path)
+        if leaf not in present[parent]:
+            continue  # absent: made by this cache when needed (ours), or refused if a link then
         sub = os.path.join(path, name)
         try:
             info = os.lstat(sub)
         except OSError:
-            continue  # absent: made by this cache when needed (ours), or refused if a link then
+            continue
         if not stat.S_ISDIR(info.st_mode):
             continue  # a link or a file there is refused where it is opened (never followed)
         problem = _problem(info, cache_dir=True)
         if problem is not None:
             return Untrusted(sub, _owner_name(info.st_uid), problem)
     return None
+
+
+def _names_in(directory: str) -> frozenset[str]:
+    try:
+        with os.scandir(directory) as scan:
+            return frozenset(entry.name for entry in scan)
+    except OSError:
+        return frozenset()  # absent or not a directory: nothing below it to check
 
 
 def is_trusted_by_setting(path: str, trusted_dirs: Iterable[str]) -> bool:
