@@ -179,8 +179,10 @@ def sweep_leftovers(directory: str, max_age: float = SCRATCH_MAX_AGE) -> int:
 
 
 def _mounted_noexec(path: str) -> bool:
-    return bool(os.statvfs(path).f_flag & getattr(os, "ST_NOEXEC", 0)) or (
-        not hasattr(os, "ST_NOEXEC") and probe(path).noexec)
+    flag = getattr(os, "ST_NOEXEC", None)
+    if flag is None:
+        return probe(path).noexec  # no such statvfs flag on this platform: the mount table says
+    return bool(os.statvfs(path).f_flag & flag)
 
 
 def scratch_dir(preferred: str | os.PathLike[str], *, max_age: float = SCRATCH_MAX_AGE,
