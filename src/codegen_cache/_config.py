@@ -418,8 +418,10 @@ def settings_from_env(environ: Mapping[str, str] | None = None, *, base: Setting
 
 def disabled_by_env(environ: Mapping[str, str] | None = None) -> bool:
     """Whether CODEGEN_CACHE_DISABLE turns caching off (parsed, and a bad value refused, as settings_from_env does)."""
-    raw = (os.environ if environ is None else environ).get("CODEGEN_CACHE_DISABLE")
-    return raw is not None and bool(raw.strip()) and bool(parse_bool("CODEGEN_CACHE_DISABLE", raw))
+    var = "CODEGEN_CACHE_DISABLE"
+    raw = (os.environ if environ is None else environ).get(var)
+    _field, parse, _doc = ENV_VARS[var]  # the variable's own parser, as settings_from_env uses it
+    return raw is not None and bool(raw.strip()) and bool(parse(var, raw))  # type: ignore[operator]
 
 
 def own_env_vars(environ: Mapping[str, str] | None = None) -> dict[str, str]:
