@@ -307,9 +307,8 @@ def _settings_init_with_old_names(self: Settings, *args: object, **kwargs: objec
     _settings_init(self, *args, **_renamed(kwargs, "Settings()"))
 
 
-def _old_setting(new: str) -> property:
+def _old_setting(old: str, new: str) -> property:
     def read(self: Settings) -> object:
-        old = next(o for o, n in OLD_SETTINGS.items() if n == new)
         warnings.warn(f"Settings.{old} is now Settings.{new}", DeprecationWarning, stacklevel=2)
         return getattr(self, new)
     read.__doc__ = f"Deprecated name of {new} (until the next release)."
@@ -320,7 +319,7 @@ def _old_setting(new: str) -> property:
 # property named like an old field inside the class body would be taken for that field's default.
 Settings.__init__ = _settings_init_with_old_names  # type: ignore[method-assign]
 for _old, _new in OLD_SETTINGS.items():
-    setattr(Settings, _old, _old_setting(_new))
+    setattr(Settings, _old, _old_setting(_old, _new))
 
 
 # name -> (Settings field, parser, one-line description); docs/configuration.md lists them all.
