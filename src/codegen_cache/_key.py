@@ -21,15 +21,19 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator, Mapping
-from functools import lru_cache
+from contextlib import AbstractContextManager
+from functools import lru_cache, partial
+from typing import Any
 
 import xxhash
 
 from . import _compat
 from ._compat import IRModule, Target
+from ._hash_ahead import Units, claimed, hashed_ahead
+from ._hash_ahead import registered as _ahead
 from ._targets import canonical_target
 
-__all__ = ["PART_NAMES", "CacheKey", "ToolchainParts", "compute_key", "ir_hash", "static_salts"]
+__all__ = ["PART_NAMES", "CacheKey", "ToolchainParts", "compute_key", "ir_hash", "ir_hashes_ahead", "static_salts"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,22 +52,58 @@ def ir_hash(mod: IRModule) -> int:
     whole lowered host module costs more than its functions' hashes together (for 64 llvm
     functions; equal for a CUDA device module: docs/key.md, docs/benchmarks.md "Against the
     goals"), while the per-function hashes tell the same modules apart (GlobalVar names
-    are hashed, also where a body calls one).
+    are hashed, also where a body calls one). A module a build hashes ahead (_hash_ahead.py)
+    gets that answer.
     """
+    if _ahead:
+        found = claimed(mod)
+        if found is not None:
+            return found
     functions = mod.functions
     if len(functions) <= 1:
         return _compat.structural_hash(mod)
-    return _combined(_BY_FUNCTION, mod, {gv.name_hint: func for gv, func in functions.items()})
+    objects, combine = _units(mod, functions)
+    return combine([_compat.structural_hash(obj) for obj in objects])
+
+
+def ir_hashes_ahead(modules: list[IRModule]) -> AbstractContextManager[None]:
+    """Within the block, ir_hash of each of `modules` is computed on a helper thread as well (_hash_ahead.py)."""
+    return hashed_ahead(modules, _units, _compat.structural_hash)
+
+
+def _units(mod: IRModule, functions: Any = None) -> Units:
+    """The objects ir_hash hashes one by one (the functions in name order, the attributes, the
+    global infos; a module of one function whole) and how their hashes combine."""
+    functions = mod.functions if functions is None else functions
+    if len(functions) <= 1:
+        return [mod], _single
+    named = sorted(((gv.name_hint, func) for gv, func in functions.items()), key=_first)
+    return [func for _name, func in named] + [mod.attrs, mod.global_infos], \
+        partial(_combine, _BY_FUNCTION, [name for name, _func in named])
+
+
+def _first(pair: tuple) -> Any:
+    return pair[0]
+
+
+def _single(values: list[int]) -> int:
+    return values[0]
 
 
 def _combined(prefix: bytes, mod: IRModule, functions: dict) -> int:
     """xxh3-64 of the functions' hashes in name order, with the module's attributes and global infos."""
+    names = sorted(functions)
+    return _combine(prefix, names, [_compat.structural_hash(functions[name]) for name in names]
+                    + [_compat.structural_hash(mod.attrs), _compat.structural_hash(mod.global_infos)])
+
+
+def _combine(prefix: bytes, names: list[str], values: list[int]) -> int:
+    """`values`: the hashes of the functions called `names`, then of the attributes and the global infos."""
     digest = xxhash.xxh3_64(prefix)
-    for name, value in sorted((name, _compat.structural_hash(func)) for name, func in functions.items()):
+    for name, value in zip(names, values):
         digest.update(_encode_part(name, f"{value & 0xFFFFFFFFFFFFFFFF:016x}"))
-    digest.update(_encode_part("attrs", f"{_compat.structural_hash(mod.attrs) & 0xFFFFFFFFFFFFFFFF:016x}"))
-    digest.update(_encode_part("global_infos",
-                               f"{_compat.structural_hash(mod.global_infos) & 0xFFFFFFFFFFFFFFFF:016x}"))
+    digest.update(_encode_part("attrs", f"{values[-2] & 0xFFFFFFFFFFFFFFFF:016x}"))
+    digest.update(_encode_part("global_infos", f"{values[-1] & 0xFFFFFFFFFFFFFFFF:016x}"))
     return digest.intdigest()
 
 

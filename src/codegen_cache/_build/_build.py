@@ -28,7 +28,7 @@ from .._cache import CodegenCache
 from .._cache._cache import fresh_results_are_the_callers, store_in_every_tier
 from .._cache._writer import writer
 from .._context import active_cache
-from .._key import CacheKey
+from .._key import CacheKey, ir_hashes_ahead
 from .._outcome import emit, last_outcome
 from .._registry import DeviceCodegenRegistry, default_registry
 from ._index import BuildPart, compile_device, key_of, read_index, write_index
@@ -216,6 +216,17 @@ def _emit(tier: str, key: CacheKey, key_seconds: float, start: float, saved: flo
 
 def _cold(cache: CodegenCache | None, registry: DeviceCodegenRegistry, planned: Plan):
     host_all, device_mods = prepare_plan(planned)
+    if tvm.ir.transform.PassContext.current().config.get("tirx.disable_assert", False):
+        skip = tvm.tirx.transform.SkipAssert()
+        host_all, device_mods = skip(host_all), [(t, skip(m)) for t, m in device_mods]
+    # Each later module's hash is computed beside the codegen of those before it.
+    later = [m for _t, m in device_mods[1:]] + [host_all] if cache is not None and device_mods else []
+    with ir_hashes_ahead(later):
+        return _codegens(cache, registry, planned, host_all, device_mods)
+
+
+def _codegens(cache: CodegenCache | None, registry: DeviceCodegenRegistry, planned: Plan, host_all: IRModule,
+              device_mods: list):
     # tir_to_runtime: device modules first, then the host module, then the imports.
     device_modules, device_parts, seconds = [], [], 0.0
     for device_target, device_mod in device_mods:
@@ -245,9 +256,7 @@ def _call(codegen: Any, mod: IRModule, target: Target, compiled: bool) -> Module
 
 def _codegen(cache: CodegenCache | None, registry: DeviceCodegenRegistry, mod: IRModule, target: Target,
              role: str) -> tuple[Module, BuildPart, float]:
-    """tvm.tirx.build's codegen_build, with the registry's codegen and the cache."""
-    if tvm.ir.transform.PassContext.current().config.get("tirx.disable_assert", False):
-        mod = tvm.tirx.transform.SkipAssert()(mod)
+    """tvm.tirx.build's codegen_build (SkipAssert applied by the caller), with the registry's codegen and the cache."""
     codegen = registry.resolve(target)
     compiled = compile_device(codegen, target)
     mode = "compiled" if compiled else "source"
