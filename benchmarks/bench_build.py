@@ -39,7 +39,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 import numpy as np  # noqa: E402
 import tvm  # noqa: E402
 import tvm.s_tir  # noqa: E402,F401
-from timing import fmt_ratio, fmt_time, interleave, summary  # noqa: E402
+from timing import compile_bytecode, fmt_ratio, fmt_time, interleave, summary  # noqa: E402
 from tvm.target import Target  # noqa: E402
 
 import codegen_cache as cc
@@ -363,4 +363,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    compile_bytecode()
     main()

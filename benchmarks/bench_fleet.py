@@ -36,7 +36,7 @@ TESTS = HERE.parent / "tests"
 sys.path.insert(0, str(HERE))
 
 from redis_server import RedisServer, why_no_remote  # noqa: E402
-from timing import fmt_ratio, fmt_time, interleave, summary  # noqa: E402
+from timing import compile_bytecode, fmt_ratio, fmt_time, interleave, summary  # noqa: E402
 
 SECRET = "bench-fleet-secret"
 
@@ -250,4 +250,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    compile_bytecode()
     main()

@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from timing import interleave
+from timing import compile_bytecode, interleave
 
 
 def show(group: str, samples: dict[str, list[float]]) -> None:
@@ -167,4 +167,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    compile_bytecode()
     main()

@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from timing import interleave
+from timing import compile_bytecode, interleave
 
 _TARGET = r"""
 import json, sys, time, tvm
@@ -181,4 +181,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    compile_bytecode()
     main()

@@ -75,4 +75,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from timing import compile_bytecode
+
+    compile_bytecode()
     main()

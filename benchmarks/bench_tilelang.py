@@ -149,4 +149,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
+    from timing import compile_bytecode
+
+    compile_bytecode()
     main()

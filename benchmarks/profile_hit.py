@@ -217,4 +217,7 @@ def _profile_remote(tmp: str, mod, target, compile_device: bool) -> None:
 
 
 if __name__ == "__main__":
+    from timing import compile_bytecode
+
+    compile_bytecode()
     sys.exit(main())

@@ -269,4 +269,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from timing import compile_bytecode
+
+    compile_bytecode()
     sys.exit(main())
