@@ -40,11 +40,19 @@ def _python(script: str, *args: str, timeout: float = 120, env: dict | None = No
                           timeout=timeout, env=_environ(**(env or {})), **kwargs)
 
 
+# What the Python of a terminal or a notebook kernel has, whatever the test runner inherited: a
+# shell without job control starts a background job (`pytest ... &` in a script) with SIGINT
+# ignored, and a Python started with SIGINT ignored keeps it ignored. Its Ctrl-C would be lost and
+# the test would fail as if the cache had swallowed it.
+_SIGINT_AS_A_TERMINAL_HAS_IT = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+
+
 @contextlib.contextmanager
 def _own_process_group(script: str, *args: str):
-    """`script` in a fresh interpreter leading a process group of its own (signals go to the group);
-    the group is SIGKILLed on the way out if it is still running."""
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script), *args], stdout=subprocess.PIPE,
+    """`script` in a fresh interpreter leading a process group of its own (signals go to the group),
+    with Python's own SIGINT handler; the group is SIGKILLed on the way out if it is still running."""
+    script = _SIGINT_AS_A_TERMINAL_HAS_IT + textwrap.dedent(script)
+    proc = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=_environ(), start_new_session=True)
     try:
         yield proc
@@ -549,6 +557,20 @@ LOWER_THEN_WAIT = """
     for _ in range(1200):
         time.sleep(0.1)
 """
+
+
+SHOW_SIGINT_HANDLER = "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+
+
+@pytest.mark.timeout(120)
+def test_an_interrupted_script_has_pythons_sigint_handler_even_where_the_test_runner_ignores_sigint():
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # what `pytest ... &` in a script inherits
+    try:
+        with _own_process_group(SHOW_SIGINT_HANDLER) as proc:
+            out, err = proc.communicate(timeout=60)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert out.strip() == "True", err[-3000:]
 
 
 @pytest.mark.timeout(300)
