@@ -15,6 +15,7 @@ as it does.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import struct
@@ -179,6 +180,11 @@ def module_sources(module: Module) -> dict[str, str]:
     return found
 
 
+@functools.lru_cache(maxsize=256)
+def _dtype_name(code_bits_lanes: tuple[int, int, int]) -> str:
+    return str(_compat.tvm_ffi.dtype.from_dlpack_data_type(code_bits_lanes))
+
+
 def function_infos(fmap: bytes) -> dict[str, dict]:
     """The function map of TVM's CUDA format as TVM's JSON metadata ("func_info")."""
     infos = {}
@@ -192,8 +198,7 @@ def function_infos(fmap: bytes) -> dict[str, dict]:
             pos += 8
             types = []
             for _ in range(n_args):
-                code, bits, lanes = struct.unpack_from("<BBH", fmap, pos)
-                types.append(str(_compat.tvm_ffi.dtype.from_dlpack_data_type((code, bits, lanes))))
+                types.append(_dtype_name(struct.unpack_from("<BBH", fmap, pos)))
                 pos += 4
             (n_tags,) = _U64.unpack_from(fmap, pos)
             pos += 8
@@ -303,22 +308,31 @@ def fallback_module(payload: CudaPayload, target: object = None) -> Module | Non
 
 
 def _empty_kernels(infos: dict[str, dict]) -> IRModule:
-    """Kernels with nothing in their bodies whose function map is `infos` (function_infos' form)."""
+    """Kernels with nothing in their bodies whose function map is `infos` (function_infos' form).
+
+    Kernels of one signature share one PrimFunc but for their attributes: making the
+    parameters and the function per kernel cost 25 us each, most of a 64-kernel hit
+    (docs/cache.md); the module target.build.cuda makes from them is checked by the caller.
+    """
     tirx, ir = _compat.tvm.tirx, _compat.tvm.ir
-    functions = {}
+    functions, bases = {}, {}
+    body = tirx.Evaluate(tirx.const(0, "int32"))
     for symbol, info in infos.items():
         if info["name"] != symbol or len(info["arg_extra_tags"]) != len(info["arg_types"]):
             raise ValueError(f"function map entry {symbol!r} is not one target.build.cuda makes")
-        params = []
-        for i, (dtype, extra) in enumerate(zip(info["arg_types"], info["arg_extra_tags"])):
-            if extra == _TENSOR_MAP:
-                params.append(tirx.Var(f"arg{i}", ir.PointerType(ir.TensorMapType())))
-            elif dtype == "handle":
-                params.append(tirx.Var(f"arg{i}", ir.PointerType(ir.PrimType("uint8"))))
-            else:
-                params.append(tirx.Var(f"arg{i}", dtype))
-        func = tirx.PrimFunc(params, tirx.Evaluate(tirx.const(0, "int32"))).with_attrs({
+        signature = (tuple(info["arg_types"]), tuple(info["arg_extra_tags"]))
+        base = bases.get(signature)
+        if base is None:
+            params = []
+            for i, (dtype, extra) in enumerate(zip(*signature)):
+                if extra == _TENSOR_MAP:
+                    params.append(tirx.Var(f"arg{i}", ir.PointerType(ir.TensorMapType())))
+                elif dtype == "handle":
+                    params.append(tirx.Var(f"arg{i}", ir.PointerType(ir.PrimType("uint8"))))
+                else:
+                    params.append(tirx.Var(f"arg{i}", dtype))
+            base = bases[signature] = tirx.PrimFunc(params, body)
+        functions[symbol] = base.with_attrs({
             "global_symbol": symbol, "calling_conv": 2,  # CallingConv::kDeviceKernelLaunch
             "tirx.kernel_launch_params": list(info["launch_param_tags"]), "tirx.noalias": True})
-        functions[symbol] = func
     return IRModule(functions)
