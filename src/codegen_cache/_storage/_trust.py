@@ -51,9 +51,9 @@ def untrusted(cache_dir: str | os.PathLike[str], trusted_dirs: Iterable[str] = (
     held to the cache directory's own rule.
     """
     path = os.path.abspath(os.fspath(cache_dir))
-    if is_trusted_by_setting(path, trusted_dirs):
-        return None
     real = os.path.realpath(path)
+    if trusted_dirs and _named_by_setting((path, real), trusted_dirs):
+        return None
     for chain in (_lexical(path), _lexical(real)) if real != path else (_lexical(path),):  # no link: one walk
         found = _check_chain(chain)
         if found is not None:
@@ -88,7 +88,10 @@ def _names_in(directory: str) -> frozenset[str]:
 
 def is_trusted_by_setting(path: str, trusted_dirs: Iterable[str]) -> bool:
     """Whether the administrator's setting names `path` (itself, a `<dir>/*` above it, or `*`)."""
-    candidates = {os.path.abspath(path), os.path.realpath(path)}
+    return _named_by_setting((os.path.abspath(path), os.path.realpath(path)), trusted_dirs)
+
+
+def _named_by_setting(candidates: tuple[str, str], trusted_dirs: Iterable[str]) -> bool:
     for entry in trusted_dirs:
         if entry == "*":
             return True

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import struct
 from typing import Any
 
 from .. import _compat
@@ -28,8 +29,10 @@ __all__ = ["python_callable"]
 _WORDS = 8
 
 
-def _words(handle: int) -> list[int]:
-    return [ctypes.c_uint64.from_address(handle + 8 * i).value for i in range(_WORDS)]
+def _words(handle: int) -> tuple[int, ...]:
+    # Only the probe functions are read this way (Python-backed, so at least _WORDS long): one
+    # copy of their words costs what one from_address does.
+    return struct.unpack(f"<{_WORDS}Q", ctypes.string_at(handle, 8 * _WORDS))
 
 
 @functools.lru_cache(maxsize=1)
