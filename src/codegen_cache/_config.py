@@ -8,6 +8,7 @@ An empty value counts as unset (so `CODEGEN_CACHE_DIR= cmd` means "the default")
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import re
@@ -399,8 +400,8 @@ def settings_from_env(environ: Mapping[str, str] | None = None, *, base: Setting
                     raise ConfigError(new, environ[new], f"the value of {old} (its old name, set to {raw!r}), "
                                       f"or only one of the two set")
                 values[field] = value
-    overrides = _renamed(dict(overrides), "settings_from_env()")
-    fields = {f.name for f in dataclasses.fields(Settings)}
+    overrides = _renamed(dict(overrides), "settings_from_env()") if overrides else {}
+    fields = _setting_names()
     if base is not None:
         # Values given as a Settings object are checked like arguments.
         values = {field: value if field not in _FIELD_PARSERS or value is None
@@ -413,6 +414,11 @@ def settings_from_env(environ: Mapping[str, str] | None = None, *, base: Setting
         _var, parse = _FIELD_PARSERS.get(field, (None, None))
         values[field] = value if parse is None else parse(field, value)  # type: ignore[operator]
     return Settings(**values)  # type: ignore[arg-type]
+
+
+@functools.lru_cache(maxsize=1)
+def _setting_names() -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(Settings))
 
 
 def disabled_by_env(environ: Mapping[str, str] | None = None) -> bool:

@@ -29,6 +29,7 @@ import contextvars
 import difflib
 import logging
 import os
+import stat
 import threading
 import time
 import warnings
@@ -137,6 +138,14 @@ class _made_once:  # noqa: N801 - used as a decorator, as functools.cached_prope
         return found
 
 
+def _is_other_than_a_directory(path: Path) -> bool:
+    """Whether `path` exists and is not a directory (one stat, following links as exists() does)."""
+    try:
+        return not stat.S_ISDIR(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
 def _mode_function(codegen: Any, compile_device: bool):
     return codegen.build if compile_device else codegen.build_without_compile
 
@@ -203,8 +212,9 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
         if own is not None:
             warn_unknown_env(own)
         self.settings = settings_from_env(own, base=settings, **overrides)
-        self.directory = Path(self.settings.directory)
-        if self.directory.exists() and not self.directory.is_dir():
+        directory = self.settings.directory
+        self.directory = directory if isinstance(directory, Path) else Path(directory)
+        if _is_other_than_a_directory(self.directory):
             raise ConfigError("directory (CODEGEN_CACHE_DIR)", str(self.directory),
                               "a directory (this path is a file)")
         self.registry = default_registry if registry is None else registry
