@@ -103,12 +103,12 @@ def hashed_ahead(modules: Sequence[Any], units_of: Callable[[Any], Units],
     with _lock:
         for entry in entries:
             registered[id(entry.module)] = entry
-    work = [(slot, entry.function) for entry in reversed(entries) for slot in reversed(entry.slots)]
+    work = [slot for entry in reversed(entries) for slot in reversed(entry.slots)]
 
     def helper() -> None:
-        for slot, hashing in work:
+        for slot in work:
             if _claim(slot):
-                slot.run(hashing)
+                slot.run(function)
 
     # A thread per build (tens of microseconds against a build's milliseconds): a long-lived
     # one would have to be made again after fork, and a pool's idle count lies in a fork child.
@@ -117,7 +117,7 @@ def hashed_ahead(modules: Sequence[Any], units_of: Callable[[Any], Units],
         yield
     finally:
         with _lock:
-            for slot, _hashing in work:
+            for slot in work:
                 if not slot.started:  # not reached: never computed now; a caller between its
                     slot.started = slot.cancelled = True  # lookup and its claim hashes it itself
                     slot.done.set()

@@ -23,7 +23,6 @@ import logging
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
 from functools import lru_cache, partial
-from typing import Any
 
 import xxhash
 
@@ -62,8 +61,7 @@ def ir_hash(mod: IRModule) -> int:
     functions = mod.functions
     if len(functions) <= 1:
         return _compat.structural_hash(mod)
-    objects, combine = _units(mod, functions)
-    return combine([_compat.structural_hash(obj) for obj in objects])
+    return _combined(_BY_FUNCTION, mod, {gv.name_hint: func for gv, func in functions.items()})
 
 
 def ir_hashes_ahead(modules: list[IRModule]) -> AbstractContextManager[None]:
@@ -71,19 +69,18 @@ def ir_hashes_ahead(modules: list[IRModule]) -> AbstractContextManager[None]:
     return hashed_ahead(modules, _units, _compat.structural_hash)
 
 
-def _units(mod: IRModule, functions: Any = None) -> Units:
-    """The objects ir_hash hashes one by one (the functions in name order, the attributes, the
-    global infos; a module of one function whole) and how their hashes combine."""
-    functions = mod.functions if functions is None else functions
+def _units(mod: IRModule) -> Units:
+    """What ir_hash hashes one by one (a module of one function whole) and how it combines the hashes."""
+    functions = mod.functions
     if len(functions) <= 1:
         return [mod], _single
-    named = sorted(((gv.name_hint, func) for gv, func in functions.items()), key=_first)
-    return [func for _name, func in named] + [mod.attrs, mod.global_infos], \
-        partial(_combine, _BY_FUNCTION, [name for name, _func in named])
+    return _named_units(_BY_FUNCTION, mod, {gv.name_hint: func for gv, func in functions.items()})
 
 
-def _first(pair: tuple) -> Any:
-    return pair[0]
+def _named_units(prefix: bytes, mod: IRModule, functions: dict) -> Units:
+    """The functions in name order, then the module's attributes and global infos; combined by _combine."""
+    names = sorted(functions)
+    return [functions[name] for name in names] + [mod.attrs, mod.global_infos], partial(_combine, prefix, names)
 
 
 def _single(values: list[int]) -> int:
@@ -92,9 +89,8 @@ def _single(values: list[int]) -> int:
 
 def _combined(prefix: bytes, mod: IRModule, functions: dict) -> int:
     """xxh3-64 of the functions' hashes in name order, with the module's attributes and global infos."""
-    names = sorted(functions)
-    return _combine(prefix, names, [_compat.structural_hash(functions[name]) for name in names]
-                    + [_compat.structural_hash(mod.attrs), _compat.structural_hash(mod.global_infos)])
+    objects, combine = _named_units(prefix, mod, functions)
+    return combine([_compat.structural_hash(obj) for obj in objects])
 
 
 def _combine(prefix: bytes, names: list[str], values: list[int]) -> int:
