@@ -118,3 +118,45 @@ def test_cuda_payload_round_trip():
     fmap = struct.pack("<Q", 0)
     payload = CudaPayload("fatbin", fmap, b"\x01\x02")
     assert CudaPayload.from_bytes(payload.to_bytes()) == payload
+
+
+# ---- the stored LLVM IR text: printed into a memfd, byte for byte inspect_source's ------------
+
+
+def test_stored_llvm_ir_is_the_modules_own_text_by_either_route(blobs, monkeypatch):
+    from codegen_cache._artifacts import _llvm
+
+    module = blobs[1][("llvm", True)][0]
+    text = module.inspect_source("ll").encode()
+    assert _llvm.ir_text(module) == text  # the memfd route, where this machine has memfds
+    assert unframe(encode(module, {"key": "k"}, func_names=["__tvm_ffi_vadd"])).fields[0] == text
+    monkeypatch.setattr(_llvm, "_memfd_create", None)  # a platform without memfds
+    assert _llvm.ir_text(module) == text
+    assert _llvm.ir_triple(text) == _llvm.ir_triple(text.decode()) != ""
+
+
+def test_a_file_size_limit_makes_the_ir_text_come_from_memory_not_a_memfd(tmp_path):
+    # LLVM ends the process when a write fails, and RLIMIT_FSIZE applies to memfds too: the
+    # kernel sends SIGXFSZ to a process writing past it. Under a limit below the module's text,
+    # the store must still get the whole text, and the process must live on.
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import resource, sys
+        import codegen_cache as cc, kernels
+        from codegen_cache._artifacts import _llvm
+        mod, tgt = cc.prepare_for_codegen(kernels.vadd, "llvm")
+        module = cc.resolve_device_codegen(tgt).invoke(mod, tgt, compile_device=True)
+        text = module.inspect_source("ll").encode()
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+        assert len(text) > 4096
+        assert _llvm.ir_text(module) == text
+        print("whole", len(text))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=str(tmp_path), capture_output=True, text=True,
+                          timeout=240, env={**__import__("os").environ,
+                                            "PYTHONPATH": str(__import__("pathlib").Path(__file__).parent)})
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.startswith("whole ")

@@ -67,7 +67,7 @@ def prepare(module: Module, meta: Mapping[str, Any], *, func_names: Sequence[str
     kind = module.kind
     meta = {**meta, "module_kind": kind, "func_names": list(func_names)}
     if kind == "llvm":
-        ir = module.inspect_source("ll")
+        ir = _llvm.ir_text(module)
         # What a hit answers as the built module (no JIT: TVM answers these from the IR).
         queries = {}
         for name in _llvm.LLVM_QUERIES:
@@ -77,7 +77,7 @@ def prepare(module: Module, meta: Mapping[str, Any], *, func_names: Sequence[str
                 pass
         meta = {**meta, "llvm_queries": queries, "property_mask": int(module.get_property_mask()),
                 "triple": _llvm.ir_triple(ir)}
-        return "llvm-ir", meta, [ir.encode()]
+        return "llvm-ir", meta, [ir]
     if kind == "cuda":
         payload = _cuda.module_payload(module)
         if payload.fmt == _cuda.FALLBACK_FMT:
