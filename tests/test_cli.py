@@ -698,8 +698,8 @@ def test_config_prints_durations_as_the_docs_write_them(capsys, monkeypatch):
 def test_explain_honours_verify(capsys, monkeypatch, filled):
     root, _keys = filled
     argv = ("--dir", str(root), "explain", KERNELS, "--kernel", "vadd", "-t", "llvm", "--mode", "compiled")
-    code, out, _err = run(capsys, *argv)
-    assert code == 0 and "-> HIT" in out
+    code, out, err = run(capsys, *argv)
+    assert code == 0 and "-> HIT" in out, (code, out, err)
     monkeypatch.setenv("CODEGEN_CACHE_VERIFY", "1")
     code, out, _err = run(capsys, *argv)
     assert code == 0 and "-> MISS" in out and "without the exact IR digest" in out
