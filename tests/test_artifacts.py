@@ -130,6 +130,9 @@ def test_stored_llvm_ir_is_the_modules_own_text_by_either_route(blobs, monkeypat
     text = module.inspect_source("ll").encode()
     assert _llvm.ir_text(module) == text  # the memfd route, where this machine has memfds
     assert unframe(encode(module, {"key": "k"}, func_names=["__tvm_ffi_vadd"])).fields[0] == text
+    # LLVM cannot open the memfd's path (no /proc, a sandbox): TVM raises, the text comes from memory.
+    monkeypatch.setattr(_llvm, "fd_path", lambda fd: "/nonexistent-codegen-cache-dir/ir.ll")
+    assert _llvm.ir_text(module) == text
     monkeypatch.setattr(_llvm, "_memfd_create", None)  # a platform without memfds
     assert _llvm.ir_text(module) == text
     assert _llvm.ir_triple(text) == _llvm.ir_triple(text.decode()) != ""
