@@ -23,7 +23,6 @@ from typing import Any
 
 from .. import _compat
 from .._compat import Module
-from .._storage._faults import read_whole
 from ._as_built import LLVM_QUERIES, SCRATCH_PREFIX, Record, parse_ir
 from ._module_methods import answer_as_built
 from ._private import fd_path, load_private_copy
@@ -72,7 +71,7 @@ def ir_text(module: Module) -> bytes:
         return module.inspect_source("ll").encode()
     try:
         module.write_to_file(fd_path(fd), "ll")
-        data = read_whole(fd, 1 << 40)  # LLVM wrote through its own descriptor: this one reads from 0
+        data = _read_whole(fd)
     except (OSError, RuntimeError, ValueError, AttributeError):  # AttributeError: a TVM without write_to_file
         data = None
     finally:
@@ -87,6 +86,18 @@ def _ir_memfd() -> int | None:
         return _memfd_create("codegen-cache-ir", os.MFD_CLOEXEC)
     except OSError:
         return None
+
+
+def _read_whole(fd: int) -> bytes:
+    size = os.fstat(fd).st_size
+    chunks, done = [], 0
+    while done < size:  # one pread but for texts over the 2 GiB a read returns at most
+        chunk = os.pread(fd, size - done, done)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        done += len(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def ir_triple(llvm_ir: str | bytes) -> str:
