@@ -67,16 +67,17 @@ def ir_text(module: Module) -> bytes:
     can be made, `inspect_source`.
     """
     fd = _ir_memfd()
-    if fd is None:
-        return module.inspect_source("ll").encode()
-    try:
-        module.write_to_file(fd_path(fd), "ll")
-        data = _read_whole(fd)
-    except (OSError, RuntimeError, ValueError, AttributeError):  # AttributeError: a TVM without write_to_file
-        data = None
-    finally:
-        os.close(fd)
-    return data if data else module.inspect_source("ll").encode()
+    if fd is not None:
+        try:
+            module.write_to_file(fd_path(fd), "ll")
+            data = _read_whole(fd)
+            if data:
+                return data
+        except (OSError, RuntimeError, ValueError, AttributeError):  # AttributeError: a TVM without write_to_file
+            pass
+        finally:
+            os.close(fd)
+    return module.inspect_source("ll").encode()
 
 
 def _ir_memfd() -> int | None:
