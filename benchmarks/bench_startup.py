@@ -1,0 +1,96 @@
+"""What CODEGEN_CACHE_ENABLE=1 costs a process at start-up: fresh interpreters, alternating, medians.
+
+    python benchmarks/bench_startup.py --rounds 21
+
+Pairs, each run in turn within a round (the order flips every round), wall time of the whole
+process (`python -c ...` from fork to exit):
+
+- `python -c pass` with the variable unset / set to 1;
+- `python -c "import json"` with the variable unset / set to 1;
+- `python -c "import tvm"` with the variable set to 1 (the switch turns on at `import tvm`) /
+  `python -c "import tvm; import codegen_cache"` with the variable unset.
+
+The machine is shared: each pair's figure is the median of its per-round differences and
+ratios, measured side by side, with the load average before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+PAIRS = {
+    "python -c pass": (("pass", "1"), ("pass", None)),
+    'python -c "import json"': (("import json", "1"), ("import json", None)),
+    "import tvm (variable set) vs import tvm; import codegen_cache": (
+        ("import tvm", "1"), ("import tvm; import codegen_cache", None)),
+}
+
+
+def _run(code: str, variable: str | None, env: dict[str, str]) -> float:
+    env = dict(env)
+    if variable is not None:
+        env["CODEGEN_CACHE_ENABLE"] = variable
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def bench(rounds: int, pairs: list[str]) -> dict:
+    """Alternating fresh-process runs of each pair; medians, per-round differences and ratios."""
+    with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CODEGEN_CACHE_")}
+        env["CODEGEN_CACHE_DIR"] = str(Path(tmp) / "cache")
+        out = {"rounds": rounds, "load_before": os.getloadavg(), "python": sys.version.split()[0],
+               "hook_installed": (Path(sysconfig.get_paths()["purelib"]) / "codegen_cache_enable.pth").exists(),
+               "pairs": {}}
+        for name in pairs:
+            switched, plain = PAIRS[name]
+            _run(*switched, env), _run(*plain, env)  # warm the page cache and the .pyc files
+            samples: dict[str, list[float]] = {"switched": [], "plain": []}
+            for r in range(rounds):
+                order = (("switched", switched), ("plain", plain)) if r % 2 == 0 else \
+                    (("plain", plain), ("switched", switched))
+                for label, (code, variable) in order:
+                    samples[label].append(_run(code, variable, env))
+            diffs = [a - b for a, b in zip(samples["switched"], samples["plain"])]
+            ratios = [a / b for a, b in zip(samples["switched"], samples["plain"])]
+            out["pairs"][name] = {
+                "median_switched_ms": 1e3 * statistics.median(samples["switched"]),
+                "median_plain_ms": 1e3 * statistics.median(samples["plain"]),
+                "median_difference_ms": 1e3 * statistics.median(diffs),
+                "median_ratio": statistics.median(ratios),
+                "samples": samples,
+            }
+        out["load_after"] = os.getloadavg()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=21)
+    parser.add_argument("--pairs", nargs="*", choices=list(PAIRS), default=list(PAIRS))
+    parser.add_argument("--json", action="store_true", help="print every sample as JSON")
+    args = parser.parse_args(argv)
+    result = bench(args.rounds, args.pairs)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"{args.rounds} rounds, Python {result['python']}, start-up hook installed: {result['hook_installed']}, "
+          f"load {result['load_before'][0]:.1f} -> {result['load_after'][0]:.1f}")
+    for name, p in result["pairs"].items():
+        print(f"{name}: {p['median_switched_ms']:.1f} ms vs {p['median_plain_ms']:.1f} ms; per round "
+              f"{p['median_difference_ms']:+.1f} ms, ratio {p['median_ratio']:.3f} (medians)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
