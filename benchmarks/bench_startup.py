@@ -12,6 +12,10 @@ processes do (PYTHONDONTWRITEBYTECODE is dropped):
 - `python -c "import tvm"` with the variable set to 1 (the switch turns on at `import tvm`) /
   `python -c "import tvm; import codegen_cache"` with the variable unset.
 
+Beside the pairs: enable_from_environment() itself, in a process that has imported tvm and
+codegen_cache (CPU time, in-process): what the start-up hook adds to `import tvm` besides
+importing the package.
+
 The machine is shared: each pair's figure is the median of its per-round differences and
 ratios, measured side by side, with the load average before and after.
 """
@@ -52,6 +56,26 @@ def _run(code: str, variable: str | None, env: dict[str, str]) -> tuple[float, f
     return wall, usage.ru_utime + usage.ru_stime
 
 
+ENABLE_CHILD = """
+import os, sys, time
+import tvm, codegen_cache
+from codegen_cache._switch import enable_from_environment
+os.environ["CODEGEN_CACHE_ENABLE"] = "1"
+n = len(sys.modules)
+t0 = time.process_time()
+assert enable_from_environment()
+print(time.process_time() - t0, len(sys.modules) - n)
+"""
+
+
+def bench_enable(rounds: int, env: dict[str, str]) -> dict:
+    """CPU time of enable_from_environment() after `import tvm, codegen_cache`, and the modules it imports."""
+    found = [subprocess.run([sys.executable, "-c", ENABLE_CHILD], env=env, check=True, capture_output=True,
+                            text=True).stdout.split() for _ in range(rounds)]
+    return {"median_cpu_ms": 1e3 * statistics.median(float(f[0]) for f in found),
+            "modules_imported": max(int(f[1]) for f in found)}
+
+
 def bench(rounds: int, pairs: list[str]) -> dict:
     """Alternating fresh-process runs of each pair; medians, per-round differences and ratios."""
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as tmp:
@@ -82,6 +106,8 @@ def bench(rounds: int, pairs: list[str]) -> dict:
                     "median_ratio": statistics.median(x / y for x, y in zip(a, b)),
                 }
             out["pairs"][name] = {**found, "samples": samples}
+        if any(name.startswith("import tvm") for name in pairs):
+            out["enable"] = bench_enable(max(3, rounds // 3), env)
         out["load_after"] = os.getloadavg()
     return out
 
@@ -103,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
             m = p[measure]
             print(f"{name} [{measure}]: {m['median_switched_ms']:.1f} ms vs {m['median_plain_ms']:.1f} ms; per round "
                   f"{m['median_difference_ms']:+.1f} ms, ratio {m['median_ratio']:.3f} (medians)")
+    if "enable" in result:
+        print(f"enable_from_environment() after import tvm, codegen_cache: {result['enable']['median_cpu_ms']:.2f} ms "
+              f"CPU (median), {result['enable']['modules_imported']} modules imported")
     return 0
 
 
