@@ -27,7 +27,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from . import _compat, _context, _registry
+from . import _artifacts, _compat, _context, _registry
+from ._artifacts import as_built_root
 from ._build import build as cached_tirx_build
 from ._build._index import compile_device
 from ._build._relax import relax_build
@@ -96,6 +97,7 @@ def enable(cache: CodegenCache | None = None, *, children: bool = True) -> None:
                 _export(DIR_VAR, str(cache.directory))
         if _state["on"]:
             return
+        _artifacts.install_on_module()
         if _compat.DISTRIBUTION == "tilelang":
             from . import tilelang as tilelang_switch
 
@@ -116,8 +118,10 @@ def disable() -> None:
 
             tilelang_switch.disable()
             _state["tilelang"] = False
+        _state["on"] = False  # first: a router someone captured steps aside from here on
         _restore_attributes()
         _unroute_globals()
+        _artifacts.uninstall_from_module()
         for name, before in _state["environ"].items():
             if before is None:
                 os.environ.pop(name, None)
@@ -125,7 +129,6 @@ def disable() -> None:
                 os.environ[name] = before
         _state["environ"] = {}
         _context.pin_default(None, unpin=True)
-        _state["on"] = False
 
 
 def enable_from_environment() -> bool:
@@ -151,6 +154,8 @@ def _export(name: str, value: str) -> None:
 
 
 def _active() -> CodegenCache | None:
+    if not _state["on"]:
+        return None  # a router captured while enabled (`from tvm.relax import build`, a wrapper) after disable()
     cache = _context.active_cache()
     if isinstance(cache, CodegenCache) and not cache.settings.disable and cache.trusted:
         return cache
@@ -163,17 +168,19 @@ def _relax_router(original: Callable[..., Any]) -> Callable[..., Any]:
         cache = _active()
         if cache is None:
             return original(mod, target, params, relax_pipeline, tir_pipeline, exec_mode, system_lib=system_lib)
-        return relax_build(original, cache, mod, target, params, relax_pipeline, tir_pipeline, exec_mode,
-                           system_lib=system_lib)
+        return as_built_root(relax_build(original, cache, mod, target, params, relax_pipeline, tir_pipeline,
+                                         exec_mode, system_lib=system_lib))
 
     return _wraps(build, original)
 
 
 def _tirx_router(original: Callable[..., Any]) -> Callable[..., Any]:
     def build(mod, target=None, pipeline="default"):
-        if _active() is None or not _tir_only(mod) or not isinstance(pipeline, (str, type(None))):
+        if _active() is None:
             return original(mod, target, pipeline)
-        return cached_tirx_build(mod, target, pipeline)
+        if not _tir_only(mod) or not isinstance(pipeline, (str, type(None))):
+            return as_built_root(original(mod, target, pipeline))  # its codegen calls still reach the cache
+        return as_built_root(cached_tirx_build(mod, target, pipeline))
 
     return _wraps(build, original)
 
