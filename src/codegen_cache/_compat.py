@@ -28,6 +28,7 @@ __all__ = [
     "Target",
     "Tensor",
     "builtin_func",
+    "cuda_compute_version",
     "cuda_runtime_available",
     "error_class",
     "error_identity",
@@ -248,6 +249,20 @@ def error_class(identity: object) -> type | None:
 
 
 # ---- runtime modules: what the cache's llvm hits need to answer as built modules --------------
+
+
+def cuda_compute_version(target: Target) -> tuple[int, int] | None:
+    """(major, minor) of a CUDA target's `arch` as TVM reads it; None without one; ValueError naming a bad one."""
+    arch = target.attrs.get("arch") if target.kind.name == "cuda" else None
+    if arch is None or not str(arch):
+        return None
+    try:
+        from tvm.support import nvcc
+
+        return nvcc.parse_compute_version(nvcc.get_target_compute_version(target))
+    except (IndexError, RuntimeError, ValueError):
+        raise ValueError(f"arch {str(arch)!r} is not a CUDA architecture TVM can read: expected "
+                         "sm_<major><minor>[suffix], e.g. sm_80 or sm_90a") from None
 
 
 @functools.lru_cache(maxsize=1)

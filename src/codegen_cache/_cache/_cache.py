@@ -45,7 +45,7 @@ from .._errors import ConfigError, ReentrantLoweringError, UncacheableError
 from .._log import warn_once
 from .._key import CacheKey, compute_key, ir_hash
 from .._outcome import emit, run_uncached
-from .._registry import DeviceCodegen, DeviceCodegenRegistry, default_registry
+from .._registry import DeviceCodegen, DeviceCodegenRegistry, check_prepared, default_registry
 from .._storage._disk import ArtifactStore
 from .._storage._faults import ensure_dir
 from .._storage._fsprobe import scratch_dir, sweep_leftovers
@@ -424,6 +424,8 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
     def _lower(self, mod: IRModule, target: TargetLike, compile_device: bool, codegen: Any) -> Module:
         start = time.perf_counter()
         _check_mode(compile_device)
+        if type(mod) is not IRModule:
+            check_prepared("CodegenCache.lower", mod)
         if type(target) is not Target:
             target = as_target(target)
         if type(codegen) is not DeviceCodegen:
