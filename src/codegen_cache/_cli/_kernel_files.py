@@ -28,7 +28,7 @@ _KERNEL_ATTRS = ("kernels", "variants")
 
 
 def parse_target(text: str):
-    """A Target from JSON ('{"kind": "cuda", "arch": "sm_90"}'), a tag/kind, or 'kind -k=v ...'; else a ValueError naming it."""
+    """A Target from JSON, a tag/kind, or 'kind -attr=value ...' (e.g. 'cuda -arch=sm_90'); else a ValueError naming it."""
     from .._compat import cuda_compute_version
 
     target = _target_of(text.strip())
