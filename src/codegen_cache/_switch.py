@@ -8,6 +8,11 @@ While enabled, in this process (docs/tvm.md):
 | tvm.tirx.build (tvm.compile of TIR, tvm.driver.build, MetaSchedule's default builder) | codegen_cache.build: its build index, then every codegen call through the cache |
 | TVM's `target.build.<kind>` global functions (direct calls, TVM's own C++ callers) | the active cache's lowering with the registry's codegen |
 
+It also puts on tvm.runtime.Module the methods through which every handle of a cached llvm
+module answers as the built one (_artifacts/_module_methods.py). disable() puts every one of
+these back as it was, and a router someone kept while enabled (`from tvm.tirx import build`, a
+function registered over a router that calls it) calls TVM's own function from then on.
+
 Each entry point goes to TVM's own function, unchanged, wherever the cache steps aside: no
 cache is active (`use_cache(None)`, CODEGEN_CACHE_DISABLE=1), or the call cannot be keyed (a
 pipeline given as a Pass object, a PassContext with instruments, a module with Relax

@@ -193,8 +193,7 @@ def as_built_root(result: Any) -> Any:
     if not any_registered():
         return result
     mod = getattr(result, "mod", None) if not isinstance(result, Module) else result
-    if not isinstance(mod, Module) or isinstance(mod, AnswersAsBuilt) \
-            or not mod._collect_from_import_tree(lambda m: _library(record_of(m)) is not None):
+    if not isinstance(mod, Module) or isinstance(mod, AnswersAsBuilt) or not _holds_library(mod):
         return result
     root = AnswersAsBuilt.__new__(AnswersAsBuilt)
     root.__move_handle_from__(_same_module(mod))  # the caller's object keeps its own handle
@@ -202,6 +201,21 @@ def as_built_root(result: Any) -> Any:
         return root
     result.mod = root
     return result
+
+
+def _holds_library(root: Module) -> bool:
+    """Whether a registered library is anywhere in `root`'s import tree."""
+    stack, seen = [root], set()
+    while stack:
+        node = stack.pop()
+        handle = node.__chandle__()
+        if handle in seen:
+            continue
+        seen.add(handle)
+        if _library(record_of(node)) is not None:
+            return True
+        stack.extend(node.imports)
+    return False
 
 
 @functools.lru_cache(maxsize=1)

@@ -405,6 +405,7 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
                 codegen: DeviceCodegen | str | None = None, structural_hash: int | None = None) -> CacheKey:
         """The cache key of this lowering (its parts say what went into it)."""
         if not isinstance(mod, IRModule):
+            check_prepared("CodegenCache.key_for", mod)
             raise TypeError(f"key_for expects a tvm.IRModule, got {type(mod).__name__}")
         _check_mode(compile_device)
         target = as_target(target)
