@@ -26,7 +26,9 @@ class ByDigest(CacheState):
         equal IRModule, as in lower(); without it the digest is trusted. Then that mode's store
         ("compiled" or "source") and the remote tier. fresh=True returns a newly decoded module
         the caller may change (import_module). With verify=True nothing is served by digest
-        alone (`ir` is required). A hit is counted (for `codegen`, when given), unless count=False.
+        alone (`ir` is required). A hit is counted as one call (in the row of `codegen`, when given,
+        else "fetch"), unless count=False: codegen_cache.build and the model cache read their
+        parts with count=False and count their own call once.
         """
         if mode not in ENTRY_STORES:
             raise ValueError(f"unknown mode {mode!r}; expected one of {ENTRY_STORES}")
@@ -56,13 +58,9 @@ class ByDigest(CacheState):
         if not isinstance(hit, Hit):
             return None
         if count:
+            # A call of its own: one hit in its row (the codegen's, else "fetch"), so totals stay the rows' sum.
             saved = float(hit.entry.meta.get("build_seconds", 0.0))
-            if codegen is not None:
-                self._stats.add_for(codegen, mode or "compiled", f"hits_{hit.tier}")
-                self._stats.add_for(codegen, mode or "compiled", "saved_seconds", saved)
-            else:
-                self._stats.add(f"hits_{hit.tier}")
-                self._stats.add("saved_seconds", saved)
+            self._stats.add_hit(codegen or "fetch", mode or "kept", hit.tier, saved)
         keep_answering(hit.entry.module)
         return hit.entry.module, hit.entry.meta
 

@@ -486,7 +486,7 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
         function = _mode_function(codegen, compile_device)
         if function is None:
             codegen._func_for(target, compile_device)  # noqa: SLF001 - raises the seed's ValueError
-        self._stats.add_for(codegen.name, mode, "uncached_cheap")
+        self._stats.add_call(codegen.name, mode, "uncached_cheap")
         module = run_uncached(codegen.name, mode, lambda: function(mod, target), start)
         self._budget.built(codegen.name, mode, time.perf_counter() - start)
         return module
@@ -494,7 +494,7 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
     def _run_uncached(self, codegen: Any, mod: Any, target: Target, compile_device: bool, mode: str,
                       start: float, *, count: bool = True) -> Module:
         if count:
-            self._stats.add_for(codegen.name, mode, "uncacheable")
+            self._stats.add_call(codegen.name, mode, "uncacheable")
         if isinstance(codegen, DeviceCodegen):
             return run_uncached(codegen.name, mode, lambda: _mode_function(codegen, compile_device)(mod, target), start)
         return run_uncached(codegen.name, mode, lambda: codegen.lower(mod, target, compile_device=compile_device),
@@ -512,7 +512,7 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
             self._count_collision(key.digest)
         # One fstat per miss (not per hit): a directory removed under us gets its counts anew.
         self._stats.check_directory()
-        self._stats.add_for(codegen.name, mode, "misses")
+        self._stats.add_call(codegen.name, mode, "misses")
         # A codegen only memory pays for fails as cheaply as a remembered failure is raised: its
         # failures are neither read nor written (the exception is the codegen's own either way).
         if not self.settings.recache and plan.disk:
@@ -536,7 +536,7 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
                     self._flight.release(held)
             if isinstance(found, Hit):
                 # Built by another process while we waited: a hit, not a miss.
-                self._stats.add_for(codegen.name, mode, "misses", -1)
+                self._stats.add_call(codegen.name, mode, "misses", -1)
                 self._memory_tier.put(found.entry)
                 return self._served(found, codegen.name, mode, key.digest, key_seconds, start)
         before = parts_of(mod)
