@@ -104,7 +104,7 @@ class SingleFlight(Generic[T]):
                 held = self.locks.acquire(name, wait=max(0.0, deadline - time.monotonic()))
             if isinstance(held, Holder):
                 logger.warning("codegen cache: %s holds the build lock of %s but has been stopped for %.0fs "
-                               "(SIGSTOP, Ctrl-Z, a debugger); building without waiting for it",
+                               "(SIGSTOP, Ctrl-Z, a debugger); not waiting for it any longer",
                                held.describe(), digest[:16], time.monotonic() - (held.stopped_since or 0.0))
                 continue
             if held is None:
