@@ -592,7 +592,7 @@ def test_a_crash_right_after_a_remote_hit_loses_only_that_hosts_local_copy(tmp_p
     finally:
         left.close()
     again = _result(_host(tmp_path / "b", 530, 3, url, "--codegen", "llvm"))
-    assert again["tiers"] == ["remote"] * 3 and again["wrong"] == [] and again["stats"]["builds"] == 0
+    assert again["tiers"] == ["remote"] * 3 and again["wrong"] == [] and again["stats"]["codegen_runs"] == 0
     kept = _result(_host(tmp_path / "b", 530, 3, url, "--codegen", "llvm"))
     assert kept["tiers"] == ["disk"] * 3 and kept["wrong"] == []
 
