@@ -21,7 +21,6 @@ import contextlib
 import contextvars
 import logging
 import time
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -75,12 +74,6 @@ class BuildRecord:
     host: BuildPart
     devices: tuple[BuildPart, ...]
     codegen_seconds: float = 0.0
-
-    @property
-    def build_seconds(self) -> float:
-        """Deprecated name of codegen_seconds (until the next release)."""
-        warnings.warn("BuildRecord.build_seconds is now BuildRecord.codegen_seconds", DeprecationWarning, stacklevel=2)
-        return self.codegen_seconds
 
 
 def build(mod: PrimFunc | IRModule, target: str | Target | None = None, pipeline: str | None = "default") -> Module:

@@ -32,7 +32,6 @@ import os
 import stat
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -66,16 +65,14 @@ from ._push import Pusher
 from ._stats import StatsRecorder
 from ._tiers import COLLISION, DiskTier, Entry, Hit, MemoryTier, Probe, RemoteTierView, TierChain
 from ._writer import writer
-from .._storage._layout import ENTRY_STORES, FRONTEND_DIR, OLD_DIRS, STAGED_DIR, STORE_NAMES, migrate
+from .._storage._layout import ENTRY_STORES, FRONTEND_DIR, STAGED_DIR, STORE_NAMES
 
 __all__ = ["STORE_NAMES", "CodegenCache", "fresh_results_are_the_callers", "store_in_every_tier"]
 
 logger = logging.getLogger(__name__)
 
 # The directories entries are read from: held to the cache directory's own ownership rule.
-# An earlier release's names (OLD_DIRS) too: they are moved only when free, and may remain.
-_ENTRY_DIRS = (*STORE_NAMES, STAGED_DIR, *(f"{STAGED_DIR}/{name}" for name in (*ENTRY_STORES, "index")), FRONTEND_DIR,
-               *(old for old, _new in OLD_DIRS), *(f"pending/{name}" for name in (*ENTRY_STORES, "builds")))
+_ENTRY_DIRS = (*STORE_NAMES, STAGED_DIR, *(f"{STAGED_DIR}/{name}" for name in (*ENTRY_STORES, "index")), FRONTEND_DIR)
 
 _FORMAT = str(FORMAT_VERSION)
 # Set while a caller takes the fresh module of a miss as its own (codegen_cache.build imports its
@@ -157,8 +154,7 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
     docs/configuration.md): compiled_size_limit, source_size_limit, memory_entries,
     memory_bytes, verify, trusted_dirs, remote (a URL, or an object with get(digest) and put(digest, blob)),
     remote_secret, lease_wait, failure_ttl, recache, min_codegen_time ("auto": the tiers that pay,
-    learnt per codegen; seconds: shorter codegen runs are kept in memory only; 0: every tier;
-    min_build_time: its old name, with a DeprecationWarning until the next release);
+    learnt per codegen; seconds: shorter codegen runs are kept in memory only; 0: every tier);
     write_behind=False moves staged entries into their store before lower() returns; registry:
     the codegens to resolve targets with.
     """
@@ -179,7 +175,6 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
         failure_ttl: float | str | None = None,
         recache: bool | None = None,
         min_codegen_time: float | str | None = None,
-        min_build_time: float | str | None = None,
         write_behind: bool = True,
         registry: DeviceCodegenRegistry | None = None,
         settings: Settings | None = None,
@@ -192,13 +187,6 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
             raise TypeError(f"write_behind must be True or False, got {write_behind!r}")
         if registry is not None and not isinstance(registry, DeviceCodegenRegistry):
             raise TypeError(f"registry must be a DeviceCodegenRegistry or None, got {type(registry).__name__}")
-        if min_build_time is not None:
-            if min_codegen_time is not None:
-                raise TypeError("CodegenCache() got both min_codegen_time and its old name min_build_time; "
-                                "pass min_codegen_time only")
-            warnings.warn("CodegenCache(min_build_time=...) is now min_codegen_time=...", DeprecationWarning,
-                          stacklevel=2)
-            min_codegen_time = min_build_time
         overrides = {
             "directory": Path(directory).expanduser() if directory is not None else None,
             "compiled_size_limit": compiled_size_limit, "source_size_limit": source_size_limit,
@@ -254,14 +242,7 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
         return StorageGuard(self.directory, self._stats.add)
 
     @_made_once
-    def _migrated(self) -> bool:
-        """An earlier release's store names moved to this one's (issue 26), before any store is opened."""
-        migrate(self.directory)
-        return True
-
-    @_made_once
     def _stores(self) -> dict[str, ArtifactStore]:
-        _ = self._migrated  # the old names moved first
         limits = {"compiled": self.settings.compiled_size_limit, "source": self.settings.source_size_limit,
                   "failures": 64 << 20, "index": _INDEX_SIZE_LIMIT}
         return {name: ArtifactStore(self.directory / name, size_limit=limits[name],
@@ -270,12 +251,10 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
 
     @_made_once
     def _staged(self) -> dict[str, PendingFiles]:
-        _ = self._migrated  # the old names moved first
         return {name: PendingFiles(self.directory / STAGED_DIR / name) for name in ENTRY_STORES}
 
     @_made_once
     def _staged_index(self) -> PendingFiles:  # stage_index_entry's
-        _ = self._migrated  # the old names moved first
         return PendingFiles(self.directory / STAGED_DIR / "index")
 
     @_made_once

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import time
-import warnings
 from pathlib import Path
 
 from .._storage._disk import ArtifactStore
-from .._storage._layout import ENTRY_STORES, FRONTEND_DIR, STORE_NAMES, remove_old_dirs, store_name
+from .._storage._layout import ENTRY_STORES, FRONTEND_DIR, STORE_NAMES
 from .._storage._pending import PendingFiles
 from .._storage._plain import PlainFiles
 from .._validate import check_bool, check_timeout
@@ -53,17 +52,8 @@ class Maintenance(CacheState):
         self._stats.reset()
 
     def clear(self, *, compiled: bool = True, source: bool = True, failures: bool = True,
-              index: bool | None = None, builds: bool | None = None) -> int:
-        """Remove entries (every store by default); how many went. index follows compiled/source.
-
-        builds: index's old name (DeprecationWarning, until the next release). Clearing the index
-        also removes what an earlier release left under the old names (OLD_DIRS) and could not move.
-        """
-        if builds is not None:
-            if index is not None:
-                raise TypeError("clear() got both index and its old name builds; pass index only")
-            warnings.warn("clear(builds=...) is now clear(index=...)", DeprecationWarning, stacklevel=2)
-            index = builds
+              index: bool | None = None) -> int:
+        """Remove entries (every store by default); how many went. index follows compiled/source."""
         for name, value in (("compiled", compiled), ("source", source), ("failures", failures)):
             check_bool(name, value)
         if index is not None:
@@ -82,19 +72,17 @@ class Maintenance(CacheState):
                     removed += self._staged_index.clear()
         if index:
             removed += PlainFiles(Path(self.directory) / FRONTEND_DIR).clear()
-            removed += remove_old_dirs(self.directory)
         return removed
 
     def store(self, name: str) -> ArtifactStore:
-        """The ArtifactStore 'compiled', 'source', 'failures' or 'index' (for tools; 'builds': index's old name)."""
+        """The ArtifactStore 'compiled', 'source', 'failures' or 'index' (for tools)."""
         try:
-            return self._stores[_new_name(name)]
+            return self._stores[name]
         except KeyError:
             raise ValueError(f"unknown store {name!r}; expected one of {', '.join(STORE_NAMES)}") from None
 
     def staged(self, name: str) -> PendingFiles:
         """Entries of store 'compiled', 'source' or 'index' written but not yet moved into it (for tools)."""
-        name = _new_name(name)
         if name == "index":
             return self._staged_index
         try:
@@ -117,10 +105,3 @@ class Maintenance(CacheState):
             self._remote.close()
         return done
 
-
-def _new_name(name: str) -> str:
-    """A store's name; an old one (OLD_STORE_NAMES) answered with a DeprecationWarning."""
-    new = store_name(name)
-    if new != name:
-        warnings.warn(f"store {name!r} is now {new!r}", DeprecationWarning, stacklevel=3)
-    return new

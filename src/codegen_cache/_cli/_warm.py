@@ -67,9 +67,7 @@ def warm_lowered(cache, mod, target, compile_device: bool) -> dict[str, Any]:
 
 
 def _result(status: str, tier: str, key: str, seconds: float, codegen_seconds: float) -> dict[str, Any]:
-    # build_seconds: codegen_seconds' old name, kept in the JSON until the next release (docs/cli.md).
-    return {"status": status, "tier": tier, "key": key, "seconds": seconds, "codegen_seconds": codegen_seconds,
-            "build_seconds": codegen_seconds}
+    return {"status": status, "tier": tier, "key": key, "seconds": seconds, "codegen_seconds": codegen_seconds}
 
 
 def warm_one(cache, kernel, target, compile_device: bool) -> dict[str, Any]:
@@ -158,9 +156,8 @@ def warm(spec: str, targets: list[str], directory: str, *, workers: int, mode: s
                     raise
     finally:
         bar.close()
-    # "built": the old name of "codegen" (the codegen ran), kept in the JSON until the next release.
     return {"tasks": len(tasks), "workers": workers, "seconds": time.perf_counter() - t0, **counts,
-            "built": counts["codegen"], "results": results}
+            "results": results}
 
 
 def default_workers() -> int:
