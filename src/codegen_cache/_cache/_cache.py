@@ -95,7 +95,7 @@ def fresh_results_are_the_callers() -> Iterator[None]:
 
 @contextlib.contextmanager
 def store_in_every_tier() -> Iterator[None]:
-    """Inside the block, lowerings use every tier, whatever their codegen's builds cost (_budget.py)."""
+    """Inside the block, lowerings use every tier, however short their codegen runs (_budget.py)."""
     token = _every_tier.set(True)
     try:
         yield
@@ -153,8 +153,8 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
     Options (keyword-only; None: the CODEGEN_CACHE_* variable, else the default, see
     docs/configuration.md): compiled_size_limit, source_size_limit, memory_entries,
     memory_bytes, verify, trusted_dirs, remote (a URL, or an object with get(digest) and put(digest, blob)),
-    remote_secret, lease_wait, failure_ttl, recache, min_codegen_time ("auto": the tiers that pay,
-    learnt per codegen; seconds: shorter codegen runs are kept in memory only; 0: every tier);
+    remote_secret, lease_wait, failure_ttl, recache, min_codegen_time (the disk and remote
+    tiers' minimum codegen run: "auto" 5 ms, seconds, or 0 for every tier; _budget.py);
     write_behind=False moves staged entries into their store before lower() returns; registry:
     the codegens to resolve targets with.
     """
@@ -467,7 +467,7 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
             codegen._func_for(target, compile_device)  # noqa: SLF001 - raises the seed's ValueError
         self._stats.add_for(codegen.name, mode, "uncached_cheap")
         module = run_uncached(codegen.name, mode, lambda: function(mod, target), start)
-        self._budget.built(codegen.name, mode, time.perf_counter() - start)
+        self._budget.ran(codegen.name, mode, time.perf_counter() - start)
         return module
 
     def _run_uncached(self, codegen: Any, mod: Any, target: Target, compile_device: bool, mode: str,
@@ -524,7 +524,7 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
         try:
             module, codegen_seconds = self._run_codegen(codegen, key.digest, mod, target, compile_device, probe,
                                                       remember=plan.disk)
-            self._budget.built(codegen.name, mode, codegen_seconds, key_seconds)
+            self._budget.ran(codegen.name, mode, codegen_seconds, key_seconds)
             if not collision and plan.disk:
                 promote = self._store(codegen.name, key, mode, module, mod, target, codegen_seconds, before, lease)
             elif not collision:
@@ -546,17 +546,13 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
             # Last: once woken, the writer thread takes the GIL whenever this thread waits on a
             # file operation, so anything after this would wait for its SQLite work.
             promote()
-        self._budget.missed(codegen.name, mode, time.perf_counter() - start - codegen_seconds - key_seconds,
-                            disk=plan.disk)
         return module
 
     def _served(self, hit: Hit, codegen: str, mode: str, digest: str, key_seconds: float, start: float) -> Module:
         saved = float(hit.entry.meta.get("build_seconds", 0.0))
         self._stats.add_hit(codegen, mode, hit.tier, saved)
-        if hit.tier != "memory":
-            self._budget.hit(codegen, mode, hit.tier, hit.load_seconds, key_seconds, saved)
-            if self._pusher is not None:
-                self._refresh_later(digest, hit.entry.blob)
+        if hit.tier != "memory" and self._pusher is not None:
+            self._refresh_later(digest, hit.entry.blob)
         emit(tier=hit.tier, key=digest, codegen=codegen, mode=mode, key_seconds=key_seconds,
              load_seconds=hit.load_seconds, codegen_seconds=saved, total_seconds=time.perf_counter() - start)
         if hit.tier == "memory":
