@@ -184,7 +184,7 @@ def serve_parts(cache: CodegenCache, host: BuildPart, devices: tuple[BuildPart, 
 
 def _count_parts(cache: CodegenCache, counter: str, record: BuildRecord) -> None:
     """A build served whole counts a hit per codegen result it holds, as lowering them would."""
-    stats = cache._stats  # noqa: SLF001 - the build layer counts into its cache's counters
+    stats = cache.counters
     for part in (*record.devices, record.host):
         stats.add_for(part.codegen, part.mode, counter)
     if record.codegen_seconds:
