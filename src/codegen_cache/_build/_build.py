@@ -27,7 +27,7 @@ from .._cache import CodegenCache
 from .._cache._cache import fresh_results_are_the_callers, store_in_every_tier
 from .._cache._writer import writer
 from .._context import active_cache
-from .._key import CacheKey, ir_hashes_ahead
+from .._key import CacheKey
 from .._outcome import emit, last_outcome
 from .._registry import DeviceCodegenRegistry, default_registry
 from ._index import BuildPart, compile_device, key_of, read_index, write_index
@@ -212,10 +212,7 @@ def _cold(cache: CodegenCache | None, registry: DeviceCodegenRegistry, planned: 
     if tvm.ir.transform.PassContext.current().config.get("tirx.disable_assert", False):
         skip = tvm.tirx.transform.SkipAssert()
         host_all, device_mods = skip(host_all), [(t, skip(m)) for t, m in device_mods]
-    # Each later module's hash is computed beside the codegen of those before it.
-    later = [m for _t, m in device_mods[1:]] + [host_all] if cache is not None and device_mods else []
-    with ir_hashes_ahead(later):
-        return _codegens(cache, registry, planned, host_all, device_mods)
+    return _codegens(cache, registry, planned, host_all, device_mods)
 
 
 def _codegens(cache: CodegenCache | None, registry: DeviceCodegenRegistry, planned: Plan, host_all: IRModule,
