@@ -52,14 +52,16 @@ from .._registry import DeviceCodegenRegistry
 from .._storage._layout import MODEL_CODEC
 from .._targets import canonical_target
 from ._build import BuildPart, BuildRecord, capture_builds, serve_parts
+from ._identity import DECLARE_HINT
 from ._index import codegen_seconds_of, codegens_json, pass_context_part, parse_part, read_entry, write_entry
+from ._reads import database_part, registered_part
 
 __all__ = ["MODEL_CODEC", "MODEL_FORMAT", "model_key", "relax_build"]
 
 logger = logging.getLogger(__name__)
 
 # Bump when the entry's layout or the model key's parts change.
-MODEL_FORMAT = "1"
+MODEL_FORMAT = "2"
 _MEMO_PREFIX = "relax:"
 _PIPELINE_TYPES = (str, type(None))
 
@@ -81,8 +83,13 @@ def model_key(mod: IRModule, target: Target | None, params: Mapping[str, Any] | 
     scope = target if target is not None else Target.current()
     try:
         codegens = _codegens_part(scope, _vdevice_targets(mod), registry)
+        registered = registered_part()
+        database = database_part()
         structural = _compat.structural_hash(mod)
-    except UncacheableError:
+    except UncacheableError as err:
+        if err.remedy.startswith(DECLARE_HINT):
+            warn_once(logger, ("model-unidentified", err.what), "codegen cache: %s; compiling this model without "
+                      "the model-level cache (its codegen calls still go through the cache)", err)
         return None
     except (TypeError, ValueError) as err:
         warn_once(logger, "model-hash", "codegen cache: cannot key a relax.build input (%s); compiling it "
@@ -97,6 +104,8 @@ def model_key(mod: IRModule, target: Target | None, params: Mapping[str, Any] | 
         ("exec_mode", exec_mode),
         ("system_lib", "auto" if system_lib is None else str(system_lib)),
         ("pass_context", context),
+        ("registered", registered),
+        ("database", database),
         *static_salts(),
         ("codegens", codegens),
         ("model_format", MODEL_FORMAT),
