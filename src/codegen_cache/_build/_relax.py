@@ -42,6 +42,7 @@ import xxhash
 from .. import _compat
 from .._artifacts import Artifact, frame
 from .._cache import CodegenCache
+from .._cache._tiers import ir_digest
 from .._cache._writer import writer
 from .._compat import IRModule, Module, Target, tvm
 from .._errors import ArtifactError, UncacheableError
@@ -172,7 +173,7 @@ def relax_build(original: Callable[..., Any], cache: CodegenCache, mod: Any, tar
     if key is None:
         return original(mod, target, **call)
     key_seconds = time.perf_counter() - start
-    served = _warm(cache, key, mod, key_seconds, start)
+    served = _warm(cache, key, mod, params, key_seconds, start)
     if served is not None:
         return served
     snapshot = mod.clone() if hasattr(mod, "clone") else mod  # the pipeline may not change the caller's module
@@ -182,14 +183,14 @@ def relax_build(original: Callable[..., Any], cache: CodegenCache, mod: Any, tar
         with capture_builds() as builds:
             executable = original(mod, target, **call)
         seconds = sum(record.codegen_seconds for record, _module in builds)
-        stored = _store(cache, key, executable, builds, snapshot, seconds)
+        stored = _store(cache, key, executable, builds, snapshot, params, seconds)
     total = time.perf_counter() - start
     emit(tier="codegen", key=key.digest, codegen="relax.build", mode="model", key_seconds=key_seconds, load_seconds=0.0,
          codegen_seconds=seconds, total_seconds=total, stored=stored)
     return executable
 
 
-def _warm(cache: CodegenCache, key: CacheKey, mod: IRModule, key_seconds: float, start: float) -> Any:
+def _warm(cache: CodegenCache, key: CacheKey, mod: IRModule, params: Any, key_seconds: float, start: float) -> Any:
     memo = cache.fetch_kept(_MEMO_PREFIX + key.digest, ir=mod, count=False)
     if memo is not None:
         meta = memo[1]
@@ -200,8 +201,11 @@ def _warm(cache: CodegenCache, key: CacheKey, mod: IRModule, key_seconds: float,
     entry = _read(cache, key)
     if entry is None:
         return None
-    data, record = entry
-    library = serve_parts(cache, record.host, record.devices) if record is not None else None
+    data, record, stored_input = entry
+    verify = cache.settings.verify
+    if verify and stored_input != _input_digest(mod, params):
+        return None  # stored without verify, or another input under the same 64-bit hash: compile
+    library = serve_parts(cache, record.host, record.devices, named_exactly=verify) if record is not None else None
     if record is not None and library is None:
         return None  # a part was evicted: compile again (and store it anew)
     executable = _executable(data, library)
@@ -239,7 +243,7 @@ def _emit(tier: str, key: CacheKey, key_seconds: float, start: float, saved: flo
 
 
 def _store(cache: CodegenCache, key: CacheKey, executable: Any, builds: list[tuple[BuildRecord, Module]],
-           snapshot: IRModule, seconds: float) -> bool:
+           snapshot: IRModule, params: Any, seconds: float) -> bool:
     """Store the model entry of a fresh executable, where its library is what one stored build made."""
     module = getattr(executable, "mod", None)
     if not isinstance(module, Module) or module.kind != "relax.VMExecutable":
@@ -262,6 +266,8 @@ def _store(cache: CodegenCache, key: CacheKey, executable: Any, builds: list[tup
             "library": None if record is None else {"build_key": record.key.digest,
                                                     "host": record.host.as_dict(),
                                                     "devices": [p.as_dict() for p in record.devices]}}
+    if cache.settings.verify:
+        meta["input_digest"] = _input_digest(snapshot, params)
     if not write_entry(cache, key, frame(MODEL_CODEC, meta, [data])):
         return False
     _remember(cache, key, snapshot, data, imports[0] if len(imports) else None, record)
@@ -287,24 +293,39 @@ def _executable_bytes(module: Module, cache: CodegenCache) -> bytes | None:
             pass
 
 
-def _read(cache: CodegenCache, key: CacheKey) -> tuple[bytes, BuildRecord | None] | None:
+def _input_digest(mod: IRModule, params: Any) -> str:
+    """What identifies a relax.build input exactly (verify=True): the module's JSON and the params' bytes."""
+    digest = xxhash.xxh3_128(ir_digest(mod).encode())
+    for name in sorted(params or (), key=str):
+        values = params[name] if isinstance(params[name], (list, tuple)) else [params[name]]
+        for value in values:  # tensors: model_key keys no other params
+            array = value.numpy()
+            digest.update(_encode_part(str(name), f"{array.dtype}{array.shape}"))
+            digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def _read(cache: CodegenCache, key: CacheKey) -> tuple[bytes, BuildRecord | None, str | None] | None:
     return read_entry(cache, key, MODEL_CODEC, _parse_entry, "compiled model")
 
 
-def _parse_entry(art: Artifact) -> tuple[bytes, BuildRecord | None]:
+def _parse_entry(art: Artifact) -> tuple[bytes, BuildRecord | None, str | None]:
     if len(art.fields) != 1:
         raise ArtifactError(f"{len(art.fields)} fields, expected 1", kind=MODEL_CODEC)
     seconds = codegen_seconds_of(art, MODEL_CODEC)
+    stored_input = art.meta.get("input_digest")
+    if stored_input is not None and not isinstance(stored_input, str):
+        raise ArtifactError("input_digest is not a string", kind=MODEL_CODEC)
     library = art.meta.get("library")
     if library is None:
-        return bytes(art.fields[0]), None
+        return bytes(art.fields[0]), None, stored_input
     if not isinstance(library, dict) or not isinstance(library.get("devices"), list) \
             or not isinstance(library.get("build_key"), str):
         raise ArtifactError("malformed library", kind=MODEL_CODEC)
     host = parse_part(library.get("host"), MODEL_CODEC)
     devices = tuple(parse_part(d, MODEL_CODEC) for d in library["devices"])
     build_key = CacheKey((("build", library["build_key"]),), library["build_key"])
-    return bytes(art.fields[0]), BuildRecord("disk", build_key, host, devices, seconds)
+    return bytes(art.fields[0]), BuildRecord("disk", build_key, host, devices, seconds), stored_input
 
 
 def _remember(cache: CodegenCache, key: CacheKey, mod: IRModule, data: bytes, library: Module | None,
