@@ -239,7 +239,6 @@ PROCESS = """
     from tvm import relax
     import codegen_cache as cc
     import model_reads
-import relax_models
 
     kind, variant, directory = sys.argv[1], sys.argv[2], sys.argv[3]
     legalize = model_reads.LEGALIZATIONS.get(variant)
