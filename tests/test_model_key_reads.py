@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import re
 
 import numpy as np
 import pytest
@@ -175,6 +176,12 @@ def test_an_unidentifiable_registration_skips_the_model_cache_once_warned_and_a_
 def test_declare_salt_refuses_bad_input_naming_it(func, salt, error, match):
     with pytest.raises(error, match=match):
         cc.declare_salt(func, salt)
+
+
+@pytest.mark.parametrize("salt", [1, None, ["v1"]])
+def test_declare_callback_salt_refuses_a_salt_that_is_no_str_or_bytes(salt):
+    with pytest.raises(TypeError, match=f"salt must be a str or bytes, got {re.escape(repr(salt))}"):
+        cc.declare_callback_salt("tvm_callback_cuda_postproc", salt)
 
 
 def test_declare_salt_takes_bytes_and_a_tvm_ffi_function():
