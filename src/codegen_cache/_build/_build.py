@@ -17,7 +17,6 @@ import contextlib
 import contextvars
 import logging
 import time
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -68,12 +67,6 @@ class BuildRecord:
     host: BuildPart
     devices: tuple[BuildPart, ...]
     codegen_seconds: float = 0.0
-
-    @property
-    def build_seconds(self) -> float:
-        """Deprecated name of codegen_seconds (until the next release)."""
-        warnings.warn("BuildRecord.build_seconds is now BuildRecord.codegen_seconds", DeprecationWarning, stacklevel=2)
-        return self.codegen_seconds
 
 
 def build(mod: PrimFunc | IRModule, target: str | Target | None = None, pipeline: str | None = "default") -> Module:
@@ -195,7 +188,7 @@ def serve_parts(cache: CodegenCache, host: BuildPart, devices: tuple[BuildPart, 
 
 def _count_parts(cache: CodegenCache, counter: str, record: BuildRecord) -> None:
     """A build served whole counts a hit per codegen result it holds, as lowering them would."""
-    stats = cache._stats  # noqa: SLF001 - the build layer counts into its cache's counters
+    stats = cache.counters
     for part in (*record.devices, record.host):
         stats.add_for(part.codegen, part.mode, counter)
     if record.codegen_seconds:

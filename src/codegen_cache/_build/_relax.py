@@ -227,7 +227,7 @@ def _count(cache: CodegenCache, counter: str, record: BuildRecord | None) -> Non
     """A model served whole counts a hit per codegen result it holds, as codegen_cache.build does."""
     if record is None:
         return
-    stats = cache._stats  # noqa: SLF001 - the build layer counts into its cache's counters
+    stats = cache.counters
     for part in (*record.devices, record.host):
         stats.add_for(part.codegen, part.mode, counter)
     stats.add("saved_seconds", record.codegen_seconds)
@@ -276,7 +276,7 @@ def _store(cache: CodegenCache, key: CacheKey, executable: Any, builds: list[tup
 
 def _executable_bytes(module: Module, cache: CodegenCache) -> bytes | None:
     """The VMExecutable's own serialization (its write_to_file; imports are not included)."""
-    fd, path = tempfile.mkstemp(prefix="cgc-", suffix=".vmexec", dir=cache._scratch())  # noqa: SLF001
+    fd, path = tempfile.mkstemp(prefix="cgc-", suffix=".vmexec", dir=cache.scratch_dir())
     os.close(fd)
     try:
         module.write_to_file(path)
