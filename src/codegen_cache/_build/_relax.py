@@ -10,6 +10,9 @@ comes here. The *model key* is computed from what relax.build is given, before a
     target         the target given, canonical, host included; Target.current() when none is
     relax_pipeline, tir_pipeline, exec_mode, system_lib
     pass_context   opt level, config, required and disabled passes (as codegen_cache.build)
+    registered     what the pipeline reads that Python registered into TVM and is not TVM's own:
+                   global functions, op attributes, pipelines by name (_reads.py, _identity.py)
+    database       the records of the MetaSchedule database in context
     tvm, tvm_ffi, llvm    the static salts
     codegens       name, mode, toolchain and salt of each codegen the build may call
     model_format
@@ -21,9 +24,13 @@ loads the executable from those bytes, serves the library from its parts and imp
 Relax pipeline, no TIR pipeline, no codegen. A re-run in one process is a memory hit, exact
 (the input is compared with the one compiled, structural_equal).
 
+With verify=True the entry also holds an exact digest of the input (the module's JSON, the
+params' bytes), and a disk hit is served only where the compile's input has that digest.
+
 Not keyable, so relax.build runs as TVM's own (its codegen calls still go through the cache): a
 pipeline given as a Pass or callable, a PassContext with instruments, params that are not
-tensors, a codegen that reads an input no key can hold. Not stored: an executable that
+tensors, a codegen that reads an input no key can hold, a registration no identity stands for
+(warned once per registration, with the way to declare a salt). Not stored: an executable that
 imports other modules than the library its one build made (external BYOC modules).
 """
 
