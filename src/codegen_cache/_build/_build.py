@@ -164,16 +164,20 @@ def _warm(cache: CodegenCache, key: CacheKey, planned: Plan, start: float) -> tu
     return module, record
 
 
-def serve_parts(cache: CodegenCache, host: BuildPart, devices: tuple[BuildPart, ...]) -> Module | None:
-    """The module a build made, from its parts' entries (device modules imported), or None if one is missing."""
+def serve_parts(cache: CodegenCache, host: BuildPart, devices: tuple[BuildPart, ...], *,
+                named_exactly: bool = False) -> Module | None:
+    """The module a build made, from its parts' entries (device modules imported), or None if one is missing.
+
+    named_exactly: the parts were named by an entry verify=True checked exactly (CodegenCache.fetch).
+    """
     modules = []
     for part in devices:
-        found = cache.fetch(part.digest, part.mode, codegen=part.codegen)
+        found = cache.fetch(part.digest, part.mode, codegen=part.codegen, named_exactly=named_exactly)
         if found is None:
             return None
         modules.append(found[0])
     # The host module gets the device modules as imports: it must be a copy nobody else holds.
-    found = cache.fetch(host.digest, host.mode, fresh=bool(modules), codegen=host.codegen)
+    found = cache.fetch(host.digest, host.mode, fresh=bool(modules), codegen=host.codegen, named_exactly=named_exactly)
     if found is None:
         return None
     module = found[0]

@@ -425,7 +425,7 @@ class CodegenCache:
         return precompile_cuda(self, mod, target, codegen, flight=self._flight, stage=self._stage)
 
     def fetch(self, digest: str, mode: str, *, ir: Any = None, fresh: bool = False, count: bool = True,
-              codegen: str | None = None) -> tuple[Module, dict[str, Any]] | None:
+              codegen: str | None = None, named_exactly: bool = False) -> tuple[Module, dict[str, Any]] | None:
         """The module and metadata stored under a key digest, or None; never calls a codegen.
 
         For codegen_cache.build, whose index knows the digests of a build's entries but not
@@ -433,11 +433,15 @@ class CodegenCache:
         equal IRModule, as in lower(); without it the digest is trusted. Then that mode's store
         ("compiled" or "source") and the remote tier. fresh=True returns a newly decoded module
         the caller may change (import_module). With verify=True nothing is served by digest
-        alone (`ir` is required). A hit is counted (for `codegen`, when given), unless count=False.
+        alone (`ir` is required), unless named_exactly: the digest was read from an entry that
+        verify checked exactly (a model entry whose input digest matched), and the 128-bit
+        digest names the entry that build stored. A hit is counted (for `codegen`, when given),
+        unless count=False.
         """
         if mode not in ENTRY_STORES:
             raise ValueError(f"unknown mode {mode!r}; expected one of {ENTRY_STORES}")
-        return self._fetch(digest, mode, ir=ir, fresh=fresh, count=count, codegen=codegen)
+        return self._fetch(digest, mode, ir=ir, fresh=fresh, count=count, codegen=codegen,
+                           named_exactly=named_exactly)
 
     def fetch_kept(self, digest: str, *, ir: Any = None, count: bool = True,
                    codegen: str | None = None) -> tuple[Module, dict[str, Any]] | None:
@@ -748,9 +752,10 @@ class CodegenCache:
         return hit.entry.module
 
     def _fetch(self, digest: str, mode: str | None, *, ir: Any, fresh: bool, count: bool,
-               codegen: str | None) -> tuple[Module, dict[str, Any]] | None:
+               codegen: str | None, named_exactly: bool = False) -> tuple[Module, dict[str, Any]] | None:
         # mode None: fetch_kept, the memory tier only (the chain stops after it).
-        if self.settings.disable or self.settings.recache or (self.settings.verify and ir is None) or not self.trusted:
+        unverifiable = self.settings.verify and ir is None and not named_exactly
+        if self.settings.disable or self.settings.recache or unverifiable or not self.trusted:
             return None
         hit = None
         if ir is None and not fresh:
