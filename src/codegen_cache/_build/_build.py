@@ -27,7 +27,7 @@ from .._cache import CodegenCache
 from .._cache._cache import fresh_results_are_the_callers, store_in_every_tier
 from .._cache._writer import writer
 from .._context import active_cache
-from .._key import CacheKey, ir_hashes_ahead
+from .._key import CacheKey
 from .._outcome import emit, last_outcome
 from .._registry import DeviceCodegenRegistry, default_registry
 from ._index import BuildPart, compile_device, key_of, read_index, write_index
@@ -164,16 +164,20 @@ def _warm(cache: CodegenCache, key: CacheKey, planned: Plan, start: float) -> tu
     return module, record
 
 
-def serve_parts(cache: CodegenCache, host: BuildPart, devices: tuple[BuildPart, ...]) -> Module | None:
-    """The module a build made, from its parts' entries (device modules imported), or None if one is missing."""
+def serve_parts(cache: CodegenCache, host: BuildPart, devices: tuple[BuildPart, ...], *,
+                named_exactly: bool = False) -> Module | None:
+    """The module a build made, from its parts' entries (device modules imported), or None if one is missing.
+
+    named_exactly: the parts were named by an entry verify=True checked exactly (CodegenCache.fetch).
+    """
     modules = []
     for part in devices:
-        found = cache.fetch(part.digest, part.mode, codegen=part.codegen)
+        found = cache.fetch(part.digest, part.mode, codegen=part.codegen, named_exactly=named_exactly)
         if found is None:
             return None
         modules.append(found[0])
     # The host module gets the device modules as imports: it must be a copy nobody else holds.
-    found = cache.fetch(host.digest, host.mode, fresh=bool(modules), codegen=host.codegen)
+    found = cache.fetch(host.digest, host.mode, fresh=bool(modules), codegen=host.codegen, named_exactly=named_exactly)
     if found is None:
         return None
     module = found[0]
@@ -184,7 +188,7 @@ def serve_parts(cache: CodegenCache, host: BuildPart, devices: tuple[BuildPart, 
 
 def _count_parts(cache: CodegenCache, counter: str, record: BuildRecord) -> None:
     """A build served whole counts a hit per codegen result it holds, as lowering them would."""
-    stats = cache._stats  # noqa: SLF001 - the build layer counts into its cache's counters
+    stats = cache.counters
     for part in (*record.devices, record.host):
         stats.add_for(part.codegen, part.mode, counter)
     if record.codegen_seconds:
@@ -212,10 +216,7 @@ def _cold(cache: CodegenCache | None, registry: DeviceCodegenRegistry, planned: 
     if tvm.ir.transform.PassContext.current().config.get("tirx.disable_assert", False):
         skip = tvm.tirx.transform.SkipAssert()
         host_all, device_mods = skip(host_all), [(t, skip(m)) for t, m in device_mods]
-    # Each later module's hash is computed beside the codegen of those before it.
-    later = [m for _t, m in device_mods[1:]] + [host_all] if cache is not None and device_mods else []
-    with ir_hashes_ahead(later):
-        return _codegens(cache, registry, planned, host_all, device_mods)
+    return _codegens(cache, registry, planned, host_all, device_mods)
 
 
 def _codegens(cache: CodegenCache | None, registry: DeviceCodegenRegistry, planned: Plan, host_all: IRModule,
