@@ -32,7 +32,7 @@ from .._cache._cache import fresh_results_are_the_callers, store_in_every_tier
 from .._cache._stats import counted_as_one
 from .._cache._writer import writer
 from .._context import active_cache
-from .._key import CacheKey, ir_hashes_ahead
+from .._key import CacheKey
 from .._outcome import emit, last_outcome
 from .._registry import DeviceCodegenRegistry, default_registry
 from ._index import BuildPart, compile_device, key_of, read_index, write_index
@@ -126,7 +126,7 @@ def _cold_build(cache: CodegenCache, registry: DeviceCodegenRegistry, planned: P
         emit(tier="uncached", key="", codegen="build", mode="build", key_seconds=0.0, load_seconds=0.0,
              codegen_seconds=seconds, total_seconds=time.perf_counter() - start, stored=False)
         return module, BuildRecord("uncached", None, host, devices, seconds)
-    cache._stats.add_call(*_ROW, "misses")  # noqa: SLF001 - the build layer counts into its cache's counters
+    cache.counters.add_call(*_ROW, "misses")
     with counted_as_one():
         module, host, devices, seconds = _cold(cache, registry, planned)
     record = BuildRecord("codegen", key, host, devices, seconds)
@@ -178,19 +178,21 @@ def _warm(cache: CodegenCache, key: CacheKey, planned: Plan, start: float) -> tu
     return module, record
 
 
-def serve_parts(cache: CodegenCache, host: BuildPart, devices: tuple[BuildPart, ...]) -> Module | None:
+def serve_parts(cache: CodegenCache, host: BuildPart, devices: tuple[BuildPart, ...], *,
+                named_exactly: bool = False) -> Module | None:
     """The module a build made, from its parts' entries (device modules imported), or None if one is missing.
 
-    The parts are not counted: they are what the caller's one hit served.
+    The parts are not counted: they are what the caller's one hit served. named_exactly: the
+    parts were named by an entry verify=True checked exactly (CodegenCache.fetch).
     """
     modules = []
     for part in devices:
-        found = cache.fetch(part.digest, part.mode, count=False)
+        found = cache.fetch(part.digest, part.mode, count=False, named_exactly=named_exactly)
         if found is None:
             return None
         modules.append(found[0])
     # The host module gets the device modules as imports: it must be a copy nobody else holds.
-    found = cache.fetch(host.digest, host.mode, fresh=bool(modules), count=False)
+    found = cache.fetch(host.digest, host.mode, fresh=bool(modules), count=False, named_exactly=named_exactly)
     if found is None:
         return None
     module = found[0]
@@ -208,7 +210,7 @@ def _remember(cache: CodegenCache, key: CacheKey, module: Module, planned: Plan,
 
 def _served(cache: CodegenCache, tier: str, key: CacheKey, key_seconds: float, start: float, saved: float) -> None:
     """A build served whole: one hit of `tier` saving the build's codegen seconds, counted as its outcome says."""
-    cache._stats.add_hit(*_ROW, tier, saved)  # noqa: SLF001 - the build layer counts into its cache's counters
+    cache.counters.add_hit(*_ROW, tier, saved)
     total = time.perf_counter() - start
     emit(tier=tier, key=key.digest, codegen="build", mode="build", key_seconds=key_seconds,
          load_seconds=total - key_seconds, codegen_seconds=saved, total_seconds=total)
@@ -222,10 +224,7 @@ def _cold(cache: CodegenCache | None, registry: DeviceCodegenRegistry, planned: 
     if tvm.ir.transform.PassContext.current().config.get("tirx.disable_assert", False):
         skip = tvm.tirx.transform.SkipAssert()
         host_all, device_mods = skip(host_all), [(t, skip(m)) for t, m in device_mods]
-    # Each later module's hash is computed beside the codegen of those before it.
-    later = [m for _t, m in device_mods[1:]] + [host_all] if cache is not None and device_mods else []
-    with ir_hashes_ahead(later):
-        return _codegens(cache, registry, planned, host_all, device_mods)
+    return _codegens(cache, registry, planned, host_all, device_mods)
 
 
 def _codegens(cache: CodegenCache | None, registry: DeviceCodegenRegistry, planned: Plan, host_all: IRModule,
