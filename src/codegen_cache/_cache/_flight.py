@@ -8,8 +8,10 @@ stopped for STOPPED_GRACE seconds (SIGSTOP, Ctrl-Z, a debugger) is passed over a
 would be, with a warning naming it; the waiters then go single-flight again under the key's
 next lock ("<digest>~1", up to _TAKEOVERS of them), so one of them builds. A stopped holder
 that is continued finishes its build and stores an entry under the same key, of the same input:
-the last store stays, and either is the module that key names. A codegen that asks for the key its own thread is
-building (it lowers its own input again) gets ReentrantLoweringError at once, not a wait on itself.
+the last store stays, and either is the module that key names.
+
+A codegen that asks for the key its own thread is building (it lowers its own input again)
+gets ReentrantLoweringError at once, not a wait on itself.
 
 Across hosts that share a remote, the local lock's holder also takes the key's build lease in
 the remote (`FleetFlight`): the OS lock stays per machine, the lease makes one builder per
