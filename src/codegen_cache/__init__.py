@@ -1,7 +1,5 @@
 """tvm-codegen-cache: a device-codegen registry for Apache TVM under a content-addressed cache."""
 
-import warnings as _warnings
-
 from ._build import (
     BuildPart,
     BuildRecord,
@@ -11,6 +9,7 @@ from ._build import (
     build_key,
     build_with_record,
     cached_export,
+    declare_salt,
     metaschedule_builder,
     prepare_for_codegen,
     prepare_kernel,
@@ -83,6 +82,7 @@ __all__ = [
     "cached_export",
     "callback_salts",
     "declare_callback_salt",
+    "declare_salt",
     "default_registry",
     "disable",
     "enable",
@@ -102,17 +102,3 @@ __all__ = [
     "settings_from_env",
     "use_cache",
 ]
-
-# Old names of issue 26's renames, answered until the next release with a DeprecationWarning
-# (docs/cli.md, "Renamed in this release"); not in __all__.
-_RENAMED = {"lower_kernel": "prepare_kernel", "lower_for_codegen": "prepare_for_codegen",
-            "LoweredKernel": "PreparedKernel", "LoweringError": "PrepareError"}
-
-
-def __getattr__(name: str) -> object:
-    """An old name of a renamed function or class: the new one, with a DeprecationWarning."""
-    new = _RENAMED.get(name)
-    if new is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    _warnings.warn(f"codegen_cache.{name} is now codegen_cache.{new}", DeprecationWarning, stacklevel=2)
-    return globals()[new]

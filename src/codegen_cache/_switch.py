@@ -36,6 +36,7 @@ from . import _artifacts, _compat, _context, _registry
 from ._artifacts import as_built_root
 from ._build import build as cached_tirx_build
 from ._build._index import compile_device
+from ._build._reads import install_hooks, uninstall_hooks
 from ._build._relax import relax_build
 from ._cache import CodegenCache
 from ._compat import IRModule, PrimFunc, tvm_ffi
@@ -111,6 +112,7 @@ def enable(cache: CodegenCache | None = None, *, children: bool = True) -> None:
         else:
             _patch_attributes()
             _route_globals()
+            install_hooks()
         _state["on"] = True
         logger.debug("codegen cache: enabled for every TVM compile in this process")
 
@@ -124,6 +126,7 @@ def disable() -> None:
             tilelang_switch.disable()
             _state["tilelang"] = False
         _state["on"] = False  # first: a router someone captured steps aside from here on
+        uninstall_hooks()
         _restore_attributes()
         _unroute_globals()
         _artifacts.uninstall_from_module()
