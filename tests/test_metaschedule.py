@@ -81,6 +81,7 @@ ENV_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_without_a_directory_workers_use_codegen_cache_dir(tmp_path):
     env = {**os.environ, "CODEGEN_CACHE_DIR": str(tmp_path / "cache")}
     script = ENV_SCRIPT.format(tests=str(Path(__file__).parent))
@@ -140,6 +141,7 @@ STUB_SCRIPT = textwrap.dedent(
 
 @pytest.mark.nvcc
 @pytest.mark.skipif(not HAS_NVCC, reason="nvcc is not on PATH")
+@pytest.mark.slow
 def test_gpu_builds_export_a_fresh_host_with_the_cached_compiled_device_code(tmp_path):
     stub = build_stub(tmp_path / "stub")
     if stub is None:
@@ -152,9 +154,9 @@ def test_gpu_builds_export_a_fresh_host_with_the_cached_compiled_device_code(tmp
         suffix, host_kind, *imports = done.stdout.split()[-4:]
         assert (suffix, imports) == ("tar", ["cuda", "cuda"]) and host_kind in ("llvm", "library")
     stats = cc.CodegenCache(tmp_path / "cache").stats()
-    # Built once each (device, host); disk hits: the warm build's host and device (the cold
+    # Built once each (device, host); one disk hit: the warm build, served whole (the cold
     # build's private copy of its host module is a read, not a hit).
-    assert (stats.codegen_runs, stats.hits_disk) == (2, 2)
+    assert (stats.codegen_runs, stats.hits_disk) == (2, 1)
 
 
 def test_a_warm_gpu_build_without_the_device_runtime_exports_as_the_cold_one(tmp_path):

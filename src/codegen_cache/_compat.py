@@ -16,6 +16,7 @@ from __future__ import annotations
 import builtins
 import functools
 import importlib.util
+import sys
 from typing import Any
 
 __all__ = [
@@ -25,18 +26,25 @@ __all__ = [
     "IRModule",
     "Module",
     "PrimFunc",
+    "REGISTRATION_POINTS",
     "Target",
     "Tensor",
     "builtin_func",
+    "cuda_compute_version",
     "cuda_runtime_available",
+    "current_database",
     "error_class",
     "error_identity",
     "host_llvm_triple",
     "ffi_version",
     "global_func",
+    "global_func_names",
     "llvm_version_major",
     "ffi_function",
     "module_property_mask",
+    "named_pipelines",
+    "op_attr",
+    "op_attr_values",
     "runtime_enabled",
     "save_json",
     "script_tirx",
@@ -250,6 +258,20 @@ def error_class(identity: object) -> type | None:
 # ---- runtime modules: what the cache's llvm hits need to answer as built modules --------------
 
 
+def cuda_compute_version(target: Target) -> tuple[int, int] | None:
+    """(major, minor) of a CUDA target's `arch` as TVM reads it; None without one; ValueError naming a bad one."""
+    arch = target.attrs.get("arch") if target.kind.name == "cuda" else None
+    if arch is None or not str(arch):
+        return None
+    try:
+        from tvm.support import nvcc
+
+        return nvcc.parse_compute_version(nvcc.get_target_compute_version(target))
+    except (IndexError, RuntimeError, ValueError):
+        raise ValueError(f"arch {str(arch)!r} is not a CUDA architecture TVM can read: expected "
+                         "sm_<major><minor>[suffix], e.g. sm_80 or sm_90a") from None
+
+
 @functools.lru_cache(maxsize=1)
 def host_llvm_triple() -> str:
     """The triple LLVM builds for on this host by default (what `Target("llvm")` gets), or ''."""
@@ -270,32 +292,128 @@ def ffi_function(func):
 
 
 class ModuleMethods:
-    """The methods of tvm.runtime.Module the cache answers for its own llvm hits.
+    """The methods of tvm.runtime.Module the cache answers for its own llvm hits, while the switch is on.
 
-    `install(replacements)` sets each named attribute once, keeping the original (TVM's own)
-    in `original`; names this TVM does not have are left out (`missing` lists them), so a TVM
-    without one degrades to its own behaviour for that method.
+    `install(replacements)` puts `replacements[name](TVM's own)` on tvm.runtime.Module for each
+    name this TVM has (`missing` lists the others: that method stays TVM's); `uninstall()` leaves
+    the class exactly as it was (an attribute inherited from tvm-ffi's Module is removed again,
+    not copied down), except where someone else has replaced one of ours since.
     """
 
     NAMES = ("kind", "get_property_mask", "is_binary_serializable", "is_runnable", "is_compilation_exportable",
              "inspect_source", "write_to_file", "get_function", "implements_function", "export_library")
+    _ABSENT = object()
 
     def __init__(self) -> None:
-        self.original: dict[str, Any] = {}
+        # While installed: name -> (Module's own attribute before, or _ABSENT; ours).
+        self._saved: dict[str, tuple[Any, Any]] | None = None
         self.missing: list[str] = []
 
+    @staticmethod
+    def _current(name: str) -> Any:
+        for klass in Module.__mro__:  # the class that defines it (tvm's Module or tvm-ffi's)
+            if name in vars(klass):
+                return vars(klass)[name]
+        return None
+
+    def originals(self) -> dict[str, Any]:
+        """TVM's own attribute for each name this TVM's Module has (call it before install)."""
+        if self._saved is not None:
+            raise RuntimeError("ModuleMethods.originals() while the replacements are installed")
+        return {name: found for name in self.NAMES if (found := self._current(name)) is not None}
+
+    @property
+    def installed(self) -> bool:
+        """Whether the replacements are on tvm.runtime.Module now."""
+        return self._saved is not None
+
     def install(self, replacements: dict[str, Any]) -> None:
-        """Put `replacements` (name -> function taking the original) on tvm.runtime.Module, once."""
-        if self.original or self.missing:
+        """Put `replacements` (name -> function taking the original) on tvm.runtime.Module (idempotent)."""
+        if self._saved is not None:
             return
+        saved: dict[str, tuple[Any, Any]] = {}
+        self.missing = []
         for name in self.NAMES:
-            current = None
-            for klass in Module.__mro__:  # the class that defines it (tvm's Module or tvm-ffi's)
-                if name in vars(klass):
-                    current = vars(klass)[name]
-                    break
+            current = self._current(name)
             if current is None or name not in replacements:
                 self.missing.append(name)
                 continue
-            self.original[name] = current
-            setattr(Module, name, replacements[name](current))
+            ours = replacements[name](current)
+            saved[name] = (vars(Module).get(name, self._ABSENT), ours)
+            setattr(Module, name, ours)
+        self._saved = saved
+
+    def uninstall(self) -> None:
+        """Put back what tvm.runtime.Module had before install() (idempotent)."""
+        if self._saved is None:
+            return
+        for name, (before, ours) in self._saved.items():
+            if vars(Module).get(name) is not ours:
+                continue  # replaced again since install(): that one stays
+            if before is self._ABSENT:
+                delattr(Module, name)
+            else:
+                setattr(Module, name, before)
+        self._saved = None
+
+
+# ---- what a Relax compile reads besides its input (_build/_reads.py) --------------------------
+
+# The module attributes TVM's Python registration functions call at call time, so that a
+# wrapper put there sees every registration from Python whatever alias the caller used:
+# tvm_ffi.register_global_func calls core._register_global_func (private: the fallback where it
+# is missing is a full rescan per model key); tvm.ir.register_op_attr, Op.set_attr and
+# Op.reset_attr call these tvm.ir._ffi_api functions.
+REGISTRATION_POINTS: tuple[tuple[Any, str], ...] = (
+    (getattr(tvm_ffi, "core", None), "_register_global_func"),
+    (tvm.ir._ffi_api, "RegisterOpAttr"),
+    (tvm.ir._ffi_api, "OpSetAttr"),
+    (tvm.ir._ffi_api, "OpResetAttr"),
+)
+
+
+def global_func_names() -> list[str]:
+    """Every name in TVM's global function registry."""
+    return list(tvm_ffi.registry.list_global_func_names())
+
+
+def op_attr(op_name: str, key: str) -> Any:
+    """The value of attribute `key` of operator `op_name` (None where unset or where no operator has `key`)."""
+    try:
+        return tvm.ir._ffi_api.OpGetAttr(tvm.ir._ffi_api.GetOp(op_name), key)
+    except tvm.error.InternalError:  # "Attribute 'X' is not registered": no operator has it
+        return None
+
+
+def op_attr_values(keys: tuple[str, ...]) -> list[tuple[str, str, Any]]:
+    """(operator name, key, value) of every operator that sets one of `keys`."""
+    get = tvm.ir._ffi_api.OpGetAttr
+    ops = [(name, tvm.ir._ffi_api.GetOp(name)) for name in list(tvm.ir.Op.list_op_names())]
+    found = []
+    for key in keys:
+        try:
+            found.extend((name, key, value) for name, op in ops if (value := get(op, key)) is not None)
+        except tvm.error.InternalError:  # "Attribute 'X' is not registered": no operator has it
+            continue
+    return found
+
+
+def named_pipelines() -> tuple[tuple[str, dict], ...]:
+    """The registries of pipelines by name: ("relax", tvm.relax.pipeline.PIPELINE_MAP), ("tir", ...)."""
+    found = []
+    for kind, module_name in (("relax", "tvm.relax.pipeline"), ("tir", "tvm.tirx.compilation_pipeline")):
+        module = sys.modules.get(module_name)
+        table = getattr(module, "PIPELINE_MAP", None) if module is not None else None
+        if isinstance(table, dict):
+            found.append((kind, table))
+    return tuple(found)
+
+
+def current_database() -> Any:
+    """The MetaSchedule tuning database in context (`with database:`), or None.
+
+    Nothing is imported: a process that never imported MetaSchedule has no database in context.
+    """
+    ms = sys.modules.get("tvm.s_tir.meta_schedule")
+    database = getattr(ms, "Database", None) if ms is not None else None
+    return database.current() if database is not None else None

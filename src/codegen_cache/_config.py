@@ -312,8 +312,8 @@ ENV_VARS: dict[str, tuple[str, object, str]] = {
     "CODEGEN_CACHE_LEASE_WAIT": ("lease_wait", parse_age, "longest wait for another process's compile"),
     "CODEGEN_CACHE_FAILURE_TTL": ("failure_ttl", parse_age, "how long a codegen failure is remembered"),
     "CODEGEN_CACHE_MIN_CODEGEN_TIME": ("min_codegen_time", _parse_min_codegen_time,
-                                       "entries whose codegen runs faster are not stored on disk (auto: where no "
-                                       "tier pays)"),
+                                       "entries whose codegen runs faster are kept in memory only (auto: 5 ms; "
+                                       "0: every entry in every tier)"),
     "CODEGEN_CACHE_LOG_LEVEL": ("log_level", _parse_level, "level of the codegen_cache logger"),
 }
 

@@ -54,7 +54,7 @@ def warm_lowered(cache, mod, target, compile_device: bool) -> dict[str, Any]:
         store = cache.store("compiled")
         if cache.settings.recache:
             store.delete(key)  # precompile_cuda keeps an existing entry even with recache
-        had = not cache.settings.recache and cache._has_entry("compiled", key)  # noqa: SLF001
+        had = not cache.settings.recache and cache.has_entry("compiled", key)
         t1 = time.perf_counter()
         cache.precompile_cuda(mod, target)  # counts the hit or the miss, as a lowering would
         return _result("hit" if had else "codegen", "disk" if had else "nvcc", key, time.perf_counter() - t0,

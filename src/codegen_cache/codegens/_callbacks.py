@@ -75,10 +75,6 @@ EXCLUDED_GLOBALS: dict[str, str] = {
 # tvm_ffi's own lookup: the same answer as tvm.get_global_func, faster (this runs several times
 # per key).
 _registered = _compat.tvm_ffi.get_global_func
-# Its Cython core, without the Python wrapper's call: callback_parts looks up every name on every
-# CUDA key, a memory hit included (what that saves: docs/benchmarks.md, "Private internals").
-# Where tvm-ffi lacks it, the public function; tests/test_private_internals.py fails if it goes.
-_lookup = getattr(getattr(_compat.tvm_ffi, "core", None), "_get_global_func", None) or _registered
 
 
 def callback_salts(*names: str) -> dict[str, str]:
@@ -93,7 +89,7 @@ def callback_parts(names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     compared by handle with the function the identity was computed from (held, so its address
     is not reused), and any declared salt invalidates it.
     """
-    funcs = [_lookup(name, True) for name in names]
+    funcs = [_registered(name, allow_missing=True) for name in names]
     memo = _parts_memo.get(names)
     if memo is not None and memo[0] == _generation[0] and _still(funcs, memo[1]):
         return memo[2]
@@ -162,7 +158,7 @@ def declared_salt(name: str) -> str | None:
     return None if found is None else found[1]
 
 
-def declare_callback_salt(name: str, salt: str) -> None:
+def declare_callback_salt(name: str, salt: str | bytes) -> None:
     """Key the function registered under `name` now by `salt`: how a user's hook becomes cacheable.
 
     Change the salt whenever what the function returns changes (its code, or anything it reads:
@@ -176,10 +172,14 @@ def declare_callback_salt(name: str, salt: str) -> None:
     declare_salt_of(name, salt)
 
 
-def declare_salt_of(name: str, salt: str) -> None:
+def declare_salt_of(name: str, salt: str | bytes) -> None:
     """declare_callback_salt for a name outside TVM's table (tilelang's tilelang_callback_*)."""
-    if not isinstance(salt, str) or not salt:
-        raise ValueError(f"salt must be a non-empty str, got {salt!r}")
+    if not isinstance(salt, (str, bytes)):
+        raise TypeError(f"salt must be a str or bytes, got {salt!r} of type {type(salt).__name__}")
+    if not salt:
+        raise ValueError(f"salt must be a non-empty str or bytes, got {salt!r}")
+    if isinstance(salt, bytes):
+        salt = salt.decode("utf-8", "backslashreplace")
     func = _registered(name, allow_missing=True)
     if func is None:
         raise ValueError(f"No function is registered under {name!r}: register it first, then declare its salt.")
