@@ -141,6 +141,26 @@ def test_importing_more_of_tvm_does_not_change_the_key(enabled):
     assert _reads.registered_part() == before
 
 
+def test_enabled_as_tvm_is_imported_the_key_is_the_one_a_scan_finds(tmp_path, monkeypatch):
+    # CODEGEN_CACHE_ENABLE enables as `import tvm` completes, so nothing is scanned then; the key
+    # must still be the one an explicit enable() (which scans) computes, or the two kinds of
+    # process sharing a directory would never hit each other's models.
+    monkeypatch.setenv("CODEGEN_CACHE_ENABLE", "1")
+    monkeypatch.setenv("CODEGEN_CACHE_DIR", str(tmp_path / "cache"))
+    assert cc._switch.enable_from_environment()
+    try:
+        at_import = _reads.registered_part()
+    finally:
+        cc.disable()
+    cache = cc.CodegenCache(tmp_path / "cache", write_behind=False)
+    cc.enable(cache, children=False)
+    try:
+        assert _reads.registered_part() == at_import
+    finally:
+        cc.disable()
+        cache.close()
+
+
 class _Opaque:
     pass
 

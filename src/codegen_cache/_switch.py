@@ -57,7 +57,8 @@ _lock = threading.RLock()
 # While enabled: the replaced attributes ((module, name) -> TVM's function), the routed global
 # functions (name -> (router Function, TVM's Function)), the environment values enable() set
 # (name -> the value before), and whether tilelang's switch is the one on.
-_state: dict[str, Any] = {"on": False, "attributes": {}, "globals": {}, "environ": {}, "tilelang": False}
+_state: dict[str, Any] = {"on": False, "attributes": {}, "globals": {}, "environ": {}, "tilelang": False,
+                          "at_import": False}
 
 
 def _after_fork() -> None:
@@ -105,7 +106,8 @@ def enable(cache: CodegenCache | None = None, *, children: bool = True) -> None:
         else:
             _patch_attributes()
             _route_globals()
-            install_hooks()
+            # Enabled as `import tvm` completes: nothing but TVM's own was registered before.
+            install_hooks(registered_before=not _state["at_import"])
         _state["on"] = True
         logger.debug("codegen cache: enabled for every TVM compile in this process")
 
@@ -140,7 +142,11 @@ def enable_from_environment() -> bool:
     settings = settings_from_env()
     if not settings.enable or settings.disable:
         return False
-    enable(children=False)  # the variable is set already: children inherit it as it is
+    _state["at_import"] = True
+    try:
+        enable(children=False)  # the variable is set already: children inherit it as it is
+    finally:
+        _state["at_import"] = False
     return True
 
 

@@ -43,9 +43,11 @@ __all__ = ["OP_ATTRS", "database_part", "install_hooks", "registered_part", "uni
 
 # Operator attributes TVM 0.27's passes and codegens read whose value may be a Python function
 # (the attribute names in its compiler library); one no operator has is skipped by the scan.
+# FCallPacked (a string), FPurity and FDataDependent (booleans) hold no function: a plain value
+# set from outside TVM is found through the wrapped registration points only.
 OP_ATTRS = (
-    "FLegalize", "FPrimalGradient", "FCallPacked", "FDataDependent", "FInferMixedPrecision", "FLowerBuiltin",
-    "FNormalize", "FPurity", "FRelaxInferLayout", "FValidate", "FInferStructInfo",
+    "FLegalize", "FPrimalGradient", "FInferMixedPrecision", "FLowerBuiltin", "FNormalize", "FRelaxInferLayout",
+    "FValidate", "FInferStructInfo",
     *(f"{kind}.{rule}" for kind in ("default", "llvm", "c", "cuda", "nvptx", "rocm", "metal", "opencl", "webgpu",
                                     "vulkan", "hexagon") for rule in ("FLowerIntrinsic", "FLegalize")),
     "cuda.fastmath.FLowerIntrinsic", "fastmath.FLegalize",
@@ -148,8 +150,12 @@ def _recheck() -> None:
 # ---- the registration points ------------------------------------------------------------------
 
 
-def install_hooks() -> None:
-    """Wrap TVM's registration points (enable()); the scan is stale: what was registered meanwhile is found."""
+def install_hooks(*, registered_before: bool = True) -> None:
+    """Wrap TVM's registration points (enable()); the scan is stale: what was registered meanwhile is found.
+
+    registered_before=False: the wrappers go in as `import tvm` completes (CODEGEN_CACHE_ENABLE),
+    before any other code can register; what is registered then is TVM's own, so no scan is needed.
+    """
     with _lock:
         _state["scanned"] = False
         if _state["wrapped"]:
@@ -165,6 +171,8 @@ def install_hooks() -> None:
             _state["wrapped"].append((module, attribute, original, wrapper))
         _state["hooked"] = hooked
         _state["dirty_globals"], _state["dirty_attrs"] = set(), {}
+        if hooked and not registered_before:
+            _state["scanned"], _state["globals"], _state["attrs"] = True, set(), set()
 
 
 def uninstall_hooks() -> None:
@@ -232,8 +240,8 @@ def database_part() -> str:
         return ""
     size = len(database)
     with _lock:
-        memo = _database_memo
-        if memo["held"] is database and memo["size"] == size:
+        memo = _database_memo  # Database.current() gives a new wrapper per call: compared by handle
+        if memo["held"] is not None and memo["held"].same_as(database) and memo["size"] == size:
             return memo["digest"]
     digest = xxhash.xxh3_128()
     digest.update(f"{type(database).__module__}.{type(database).__qualname__}".encode())

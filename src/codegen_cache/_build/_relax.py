@@ -13,6 +13,7 @@ comes here. The *model key* is computed from what relax.build is given, before a
     registered     what the pipeline reads that Python registered into TVM and is not TVM's own:
                    global functions, op attributes, pipelines by name (_reads.py, _identity.py)
     database       the records of the MetaSchedule database in context
+    codegen_cache  the package version (its own functions registered into TVM: the switch's routers)
     tvm, tvm_ffi, llvm    the static salts
     codegens       name, mode, toolchain and salt of each codegen the build may call
     model_format
@@ -59,6 +60,7 @@ from .._outcome import emit
 from .._registry import DeviceCodegenRegistry
 from .._storage._layout import MODEL_CODEC
 from .._targets import canonical_target
+from .._version import __version__
 from ._build import BuildPart, BuildRecord, capture_builds, serve_parts
 from ._identity import DECLARE_HINT
 from ._index import codegen_seconds_of, codegens_json, pass_context_part, parse_part, read_entry, write_entry
@@ -114,6 +116,7 @@ def model_key(mod: IRModule, target: Target | None, params: Mapping[str, Any] | 
         ("pass_context", context),
         ("registered", registered),
         ("database", database),
+        ("codegen_cache", __version__),
         *static_salts(),
         ("codegens", codegens),
         ("model_format", MODEL_FORMAT),
