@@ -92,8 +92,9 @@ def model_key(mod: IRModule, target: Target | None, params: Mapping[str, Any] | 
         return None
     scope = target if target is not None else Target.current()
     try:
-        codegens = _codegens_part(scope, _vdevice_targets(mod), registry)
-        registered = registered_part()
+        targets = _targets_read(scope, _vdevice_targets(mod))
+        codegens = codegens_json(targets, registry)
+        registered = registered_part(frozenset(t.kind.name for t in targets))
         database = database_part()
         structural = _compat.structural_hash(mod)
     except UncacheableError as err:
@@ -141,8 +142,8 @@ def _params_part(params: Mapping[str, Any] | None) -> str | None:
     return digest.hexdigest()
 
 
-def _codegens_part(target: Target | None, vdevices: list[Target], registry: DeviceCodegenRegistry) -> str:
-    """The codegens this compile may call: for the target, its host (llvm when none) and the module's vdevices."""
+def _targets_read(target: Target | None, vdevices: list[Target]) -> list[Target]:
+    """The targets this compile may build for: the target, its host (llvm when none) and the module's vdevices."""
     host = "llvm" if _compat.runtime_enabled("llvm") else "c"
     targets = [_host_target(host), *vdevices]
     if target is not None:
@@ -150,7 +151,7 @@ def _codegens_part(target: Target | None, vdevices: list[Target], registry: Devi
     for found in list(targets):
         if found.host is not None:
             targets.append(found.host)
-    return codegens_json(targets, registry)
+    return targets
 
 
 def _vdevice_targets(mod: IRModule) -> list[Target]:
