@@ -31,7 +31,6 @@ import dataclasses
 import difflib
 import logging
 import os
-import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -41,8 +40,9 @@ from typing import Any
 from .. import _context
 from .._artifacts import FORMAT_VERSION, frame, keep_answering, prepare, symbol_names
 from .._compat import IRModule, Module, Target
-from .._config import ENV_VARS, Settings, disabled_by_env, own_env_vars, settings_from_env, unknown_env_vars
-from .._errors import ConfigError, ReentrantLoweringError, UncacheableError
+from .._config import (ENV_VARS, Settings, disabled_by_env, own_env_vars, refuse_file_as_directory, settings_from_env,
+                       unknown_env_vars)
+from .._errors import ReentrantLoweringError, UncacheableError
 from .._log import warn_once
 from .._key import CacheKey, compute_key, ir_hash
 from .._outcome import emit, run_uncached
@@ -144,14 +144,6 @@ class _made_once:  # noqa: N801 - used as a decorator, as functools.cached_prope
         return found
 
 
-def _is_other_than_a_directory(path: Path) -> bool:
-    """Whether `path` exists and is not a directory (one stat, following links as exists() does)."""
-    try:
-        return not stat.S_ISDIR(os.stat(path).st_mode)
-    except (OSError, ValueError):
-        return False
-
-
 def _mode_function(codegen: Any, compile_device: bool):
     return codegen.build if compile_device else codegen.build_without_compile
 
@@ -211,9 +203,7 @@ class CodegenCache:
         self.settings = settings_from_env(own, base=settings, **overrides)
         directory = self.settings.directory
         self.directory = directory if isinstance(directory, Path) else Path(directory)
-        if _is_other_than_a_directory(self.directory):
-            raise ConfigError("directory (CODEGEN_CACHE_DIR)", str(self.directory),
-                              "a directory (this path is a file)")
+        refuse_file_as_directory(self.directory)
         self.registry = default_registry if registry is None else registry
         self.write_behind = write_behind
         # The stores, tiers, counters and locks are made at their first use (_made_once, below).
