@@ -734,6 +734,8 @@ class CodegenCache:
             promote()
         return module
 
+    # ---- a hit, and what it asks of the writer ---------------------------------------------
+
     def _served(self, hit: Hit, codegen: str, mode: str, digest: str, key_seconds: float, start: float) -> Module:
         saved = float(hit.entry.meta.get("build_seconds", 0.0))
         self._stats.add_hit(codegen, mode, hit.tier, saved)
@@ -783,6 +785,8 @@ class CodegenCache:
         if digest not in self._upgrades_asked:
             self._upgrades_asked.add(digest)
             writer.submit(lambda: _upgrade.request(self.directory, mode, digest))
+
+    # ---- a miss: the codegen, then the entry staged or kept -----------------------------
 
     def _run_codegen(self, codegen: Any, digest: str, mod: IRModule, target: Target, compile_device: bool,
                      probe: Probe, *, remember: bool = True) -> tuple[Module, float]:
@@ -870,7 +874,7 @@ class CodegenCache:
         found = self._chain.lookup(probe, start=2)
         return found if isinstance(found, Hit) else None
 
-    # ---- scratch files --------------------------------------------------------------------
+    # ---- what killed processes left --------------------------------------------------------
 
     def _sweep_once(self) -> None:
         """At this process's first store, the writer sweeps what killed processes left in tmp/ and
