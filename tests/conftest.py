@@ -105,12 +105,15 @@ def pytest_sessionstart(session):
 
     def hook(event, args):
         # subprocess.Popen is audited; multiprocessing's spawn and forkserver start no test's interpreter
-        # here (the suite's pools fork).
+        # here (the suite's pools fork). The llvm upgrader is the package's own helper, started by
+        # whichever test stored an llvm entry: not counted.
         if event == "subprocess.Popen" and current["nodeid"] is not None:
             executable, argv = args[0], args[1]
+            argv = argv.split() if isinstance(argv, (str, bytes)) else [os.fsdecode(a) for a in argv or []]
             if executable is None:
-                argv = argv.split() if isinstance(argv, (str, bytes)) else list(argv or [])
                 executable = argv[0] if argv else ""
+            if any("codegen_cache._cache._upgrade" in arg for arg in argv):
+                return
             if _is_python(os.fsdecode(executable)):
                 started[current["nodeid"]] = started.get(current["nodeid"], 0) + 1
 
