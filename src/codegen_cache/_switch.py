@@ -40,7 +40,7 @@ from ._build._reads import install_hooks, uninstall_hooks
 from ._build._relax import relax_build
 from ._cache import CodegenCache
 from ._compat import IRModule, PrimFunc, tvm_ffi
-from ._config import settings_from_env
+from ._config import refuse_file_as_directory, settings_from_env
 from ._forksafe import on_fork_child
 
 __all__ = ["disable", "enable", "enable_from_environment", "is_enabled"]
@@ -62,8 +62,10 @@ _ROUTED_KINDS = ("llvm", "c", "cuda", "nvptx", "opencl", "metal", "rocm", "vulka
 _lock = threading.RLock()
 # While enabled: the replaced attributes ((module, name) -> TVM's function), the routed global
 # functions (name -> (router Function, TVM's Function)), the environment values enable() set
-# (name -> the value before), and whether tilelang's switch is the one on.
-_state: dict[str, Any] = {"on": False, "attributes": {}, "globals": {}, "environ": {}, "tilelang": False}
+# (name -> the value before), whether tilelang's switch is the one on, and whether enable() runs
+# from the start-up hook as `import tvm` completes (at_import).
+_state: dict[str, Any] = {"on": False, "attributes": {}, "globals": {}, "environ": {}, "tilelang": False,
+                          "at_import": False}
 
 
 def _after_fork() -> None:
@@ -103,16 +105,21 @@ def enable(cache: CodegenCache | None = None, *, children: bool = True) -> None:
                 _export(DIR_VAR, str(cache.directory))
         if _state["on"]:
             return
-        _artifacts.install_on_module()
-        if _compat.DISTRIBUTION == "tilelang":
-            from . import tilelang as tilelang_switch
+        try:
+            _artifacts.install_on_module()
+            if _compat.DISTRIBUTION == "tilelang":
+                from . import tilelang as tilelang_switch
 
-            tilelang_switch.enable()
-            _state["tilelang"] = True
-        else:
-            _patch_attributes()
-            _route_globals()
-            install_hooks()
+                tilelang_switch.enable()
+                _state["tilelang"] = True
+            else:
+                _patch_attributes()
+                _route_globals()
+                # Enabled as `import tvm` completes: nothing but TVM's own was registered before.
+                install_hooks(registered_before=not _state["at_import"])
+        except BaseException:
+            disable()  # never half enabled: what was replaced before the failure is put back
+            raise
         _state["on"] = True
         logger.debug("codegen cache: enabled for every TVM compile in this process")
 
@@ -142,13 +149,21 @@ def disable() -> None:
 def enable_from_environment() -> bool:
     """enable() when CODEGEN_CACHE_ENABLE says so and CODEGEN_CACHE_DISABLE does not; True when enabled.
 
-    Run by the startup hook once `tvm` is imported; a value that is no boolean raises the
-    ConfigError every CODEGEN_CACHE_* variable gives.
+    Run by the start-up hook once `tvm` is imported. Every CODEGEN_CACHE_* value is parsed
+    first and a cache directory that is a file is refused (the ConfigError every variable
+    gives; the hook turns it into one warning): a setting the default cache would refuse at
+    the first compile keeps the switch off instead of failing that compile. Nothing else is
+    done here that `import codegen_cache` does not do: the cache's stores open at first use.
     """
     settings = settings_from_env()
     if not settings.enable or settings.disable:
         return False
-    enable(children=False)  # the variable is set already: children inherit it as it is
+    refuse_file_as_directory(settings.directory)
+    _state["at_import"] = True
+    try:
+        enable(children=False)  # the variable is set already: children inherit it as it is
+    finally:
+        _state["at_import"] = False
     return True
 
 

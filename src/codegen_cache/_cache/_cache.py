@@ -31,7 +31,6 @@ import dataclasses
 import difflib
 import logging
 import os
-import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -41,8 +40,9 @@ from typing import Any
 from .. import _context
 from .._artifacts import FORMAT_VERSION, frame, keep_answering, prepare, symbol_names
 from .._compat import IRModule, Module, Target
-from .._config import ENV_VARS, Settings, disabled_by_env, own_env_vars, settings_from_env, unknown_env_vars
-from .._errors import ConfigError, ReentrantLoweringError, UncacheableError
+from .._config import (ENV_VARS, Settings, disabled_by_env, own_env_vars, refuse_file_as_directory, settings_from_env,
+                       unknown_env_vars)
+from .._errors import ReentrantLoweringError, UncacheableError
 from .._log import warn_once
 from .._key import CacheKey, compute_key, ir_hash
 from .._outcome import emit, run_uncached
@@ -144,14 +144,6 @@ class _made_once:  # noqa: N801 - used as a decorator, as functools.cached_prope
         return found
 
 
-def _is_other_than_a_directory(path: Path) -> bool:
-    """Whether `path` exists and is not a directory (one stat, following links as exists() does)."""
-    try:
-        return not stat.S_ISDIR(os.stat(path).st_mode)
-    except (OSError, ValueError):
-        return False
-
-
 def _mode_function(codegen: Any, compile_device: bool):
     return codegen.build if compile_device else codegen.build_without_compile
 
@@ -211,9 +203,7 @@ class CodegenCache:
         self.settings = settings_from_env(own, base=settings, **overrides)
         directory = self.settings.directory
         self.directory = directory if isinstance(directory, Path) else Path(directory)
-        if _is_other_than_a_directory(self.directory):
-            raise ConfigError("directory (CODEGEN_CACHE_DIR)", str(self.directory),
-                              "a directory (this path is a file)")
+        refuse_file_as_directory(self.directory)
         self.registry = default_registry if registry is None else registry
         self.write_behind = write_behind
         # The stores, tiers, counters and locks are made at their first use (_made_once, below).
@@ -744,6 +734,8 @@ class CodegenCache:
             promote()
         return module
 
+    # ---- a hit, and what it asks of the writer ---------------------------------------------
+
     def _served(self, hit: Hit, codegen: str, mode: str, digest: str, key_seconds: float, start: float) -> Module:
         saved = float(hit.entry.meta.get("build_seconds", 0.0))
         self._stats.add_hit(codegen, mode, hit.tier, saved)
@@ -793,6 +785,8 @@ class CodegenCache:
         if digest not in self._upgrades_asked:
             self._upgrades_asked.add(digest)
             writer.submit(lambda: _upgrade.request(self.directory, mode, digest))
+
+    # ---- a miss: the codegen, then the entry staged or kept -----------------------------
 
     def _run_codegen(self, codegen: Any, digest: str, mod: IRModule, target: Target, compile_device: bool,
                      probe: Probe, *, remember: bool = True) -> tuple[Module, float]:
@@ -880,7 +874,7 @@ class CodegenCache:
         found = self._chain.lookup(probe, start=2)
         return found if isinstance(found, Hit) else None
 
-    # ---- scratch files --------------------------------------------------------------------
+    # ---- what killed processes left --------------------------------------------------------
 
     def _sweep_once(self) -> None:
         """At this process's first store, the writer sweeps what killed processes left in tmp/ and
