@@ -75,14 +75,17 @@ def plain(path: str):
 
 
 def memory_hits(rounds: int) -> dict:
-    import codegen_cache as cc
     import kernels
+
+    import codegen_cache as cc
+    from codegen_cache import _compat
 
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         cache = cc.CodegenCache(Path(tmp) / "c", min_codegen_time=0, write_behind=False)
         mod, target = cc.prepare_for_codegen(kernels.vadd_gpu, CUDA_TARGET)
-        for compile_device in (True, False):
+        # compile_device=True needs TVM's CUDA runtime (a driver, or tests/cuda_stub.py's).
+        for compile_device in (True, False) if _compat.cuda_runtime_available() else (False,):
             cache.lower(mod, target, compile_device=compile_device)
             assert cache.lower_with_outcome(mod, target, compile_device=compile_device)[1].tier == "memory"
             number = 400
@@ -138,12 +141,60 @@ def cold_compiles(rounds: int, targets: list[str]) -> dict:
     return out
 
 
+def cold_compiles_in_process(rounds: int, targets: list[str]) -> dict:
+    """Cold tvm.compile through enable() on a new directory each time, in this process (TVM imported
+    once: no interpreter start in the figure), with and without the helper thread, interleaved."""
+    import contextlib
+
+    import relax_models
+    import tvm
+
+    import codegen_cache as cc
+    from codegen_cache._build import _build
+
+    ahead = getattr(_build, "ir_hashes_ahead", None)
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        count = [0]
+
+        def compile_once(target, helper):
+            count[0] += 1
+            cache = cc.CodegenCache(Path(tmp) / str(count[0]))
+            if ahead is not None:
+                _build.ir_hashes_ahead = ahead if helper else (lambda modules: contextlib.nullcontext())
+            mod, _ = relax_models.llama(layers=4)
+            cc.enable(cache, children=False)
+            try:
+                t0 = time.perf_counter()
+                tvm.compile(mod, target)
+                return time.perf_counter() - t0
+            finally:
+                cc.disable()
+                if ahead is not None:
+                    _build.ir_hashes_ahead = ahead
+                cache.close()
+
+        for name in targets:
+            target = tvm.target.Target(json.loads(name) if name.startswith("{") else name)
+            compile_once(target, True)  # the first compile of the process pays one-time costs
+            times = {"hash ahead": [], "no helper thread": []}
+            for r in range(rounds):
+                for variant in list(times)[r % 2:] + list(times)[:r % 2]:
+                    times[variant].append(compile_once(target, variant == "hash ahead"))
+            out[name] = {v: statistics.median(t) for v, t in times.items()}
+            out[name]["pairs"] = statistics.median(b / a for a, b in zip(times["hash ahead"], times["no helper thread"]))
+            out[name]["samples"] = times
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15, help="memory-hit rounds (0: none; compiled CUDA needs "
                         "a CUDA runtime: tests/cuda_stub.py's on LD_LIBRARY_PATH, with TVM_CUDA_COMPILE_MODE=nvcc)")
     parser.add_argument("--compile-rounds", type=int, default=5)
     parser.add_argument("--targets", nargs="+", default=["cuda", "llvm"])
+    parser.add_argument("--in-process-rounds", type=int, default=0,
+                        help="cold compiles in this process instead of fresh ones (no interpreter start)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     compile_bytecode()
@@ -156,8 +207,16 @@ def main() -> int:
         base = row["as is"]
         print(f"  {mode:9} as is {fmt_time(base)}; " + "; ".join(
             f"{p} plain {fmt_time(v)} ({v / base:.3f}x)" for p, v in row.items() if p != "as is"))
+    targets = {"cuda": json.dumps(CUDA_TARGET), "llvm": "llvm"}
+    if args.in_process_rounds:
+        cold = results["cold_compile_in_process"] = cold_compiles_in_process(args.in_process_rounds,
+                                                                             [targets[t] for t in args.targets])
+        print("cold tvm.compile (Llama, 4 layers) through enable() on a new directory, in one process (medians):")
+        for target, row in cold.items():
+            a, b = row["hash ahead"], row["no helper thread"]
+            print(f"  {target:40} hash ahead {fmt_time(a)}; no helper thread {fmt_time(b)}: {b / a:.3f}x "
+                  f"(per-round pairs {row['pairs']:.3f}x)")
     if args.compile_rounds:
-        targets = {"cuda": json.dumps(CUDA_TARGET), "llvm": "llvm"}
         cold = results["cold_compile"] = cold_compiles(args.compile_rounds, [targets[t] for t in args.targets])
         print("cold tvm.compile (Llama, 4 layers) through enable(), fresh processes (medians):")
         for target, row in cold.items():

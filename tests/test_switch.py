@@ -185,12 +185,10 @@ def test_disable_wins_over_enable_in_the_environment(tmp_path):
 
 @needs_hook
 @pytest.mark.slow
-def test_a_garbage_value_is_the_one_line_error_of_every_variable(tmp_path):
-    done = python("import tvm", env={"CODEGEN_CACHE_ENABLE": "maybe"}, check=False)
-    assert done.returncode != 0
-    assert done.stderr.strip().splitlines()[-1] == (
-        "codegen_cache._errors.ConfigError: invalid value 'maybe' for CODEGEN_CACHE_ENABLE: "
-        "expected one of 1, 0, true, false, yes, no, on, off")
+def test_a_garbage_value_is_a_warning_with_the_one_line_error_of_every_variable(tmp_path):
+    done = python("import tvm", env={"CODEGEN_CACHE_ENABLE": "maybe"})  # import tvm does not fail
+    assert "ConfigError: invalid value 'maybe' for CODEGEN_CACHE_ENABLE: " \
+           "expected one of 1, 0, true, false, yes, no, on, off" in done.stderr.strip().splitlines()[0]
 
 
 @needs_hook
@@ -240,6 +238,8 @@ def test_metaschedule_builder_workers_build_through_the_cache(tmp_path):
         cc.get_cache().flush()
         results = LocalBuilder(max_workers=1, timeout_sec=400).build([BuilderInput(mod, tvm.target.Target("llvm"))])
         assert results[0].error_msg is None, results[0].error_msg
-        print(json.dumps(cc.get_cache().stats().as_dict()["by_codegen"].get("llvm/compiled", {})))
+        by = cc.get_cache().stats().as_dict()["by_codegen"]
+        print(json.dumps({"llvm": by.get("llvm/compiled", {}), "build": by.get("build/build", {})}))
     """, env={"CODEGEN_CACHE_DIR": str(tmp_path / "cache")}, timeout=500)
-    assert found["codegen_runs"] == 1 and found["hits"] >= 1  # the worker's build was a hit
+    # One codegen run (here); the worker's build was a hit, counted once as a build.
+    assert found["llvm"]["codegen_runs"] == 1 and found["build"]["hits"] >= 1, found

@@ -17,6 +17,7 @@ import builtins
 import functools
 import importlib.util
 import sys
+from collections.abc import Callable
 from typing import Any
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "Target",
     "Tensor",
     "builtin_func",
+    "cuda_compute_version",
     "cuda_runtime_available",
     "current_database",
     "error_class",
@@ -257,6 +259,20 @@ def error_class(identity: object) -> type | None:
 # ---- runtime modules: what the cache's llvm hits need to answer as built modules --------------
 
 
+def cuda_compute_version(target: Target) -> tuple[int, int] | None:
+    """(major, minor) of a CUDA target's `arch` as TVM reads it; None without one; ValueError naming a bad one."""
+    arch = target.attrs.get("arch") if target.kind.name == "cuda" else None
+    if arch is None or not str(arch):
+        return None
+    try:
+        from tvm.support import nvcc
+
+        return nvcc.parse_compute_version(nvcc.get_target_compute_version(target))
+    except (IndexError, RuntimeError, ValueError):
+        raise ValueError(f"arch {str(arch)!r} is not a CUDA architecture TVM can read: expected "
+                         "sm_<major><minor>[suffix], e.g. sm_80 or sm_90a") from None
+
+
 @functools.lru_cache(maxsize=1)
 def host_llvm_triple() -> str:
     """The triple LLVM builds for on this host by default (what `Target("llvm")` gets), or ''."""
@@ -277,35 +293,69 @@ def ffi_function(func):
 
 
 class ModuleMethods:
-    """The methods of tvm.runtime.Module the cache answers for its own llvm hits.
+    """The methods of tvm.runtime.Module the cache answers for its own llvm hits, while the switch is on.
 
-    `install(replacements)` sets each named attribute once, keeping the original (TVM's own)
-    in `original`; names this TVM does not have are left out (`missing` lists them), so a TVM
-    without one degrades to its own behaviour for that method.
+    `install(replacements)` puts `replacements[name](TVM's own)` on tvm.runtime.Module for each
+    name this TVM has (`missing` lists the others: that method stays TVM's); `uninstall()` leaves
+    the class exactly as it was (an attribute inherited from tvm-ffi's Module is removed again,
+    not copied down), except where someone else has replaced one of ours since.
     """
 
     NAMES = ("kind", "get_property_mask", "is_binary_serializable", "is_runnable", "is_compilation_exportable",
              "inspect_source", "write_to_file", "get_function", "implements_function", "export_library")
+    _ABSENT = object()
 
     def __init__(self) -> None:
-        self.original: dict[str, Any] = {}
+        # While installed: name -> (Module's own attribute before, or _ABSENT; ours).
+        self._saved: dict[str, tuple[Any, Any]] | None = None
         self.missing: list[str] = []
 
+    @staticmethod
+    def _current(name: str) -> Any:
+        for klass in Module.__mro__:  # the class that defines it (tvm's Module or tvm-ffi's)
+            if name in vars(klass):
+                return vars(klass)[name]
+        return None
+
+    def originals(self) -> dict[str, Any]:
+        """TVM's own attribute for each name this TVM's Module has (call it before install)."""
+        if self._saved is not None:
+            raise RuntimeError("ModuleMethods.originals() while the replacements are installed")
+        return {name: found for name in self.NAMES if (found := self._current(name)) is not None}
+
+    @property
+    def installed(self) -> bool:
+        """Whether the replacements are on tvm.runtime.Module now."""
+        return self._saved is not None
+
     def install(self, replacements: dict[str, Any]) -> None:
-        """Put `replacements` (name -> function taking the original) on tvm.runtime.Module, once."""
-        if self.original or self.missing:
+        """Put `replacements` (name -> function taking the original) on tvm.runtime.Module (idempotent)."""
+        if self._saved is not None:
             return
+        saved: dict[str, tuple[Any, Any]] = {}
+        self.missing = []
         for name in self.NAMES:
-            current = None
-            for klass in Module.__mro__:  # the class that defines it (tvm's Module or tvm-ffi's)
-                if name in vars(klass):
-                    current = vars(klass)[name]
-                    break
+            current = self._current(name)
             if current is None or name not in replacements:
                 self.missing.append(name)
                 continue
-            self.original[name] = current
-            setattr(Module, name, replacements[name](current))
+            ours = replacements[name](current)
+            saved[name] = (vars(Module).get(name, self._ABSENT), ours)
+            setattr(Module, name, ours)
+        self._saved = saved
+
+    def uninstall(self) -> None:
+        """Put back what tvm.runtime.Module had before install() (idempotent)."""
+        if self._saved is None:
+            return
+        for name, (before, ours) in self._saved.items():
+            if vars(Module).get(name) is not ours:
+                continue  # replaced again since install(): that one stays
+            if before is self._ABSENT:
+                delattr(Module, name)
+            else:
+                setattr(Module, name, before)
+        self._saved = None
 
 
 # ---- what a Relax compile reads besides its input (_build/_reads.py) --------------------------
@@ -336,10 +386,10 @@ def op_attr(op_name: str, key: str) -> Any:
         return None
 
 
-def op_attr_values(keys: tuple[str, ...]) -> list[tuple[str, str, Any]]:
-    """(operator name, key, value) of every operator that sets one of `keys`."""
+def op_attr_values(keys: tuple[str, ...], which: Callable[[str], bool]) -> list[tuple[str, str, Any]]:
+    """(operator name, key, value) of every operator whose name `which` accepts that sets one of `keys`."""
     get = tvm.ir._ffi_api.OpGetAttr
-    ops = [(name, tvm.ir._ffi_api.GetOp(name)) for name in list(tvm.ir.Op.list_op_names())]
+    ops = [(name, tvm.ir._ffi_api.GetOp(name)) for name in list(tvm.ir.Op.list_op_names()) if which(name)]
     found = []
     for key in keys:
         try:

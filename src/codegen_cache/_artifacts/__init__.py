@@ -5,6 +5,7 @@ from ._codecs import (CODECS, check, decode, encode_cuda_binary, function_names,
 from ._cuda import CudaPayload
 from ._frame import FORMAT_VERSION, HOT_META, Artifact, frame, read_meta, unframe
 from ._llvm import SCRATCH_PREFIX, CachedIRModule, CachedLibraryModule, compiler_command, keep_answering
+from ._module_methods import as_built_root, install_on_module, installed_on_module, uninstall_from_module
 
 __all__ = [
     "CODECS",
@@ -12,6 +13,7 @@ __all__ = [
     "HOT_META",
     "SCRATCH_PREFIX",
     "Artifact",
+    "as_built_root",
     "CachedIRModule",
     "CachedLibraryModule",
     "CudaPayload",
@@ -22,6 +24,8 @@ __all__ = [
     "encode_cuda_binary",
     "frame",
     "function_names",
+    "install_on_module",
+    "installed_on_module",
     "keep_answering",
     "needs_upgrade",
     "portable",
@@ -29,6 +33,7 @@ __all__ = [
     "read_meta",
     "symbol_names",
     "unframe",
+    "uninstall_from_module",
     "upgradable",
     "upgrade",
 ]

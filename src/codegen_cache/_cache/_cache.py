@@ -31,7 +31,6 @@ import dataclasses
 import difflib
 import logging
 import os
-import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -41,12 +40,13 @@ from typing import Any
 from .. import _context
 from .._artifacts import FORMAT_VERSION, frame, keep_answering, prepare, symbol_names
 from .._compat import IRModule, Module, Target
-from .._config import ENV_VARS, Settings, disabled_by_env, own_env_vars, settings_from_env, unknown_env_vars
-from .._errors import ConfigError, ReentrantLoweringError, UncacheableError
+from .._config import (ENV_VARS, Settings, disabled_by_env, own_env_vars, refuse_file_as_directory, settings_from_env,
+                       unknown_env_vars)
+from .._errors import ReentrantLoweringError, UncacheableError
 from .._log import warn_once
 from .._key import CacheKey, compute_key, ir_hash
 from .._outcome import emit, run_uncached
-from .._registry import DeviceCodegen, DeviceCodegenRegistry, default_registry
+from .._registry import DeviceCodegen, DeviceCodegenRegistry, check_prepared, default_registry
 from .._storage._disk import ArtifactStore
 from .._storage._faults import ensure_dir
 from .._storage._fsprobe import scratch_dir as _usable_scratch_dir
@@ -144,14 +144,6 @@ class _made_once:  # noqa: N801 - used as a decorator, as functools.cached_prope
         return found
 
 
-def _is_other_than_a_directory(path: Path) -> bool:
-    """Whether `path` exists and is not a directory (one stat, following links as exists() does)."""
-    try:
-        return not stat.S_ISDIR(os.stat(path).st_mode)
-    except (OSError, ValueError):
-        return False
-
-
 def _mode_function(codegen: Any, compile_device: bool):
     return codegen.build if compile_device else codegen.build_without_compile
 
@@ -211,9 +203,7 @@ class CodegenCache:
         self.settings = settings_from_env(own, base=settings, **overrides)
         directory = self.settings.directory
         self.directory = directory if isinstance(directory, Path) else Path(directory)
-        if _is_other_than_a_directory(self.directory):
-            raise ConfigError("directory (CODEGEN_CACHE_DIR)", str(self.directory),
-                              "a directory (this path is a file)")
+        refuse_file_as_directory(self.directory)
         self.registry = default_registry if registry is None else registry
         self.write_behind = write_behind
         # The stores, tiers, counters and locks are made at their first use (_made_once, below).
@@ -399,6 +389,7 @@ class CodegenCache:
                 codegen: DeviceCodegen | str | None = None, structural_hash: int | None = None) -> CacheKey:
         """The cache key of this lowering (its parts say what went into it)."""
         if not isinstance(mod, IRModule):
+            check_prepared("CodegenCache.key_for", mod)
             raise TypeError(f"key_for expects a tvm.IRModule, got {type(mod).__name__}")
         _check_mode(compile_device)
         target = as_target(target)
@@ -435,8 +426,9 @@ class CodegenCache:
         the caller may change (import_module). With verify=True nothing is served by digest
         alone (`ir` is required), unless named_exactly: the digest was read from an entry that
         verify checked exactly (a model entry whose input digest matched), and the 128-bit
-        digest names the entry that build stored. A hit is counted (for `codegen`, when given),
-        unless count=False.
+        digest names the entry that build stored. A hit is counted as one call (in the row of
+        `codegen`, when given, else "fetch"), unless count=False: codegen_cache.build and the model
+        cache read their parts with count=False and count their own call once.
         """
         if mode not in ENTRY_STORES:
             raise ValueError(f"unknown mode {mode!r}; expected one of {ENTRY_STORES}")
@@ -595,6 +587,8 @@ class CodegenCache:
     def _lower(self, mod: IRModule, target: TargetLike, compile_device: bool, codegen: Any) -> Module:
         start = time.perf_counter()
         _check_mode(compile_device)
+        if type(mod) is not IRModule:
+            check_prepared("CodegenCache.lower", mod)
         if type(target) is not Target:
             target = as_target(target)
         if type(codegen) is not DeviceCodegen:
@@ -657,7 +651,7 @@ class CodegenCache:
         function = _mode_function(codegen, compile_device)
         if function is None:
             codegen._func_for(target, compile_device)  # noqa: SLF001 - raises the seed's ValueError
-        self._stats.add_for(codegen.name, mode, "uncached_cheap")
+        self._stats.add_call(codegen.name, mode, "uncached_cheap")
         module = run_uncached(codegen.name, mode, lambda: function(mod, target), start)
         self._budget.ran(codegen.name, mode, time.perf_counter() - start)
         return module
@@ -665,7 +659,7 @@ class CodegenCache:
     def _run_uncached(self, codegen: Any, mod: Any, target: Target, compile_device: bool, mode: str,
                       start: float, *, count: bool = True) -> Module:
         if count:
-            self._stats.add_for(codegen.name, mode, "uncacheable")
+            self._stats.add_call(codegen.name, mode, "uncacheable")
         if isinstance(codegen, DeviceCodegen):
             return run_uncached(codegen.name, mode, lambda: _mode_function(codegen, compile_device)(mod, target), start)
         return run_uncached(codegen.name, mode, lambda: codegen.lower(mod, target, compile_device=compile_device),
@@ -683,7 +677,7 @@ class CodegenCache:
             self._count_collision(key.digest)
         # One fstat per miss (not per hit): a directory removed under us gets its counts anew.
         self._stats.check_directory()
-        self._stats.add_for(codegen.name, mode, "misses")
+        self._stats.add_call(codegen.name, mode, "misses")
         # A codegen only memory pays for fails as cheaply as a remembered failure is raised: its
         # failures are neither read nor written (the exception is the codegen's own either way).
         if not self.settings.recache and plan.disk:
@@ -707,7 +701,7 @@ class CodegenCache:
                     self._flight.release(held)
             if isinstance(found, Hit):
                 # Built by another process while we waited: a hit, not a miss.
-                self._stats.add_for(codegen.name, mode, "misses", -1)
+                self._stats.add_call(codegen.name, mode, "misses", -1)
                 self._memory_tier.put(found.entry)
                 return self._served(found, codegen.name, mode, key.digest, key_seconds, start)
         before = parts_of(mod)
@@ -740,6 +734,8 @@ class CodegenCache:
             promote()
         return module
 
+    # ---- a hit, and what it asks of the writer ---------------------------------------------
+
     def _served(self, hit: Hit, codegen: str, mode: str, digest: str, key_seconds: float, start: float) -> Module:
         saved = float(hit.entry.meta.get("build_seconds", 0.0))
         self._stats.add_hit(codegen, mode, hit.tier, saved)
@@ -771,13 +767,9 @@ class CodegenCache:
         if not isinstance(hit, Hit):
             return None
         if count:
+            # A call of its own: one hit in its row (the codegen's, else "fetch"), so totals stay the rows' sum.
             saved = float(hit.entry.meta.get("build_seconds", 0.0))
-            if codegen is not None:
-                self._stats.add_for(codegen, mode or "compiled", f"hits_{hit.tier}")
-                self._stats.add_for(codegen, mode or "compiled", "saved_seconds", saved)
-            else:
-                self._stats.add(f"hits_{hit.tier}")
-                self._stats.add("saved_seconds", saved)
+            self._stats.add_hit(codegen or "fetch", mode or "kept", hit.tier, saved)
         keep_answering(hit.entry.module)
         return hit.entry.module, hit.entry.meta
 
@@ -793,6 +785,8 @@ class CodegenCache:
         if digest not in self._upgrades_asked:
             self._upgrades_asked.add(digest)
             writer.submit(lambda: _upgrade.request(self.directory, mode, digest))
+
+    # ---- a miss: the codegen, then the entry staged or kept -----------------------------
 
     def _run_codegen(self, codegen: Any, digest: str, mod: IRModule, target: Target, compile_device: bool,
                      probe: Probe, *, remember: bool = True) -> tuple[Module, float]:
@@ -880,7 +874,7 @@ class CodegenCache:
         found = self._chain.lookup(probe, start=2)
         return found if isinstance(found, Hit) else None
 
-    # ---- scratch files --------------------------------------------------------------------
+    # ---- what killed processes left --------------------------------------------------------
 
     def _sweep_once(self) -> None:
         """At this process's first store, the writer sweeps what killed processes left in tmp/ and
