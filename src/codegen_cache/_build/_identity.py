@@ -92,7 +92,7 @@ def _declared_salt(obj: Any) -> bytes | None:
 
 
 def identity(obj: Any, what: str) -> str | None:
-    """None for TVM's own; else the hex digest of `obj` (see the module docstring); UncacheableError when unidentifiable.
+    """None for TVM's own; else the hex digest of `obj` (module docstring); UncacheableError when unidentifiable.
 
     `what` names the registration in the error (e.g. "global function 'my.pass'").
     """

@@ -39,6 +39,7 @@ import xxhash
 from .. import _compat
 from .._compat import tvm_ffi
 from .._errors import UncacheableError
+from .._forksafe import on_fork_child
 from ..codegens._pyfunc import python_callable
 from ._identity import identity, in_tvm
 
@@ -63,6 +64,15 @@ def lowering_attrs(kind: str) -> tuple[str, ...]:
 DEFAULT_KINDS = ("default", "fastmath")
 
 _lock = threading.RLock()
+
+
+def _after_fork() -> None:
+    # Another thread of the parent may have held the lock at the fork; the state itself holds.
+    global _lock
+    _lock = threading.RLock()
+
+
+on_fork_child(_after_fork)
 # scanned: the global functions and Relax attributes were scanned (False: at the next model key);
 # kinds: the target kinds whose lowering rules were (None: all, nothing was registered before
 # the wrappers); hooked: every registration point is
