@@ -349,3 +349,19 @@ def test_a_helpers_import_path_keeps_what_the_program_added_and_leaves_out_the_w
     assert path[0] == str(Path(cc.__file__).resolve().parent.parent)  # the package's own root first
     assert str(tvm_from_source) in path
     assert "" not in path and str(tmp_path) not in path and "relative/dir" not in path
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="PYTHONSAFEPATH (-P) is Python 3.11's")
+def test_warm_workers_never_import_a_standard_module_planted_in_the_working_directory(tmp_path, monkeypatch, capsys):
+    marker = tmp_path / "ran"
+    _plant(tmp_path / "cwd", marker, ("pickle", "runpy", "struct"))
+    monkeypatch.chdir(tmp_path / "cwd")
+    kernels = str(ROOT / "tests" / "kernels.py")
+    code = main(["--dir", str(tmp_path / "cache"), "warm", kernels, "-t", "c", "--kernel", "vadd", "--kernel", "vmul",
+                 "-j", "2", "--no-progress"])
+    out = capsys.readouterr().out
+    assert code == 0 and "2 ran the codegen" in out, out
+    assert not marker.exists(), marker.read_text()
+    assert "PYTHONSAFEPATH" not in os.environ
