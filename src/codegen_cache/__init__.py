@@ -1,22 +1,18 @@
-"""tvm-codegen-cache: a device-codegen registry for Apache TVM under a content-addressed cache."""
+"""tvm-codegen-cache: a device-codegen registry for Apache TVM under a content-addressed cache.
 
+Importing the package imports no TVM: the registry, the cache and its stores read TVM names
+through `_compat`, which imports TVM on first use, so `codegen-cache stats` and the other
+commands that only read a cache directory start without it. The names whose modules need TVM
+at import (the build driver, the switch, the CLI) are imported on their first use, from
+`_LAZY` (a module attribute afterwards). Importing this package still raises ImportError
+naming both extras where no TVM is installed.
+"""
+
+import importlib as _importlib
 import warnings as _warnings
 
-from ._build import (
-    BuildPart,
-    BuildRecord,
-    CachedBuild,
-    PreparedKernel,
-    build,
-    build_key,
-    build_with_record,
-    cached_export,
-    metaschedule_builder,
-    prepare_for_codegen,
-    prepare_kernel,
-)
+from . import _compat
 from ._cache import CacheStats, CodegenCache
-from ._cli import main
 from ._config import Settings, settings_from_env
 from ._context import get_cache, use_cache
 from ._errors import (
@@ -42,15 +38,36 @@ from ._registry import (
     register_lazy_device_codegen,
     resolve_device_codegen,
 )
-from ._storage._fsprobe import FsReport
-from ._storage._fsprobe import probe as probe_filesystem
-from ._storage._remote import RedisTier
-from ._switch import disable, enable, is_enabled
 from ._version import __version__ as __version__
 from .codegens import install_builtins as _install_builtin_codegens
-from .codegens._callbacks import callback_salts, declare_callback_salt
 
+_compat.require_installed()
 _install_builtin_codegens(default_registry)
+
+# name -> (module, attribute; None: the module itself), imported on first use.
+_LAZY = {
+    "BuildPart": ("._build", "BuildPart"),
+    "BuildRecord": ("._build", "BuildRecord"),
+    "CachedBuild": ("._build", "CachedBuild"),
+    "PreparedKernel": ("._build", "PreparedKernel"),
+    "build": ("._build", "build"),
+    "build_key": ("._build", "build_key"),
+    "build_with_record": ("._build", "build_with_record"),
+    "cached_export": ("._build", "cached_export"),
+    "metaschedule_builder": ("._build", "metaschedule_builder"),
+    "prepare_for_codegen": ("._build", "prepare_for_codegen"),
+    "prepare_kernel": ("._build", "prepare_kernel"),
+    "main": ("._cli", "main"),
+    "FsReport": ("._storage._fsprobe", "FsReport"),
+    "probe_filesystem": ("._storage._fsprobe", "probe"),
+    "RedisTier": ("._storage._remote", "RedisTier"),
+    "disable": ("._switch", "disable"),
+    "enable": ("._switch", "enable"),
+    "is_enabled": ("._switch", "is_enabled"),
+    "callback_salts": (".codegens._callbacks", "callback_salts"),
+    "declare_callback_salt": (".codegens._callbacks", "declare_callback_salt"),
+    "tilelang": (".tilelang", None),
+}
 
 
 __all__ = [
@@ -110,9 +127,15 @@ _RENAMED = {"lower_kernel": "prepare_kernel", "lower_for_codegen": "prepare_for_
 
 
 def __getattr__(name: str) -> object:
-    """An old name of a renamed function or class: the new one, with a DeprecationWarning."""
+    """A name of `_LAZY`, imported now and kept as a module attribute; an old name of a renamed one."""
+    lazy = _LAZY.get(name)
+    if lazy is not None:
+        module = _importlib.import_module(lazy[0], __name__)
+        value = module if lazy[1] is None else getattr(module, lazy[1])
+        globals()[name] = value
+        return value
     new = _RENAMED.get(name)
     if new is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     _warnings.warn(f"codegen_cache.{name} is now codegen_cache.{new}", DeprecationWarning, stacklevel=2)
-    return globals()[new]
+    return __getattr__(new) if new in _LAZY else globals()[new]

@@ -18,6 +18,8 @@ Deliberately excluded (they do not change what a codegen emits):
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import json
 import logging
 from collections.abc import Iterator, Mapping
@@ -27,10 +29,12 @@ from functools import lru_cache, partial
 import xxhash
 
 from . import _compat
-from ._compat import IRModule, Target
 from ._hash_ahead import Units, claimed, hashed_ahead
 from ._hash_ahead import registered as _ahead
 from ._targets import canonical_target
+
+if TYPE_CHECKING:
+    from ._compat import IRModule, Target
 
 __all__ = ["PART_NAMES", "CacheKey", "ToolchainParts", "compute_key", "ir_hash", "ir_hashes_ahead", "static_salts"]
 

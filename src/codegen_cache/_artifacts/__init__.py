@@ -3,8 +3,9 @@
 from ._codecs import (CODECS, check, decode, encode_cuda_binary, function_names, needs_upgrade, portable, prepare,
                       symbol_names, upgradable, upgrade)
 from ._cuda import CudaPayload
+from . import _llvm
 from ._frame import FORMAT_VERSION, HOT_META, Artifact, frame, read_meta, unframe
-from ._llvm import SCRATCH_PREFIX, CachedIRModule, CachedLibraryModule, compiler_command, keep_answering
+from ._llvm import SCRATCH_PREFIX, compiler_command, keep_answering
 
 __all__ = [
     "CODECS",
@@ -37,3 +38,10 @@ __all__ = [
 def encode(module, meta, *, func_names) -> bytes:
     """Frame a built module in its raw form (what the cache stores first)."""
     return frame(*prepare(module, meta, func_names=func_names))
+
+
+def __getattr__(name: str) -> type:
+    """CachedIRModule and CachedLibraryModule: subclasses of TVM's Module, made on first use (_llvm)."""
+    if name in ("CachedIRModule", "CachedLibraryModule"):
+        return getattr(_llvm, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -26,13 +26,15 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import _compat
-from .._compat import Module
 from .._errors import ArtifactError, CudaRuntimeUnavailableError, EntryKeyError
 from . import _cuda, _llvm
 from ._frame import Artifact, frame, unframe
+
+if TYPE_CHECKING:
+    from .._compat import Module
 
 __all__ = ["CODECS", "check", "decode", "encode_cuda_binary", "function_names", "needs_upgrade", "portable",
            "prepare", "symbol_names", "upgradable", "upgrade"]
@@ -199,7 +201,7 @@ def _source(fields, meta, path, scratch) -> Module:
                                                               str(meta.get("source_format", "")))
 
 
-Decoder = Callable[[tuple[bytes, ...], dict, "str | None", str], Module]
+Decoder = Callable[[tuple[bytes, ...], dict, "str | None", str], "Module"]
 # codec -> (number of payload fields, decoder)
 CODECS: dict[str, tuple[int, Decoder]] = {
     "llvm-ir": (1, _llvm_ir),

@@ -14,6 +14,8 @@ as it does.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import contextlib
 import functools
 import json
@@ -25,9 +27,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .. import _compat
-from .._compat import IRModule, Module, Target
 from .._errors import ArtifactError, CudaRuntimeUnavailableError
 from .._registry import call_codegen_function, codegen_function
+
+if TYPE_CHECKING:
+    from .._compat import IRModule, Module
 
 __all__ = [
     "FALLBACK_FMT",
@@ -275,7 +279,7 @@ def fallback_module(payload: CudaPayload, target: object = None) -> Module | Non
     try:
         code = payload.code.decode("utf-8")
         kernels = _empty_kernels(function_infos(payload.fmap))
-        target = Target(target if target is not None else _DEFAULT_TARGET)
+        target = _compat.Target(target if target is not None else _DEFAULT_TARGET)
     except (ArtifactError, UnicodeDecodeError, RuntimeError, TypeError, ValueError):
         return None
     build = codegen_function("target.build.cuda")
@@ -335,4 +339,4 @@ def _empty_kernels(infos: dict[str, dict]) -> IRModule:
         functions[symbol] = base.with_attrs({
             "global_symbol": symbol, "calling_conv": 2,  # CallingConv::kDeviceKernelLaunch
             "tirx.kernel_launch_params": list(info["launch_param_tags"]), "tirx.noalias": True})
-    return IRModule(functions)
+    return _compat.IRModule(functions)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._artifacts import keep_answering
-from .._compat import Module
 from .._storage._layout import ENTRY_STORES
 from .._storage._memory import MemoryEntry
 from ._state import CacheState
 from ._tiers import Entry, Hit, Probe
+
+if TYPE_CHECKING:
+    from .._compat import Module
 
 __all__ = ["ByDigest"]
 

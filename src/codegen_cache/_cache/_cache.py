@@ -35,11 +35,11 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import _context
 from .._artifacts import FORMAT_VERSION, frame, keep_answering, prepare, symbol_names
-from .._compat import IRModule, Module, Target
+from .. import _compat
 from .._config import ENV_VARS, Settings, disabled_by_env, own_env_vars, settings_from_env, unknown_env_vars
 from .._errors import ConfigError, ReentrantLoweringError, UncacheableError
 from .._log import warn_once
@@ -67,6 +67,9 @@ from ._stats import StatsRecorder
 from ._tiers import COLLISION, DiskTier, Entry, Hit, MemoryTier, Probe, RemoteTierView, TierChain
 from ._writer import writer
 from .._storage._layout import ENTRY_STORES, FRONTEND_DIR, OLD_DIRS, STAGED_DIR, STORE_NAMES, migrate
+
+if TYPE_CHECKING:
+    from .._compat import IRModule, Module, Target
 
 __all__ = ["STORE_NAMES", "CodegenCache", "fresh_results_are_the_callers", "store_in_every_tier"]
 
@@ -404,7 +407,7 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
     def key_for(self, mod: IRModule, target: TargetLike, *, compile_device: bool = True,
                 codegen: DeviceCodegen | str | None = None, structural_hash: int | None = None) -> CacheKey:
         """The cache key of this lowering (its parts say what went into it)."""
-        if not isinstance(mod, IRModule):
+        if not isinstance(mod, _compat.IRModule):
             raise TypeError(f"key_for expects a tvm.IRModule, got {type(mod).__name__}")
         _check_mode(compile_device)
         target = as_target(target)
@@ -424,7 +427,7 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
     def _lower(self, mod: IRModule, target: TargetLike, compile_device: bool, codegen: Any) -> Module:
         start = time.perf_counter()
         _check_mode(compile_device)
-        if type(target) is not Target:
+        if type(target) is not _compat.Target:
             target = as_target(target)
         if type(codegen) is not DeviceCodegen:
             codegen = self.resolve(target, codegen)  # a name or None: the DeviceCodegen it means
@@ -471,7 +474,7 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
             return None
         if _mode_function(codegen, compile_device) is None:
             codegen._func_for(target, compile_device)  # noqa: SLF001 - raises the seed's ValueError
-        if not isinstance(mod, IRModule):
+        if not isinstance(mod, _compat.IRModule):
             return None  # nothing to key (tilelang's own tests pass placeholders)
         try:
             return self._key(mod, target, codegen, compile_device, ir_hash(mod))

@@ -12,18 +12,20 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import xxhash
 
 from .. import _compat
 from .._artifacts import Artifact, decode, needs_upgrade
-from .._compat import IRModule, Module
 from .._errors import ArtifactError, CudaRuntimeUnavailableError, EntryKeyError
 from .._storage._disk import STORAGE_ERRORS, ArtifactStore
 from .._storage._memory import MemoryEntry, ModuleLRU
 from .._storage._pending import PendingFiles
 from ._guard import StorageGuard
+
+if TYPE_CHECKING:
+    from .._compat import IRModule, Module
 
 __all__ = ["COLLISION", "DiskTier", "Entry", "Hit", "MemoryTier", "Probe", "RemoteTierView", "Tier", "TierChain",
            "ir_digest"]

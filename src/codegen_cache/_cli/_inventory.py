@@ -20,7 +20,7 @@ from .._key import PART_NAMES
 from .._storage._disk import STORAGE_ERRORS, ArtifactStore
 from .._storage._layout import ALL_STORES, INDEX_CODECS, ENTRY_STORES, FRONTEND_DIR
 from .._storage._plain import PlainFiles
-from ..tilelang._frontend import ENTRY_CODEC, entry_problem
+from ..tilelang._entry import ENTRY_CODEC, entry_problem
 
 __all__ = ["ALL_STORES", "ENTRY_STORES", "LISTED_STORES", "StoredItem", "find_entries", "iter_entries",
            "open_store", "prune", "read_entry", "target_summary", "verify_entries"]

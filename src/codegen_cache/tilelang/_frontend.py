@@ -61,13 +61,13 @@ from .._storage._faults import ensure_dir, freeze_file_mode
 from .._storage._plain import PlainFiles
 from .._targets import canonical_target
 from . import _salts
+from ._entry import ENTRY_CODEC, entry_problem
 
 __all__ = ["ENTRY_CODEC", "FRONTEND_FORMAT", "entry_problem", "install", "uninstall"]
 
 logger = logging.getLogger(__name__)
 
 FRONTEND_FORMAT = "1"
-ENTRY_CODEC = "tilelang-kernel"
 _MAX_ENTRY = 512 << 20
 _MEMORY_MAX = 256
 _saved: dict[str, Any] = {}
@@ -160,19 +160,6 @@ def _names(func: Any) -> list[str]:
 
 def _func_digest(func: Any) -> str:
     return xxhash.xxh3_128_hexdigest(_compat.save_json(func).encode())
-
-
-def entry_problem(art: Artifact, digest: str) -> str | None:
-    """Why an unframed entry cannot serve key `digest` (None: it can). The hit path and verify use it."""
-    if art.codec != ENTRY_CODEC:
-        return f"codec {art.codec!r}, expected {ENTRY_CODEC!r}"
-    if art.meta.get("key") != digest:
-        return f"entry is stored under {digest[:16]} but its metadata names key {str(art.meta.get('key'))[:16]}"
-    if len(art.fields) != 3:
-        return f"{ENTRY_CODEC} entry has {len(art.fields)} payload fields, expected 3"
-    if not isinstance(art.meta.get("params"), str):
-        return "its kernel parameters (params) are not a string"
-    return None
 
 
 def _read_entry(path: Path, key: CacheKey):

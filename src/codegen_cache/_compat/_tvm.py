@@ -1,14 +1,7 @@
-"""Every TVM access the package makes, in one place, for both TVM distributions it runs on.
+"""The TVM names of `codegen_cache._compat`, imported with TVM itself.
 
-- apache-tvm 0.27 from PyPI (`pip install 'tvm-codegen-cache[tvm]'`);
-- the TVM that tilelang bundles under `tilelang/3rdparty/tvm` (`[tilelang]`: TVM 0.25.dev,
-  apache-tvm-ffi < 0.1.13). It is importable only once `import tilelang` has put it on
-  sys.path and loaded its libraries, so where tilelang is installed it is imported first.
-  That TVM has no `tvm._version`, and its `get_tir_pipeline` returns one pass (the finalize
-  passes live in `tvm.tirx.pipeline`) where apache-tvm 0.27 returns three.
-
-Names that moved between TVMs are resolved here once; the rest of the package imports TVM
-names from this module (tests/test_compat.py checks that no other module imports tvm).
+Only `codegen_cache._compat` imports this module, on the first use of one of its names (see
+there); everything else reads these names as `_compat.<name>`.
 """
 
 from __future__ import annotations
@@ -18,10 +11,11 @@ import functools
 import importlib.util
 from typing import Any
 
+from . import _INSTALL_HINT
+
 __all__ = [
     "DISTRIBUTION",
     "DLDeviceType",
-    "ModuleMethods",
     "IRModule",
     "Module",
     "PrimFunc",
@@ -36,7 +30,6 @@ __all__ = [
     "global_func",
     "llvm_version_major",
     "ffi_function",
-    "module_property_mask",
     "runtime_enabled",
     "save_json",
     "script_tirx",
@@ -49,12 +42,6 @@ __all__ = [
     "tvm_ffi",
     "tvm_version",
 ]
-
-_INSTALL_HINT = (
-    "tvm-codegen-cache needs a TVM and none is importable here. Install one of its extras: "
-    "pip install 'tvm-codegen-cache[tvm]' (apache-tvm 0.27) or "
-    "pip install 'tvm-codegen-cache[tilelang]' (the TVM that tilelang bundles)."
-)
 
 
 def _import_tvm() -> str:
@@ -259,43 +246,6 @@ def host_llvm_triple() -> str:
         return ""
 
 
-def module_property_mask(*, runnable: bool, exportable: bool, serializable: bool) -> int:
-    """A runtime module property mask (tvm-ffi's ModulePropertyMask bits)."""
-    return (1 if serializable else 0) | (2 if runnable else 0) | (4 if exportable else 0)
-
-
 def ffi_function(func):
     """A Python callable as a TVM packed function (what Module.get_function returns)."""
     return tvm_ffi.convert(func)
-
-
-class ModuleMethods:
-    """The methods of tvm.runtime.Module the cache answers for its own llvm hits.
-
-    `install(replacements)` sets each named attribute once, keeping the original (TVM's own)
-    in `original`; names this TVM does not have are left out (`missing` lists them), so a TVM
-    without one degrades to its own behaviour for that method.
-    """
-
-    NAMES = ("kind", "get_property_mask", "is_binary_serializable", "is_runnable", "is_compilation_exportable",
-             "inspect_source", "write_to_file", "get_function", "implements_function", "export_library")
-
-    def __init__(self) -> None:
-        self.original: dict[str, Any] = {}
-        self.missing: list[str] = []
-
-    def install(self, replacements: dict[str, Any]) -> None:
-        """Put `replacements` (name -> function taking the original) on tvm.runtime.Module, once."""
-        if self.original or self.missing:
-            return
-        for name in self.NAMES:
-            current = None
-            for klass in Module.__mro__:  # the class that defines it (tvm's Module or tvm-ffi's)
-                if name in vars(klass):
-                    current = vars(klass)[name]
-                    break
-            if current is None or name not in replacements:
-                self.missing.append(name)
-                continue
-            self.original[name] = current
-            setattr(Module, name, replacements[name](current))
