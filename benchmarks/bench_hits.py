@@ -193,7 +193,7 @@ class HitBench:
         def auto_miss() -> None:
             # A new kernel for the cache a user gets: what its codegen's learnt plan makes of it.
             codegen = self.salted(entry)
-            if self.auto._budget.plan(entry.name, mode).keyed:  # noqa: SLF001 - a key will be computed
+            if self.auto.tier_plan(entry.name, mode).keyed:  # a key will be computed
                 # Untimed, as above; where none will be, its walk of the IR would only evict the
                 # caches the timed call then misses (2048-statement C: 17 ms against 9 ms bare).
                 self.auto.key_for(mod, target, compile_device=compile_device, codegen=codegen)
@@ -243,7 +243,7 @@ class HitBench:
         row["miss_tiers"] = sorted(set(tiers))
         if load:
             row["auto_tiers"] = {t: auto_tiers.count(t) for t in sorted(set(auto_tiers))}
-            row["auto_plan"] = self.auto._budget.plan(entry.name, mode).why  # noqa: SLF001 - what it decided
+            row["auto_plan"] = self.auto.tier_plan(entry.name, mode).why  # what it decided
         if load:
             assert tiers and set(tiers) == {"codegen"}, f"{kernel}/{codegen}: a cold call was served from {tiers}"
 
@@ -341,7 +341,7 @@ class HitBench:
             fresh = CodegenCache(self.root / "auto", memory_entries=0, min_codegen_time="auto")
             variants["auto_fresh"] = lambda: fresh.lower(mod, target, compile_device=compile_device)
             # The codegen in the same rounds, where that is cheap, and where the cache runs it anyway.
-            if estimate < 2e-3 or not self.auto._budget.plan(entry.name, mode).keyed:  # noqa: SLF001
+            if estimate < 2e-3 or not self.auto.tier_plan(entry.name, mode).keyed:
                 variants["bare_w"] = lambda: bare_fn(mod, target)
         else:
             variants["disk"] = disk_noload

@@ -77,7 +77,7 @@ def main() -> None:
         server = RedisServer(root / "redis", priority=-10)
         try:
             for name in args.kernels.split(","):
-                mod, target = cc.lower_for_codegen(kernels.kernel(name, False), "llvm")
+                mod, target = cc.prepare_for_codegen(kernels.kernel(name, False), "llvm")
                 a = cc.CodegenCache(root / f"a-{name}", remote=server.url, remote_secret=SECRET)
                 a.lower(mod, target)
                 assert a.flush(300, upgrades=True)

@@ -52,7 +52,7 @@ def _steps(cache, mod, target, compile_device: bool) -> dict:
     cache._memory.get(key.digest)  # noqa: SLF001  (the entry is there)
     store = cache.store(mode)
     blob = store.get(key.digest)
-    scratch = cache._scratch()  # noqa: SLF001
+    scratch = cache.scratch_dir()
     toolchain = entry.toolchain
     floor = _floor_steps(blob, scratch) if compile_device and getattr(target.kind, "name", "") == "cuda" else {}
     return {
@@ -67,7 +67,7 @@ def _steps(cache, mod, target, compile_device: bool) -> dict:
                                              key_seconds=0.0, load_seconds=0.0, codegen_seconds=0.0, total_seconds=0.0),
         "3x perf_counter": lambda: (time.perf_counter(), time.perf_counter(), time.perf_counter()),
         "disk: store.get (SQLite)": lambda: store.get(key.digest),
-        "disk: scratch dir": cache._scratch,  # noqa: SLF001
+        "disk: scratch dir": cache.scratch_dir,
         "disk: unframe (parse + checksum)": lambda: unframe(blob, **hot),
         "disk: decode (unframe + load)": lambda: decode(blob, scratch=scratch),
         **floor,

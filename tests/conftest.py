@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -30,6 +31,8 @@ HAS_NVCC = shutil.which("nvcc") is not None
 
 def pytest_addoption(parser):
     parser.addoption("--stress", action="store_true", default=False, help="run the long stress and fault tests")
+    parser.addoption("--slow", action="store_true", default=False,
+                     help="also run the tests marked slow (fresh interpreters that import TVM; CI runs them)")
 
 
 def pytest_configure(config):
@@ -45,12 +48,104 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    if config.getoption("--stress"):
-        return
-    skip = pytest.mark.skip(reason="stress test: run with --stress")
-    for item in items:
-        if "stress" in item.keywords:
-            item.add_marker(skip)
+    if not config.getoption("--stress"):
+        skip = pytest.mark.skip(reason="stress test: run with --stress")
+        for item in items:
+            if "stress" in item.keywords:
+                item.add_marker(skip)
+    if not _runs_slow_tests(config):
+        slow = [item for item in items if "slow" in item.keywords]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if "slow" not in item.keywords]
+            config.stash[_SLOW_LEFT_OUT] = len(slow)
+
+
+# ---- the slow tier -----------------------------------------------------------------------------
+# A test that starts a fresh interpreter importing TVM (seconds each) is marked slow and left out
+# of the default run, which must stay within minutes; `--slow` runs them too (CI does). A small
+# smoke set of such tests, marked smoke, stays in the default run, so that each kind of behaviour
+# (the start-up hook, warm = cold, a fork/pool lifecycle, the upgrader, a CLI exit code, a doc
+# block) is seen there. The summary names unmarked tests that started interpreters and took seconds.
+
+_SLOW_LEFT_OUT = pytest.StashKey[int]()
+# A test taking longer than this that started an interpreter is reported when it is in neither tier.
+_FRESH_TVM_SECONDS = 2.0
+
+
+def _runs_slow_tests(config) -> bool:
+    """--slow, a -m expression that names the marker, or a test named on the command line."""
+    return (config.getoption("--slow") or "slow" in (config.option.markexpr or "")
+            or any("::" in arg for arg in config.args))
+
+
+def _is_python(argv0: str) -> bool:
+    """Whether a command starts a Python interpreter (this one, another python*, or a script of this
+    environment such as codegen-cache)."""
+    path = shutil.which(argv0) or argv0
+    real = os.path.realpath(path)
+    if real == os.path.realpath(sys.executable) or re.fullmatch(r"python[\d.]*", os.path.basename(real)):
+        return True
+    if os.path.dirname(os.path.abspath(path)) != os.path.dirname(os.path.abspath(sys.executable)):
+        return False
+    try:
+        with open(path, "rb") as f:
+            return b"python" in f.readline(200)
+    except OSError:
+        return False
+
+
+_STARTED = pytest.StashKey[dict]()  # nodeid -> Python interpreters it started (unmarked tests only)
+_CURRENT = pytest.StashKey[dict]()
+
+
+def pytest_sessionstart(session):
+    started = session.config.stash[_STARTED] = {}
+    current = session.config.stash[_CURRENT] = {"nodeid": None}
+
+    def hook(event, args):
+        # subprocess.Popen is audited; multiprocessing's spawn and forkserver start no test's interpreter
+        # here (the suite's pools fork).
+        if event == "subprocess.Popen" and current["nodeid"] is not None:
+            executable, argv = args[0], args[1]
+            if executable is None:
+                argv = argv.split() if isinstance(argv, (str, bytes)) else list(argv or [])
+                executable = argv[0] if argv else ""
+            if _is_python(os.fsdecode(executable)):
+                started[current["nodeid"]] = started.get(current["nodeid"], 0) + 1
+
+    sys.addaudithook(hook)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    current = item.config.stash[_CURRENT]
+    if not {"slow", "smoke"} & set(item.keywords):
+        current["nodeid"] = item.nodeid
+    try:
+        return (yield)
+    finally:
+        current["nodeid"] = None
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    left_out = config.stash.get(_SLOW_LEFT_OUT, 0)
+    if left_out:
+        terminalreporter.write_line(f"{left_out} tests marked slow (fresh interpreters importing TVM) were not run: "
+                                    "add --slow to run them (CI does)")
+    started = config.stash.get(_STARTED, {})
+    # Starting an interpreter that does not import TVM is cheap (the CLI's commands that need no TVM).
+    seconds: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if getattr(report, "when", None) in ("setup", "call", "teardown"):
+                seconds[report.nodeid] = seconds.get(report.nodeid, 0.0) + report.duration
+    unmarked = sorted(nodeid for nodeid in started if seconds.get(nodeid, 0.0) > _FRESH_TVM_SECONDS)
+    if unmarked:
+        terminalreporter.write_sep("-", "unmarked tests that started Python interpreters and took seconds")
+        terminalreporter.write_line("mark each @pytest.mark.slow where they import TVM (or smoke, for one per behaviour):")
+        for nodeid in unmarked:
+            terminalreporter.write_line(f"  {nodeid} ({started[nodeid]})")
 
 
 @pytest.fixture(autouse=True)

@@ -138,6 +138,7 @@ def test_stored_llvm_ir_is_the_modules_own_text_by_either_route(blobs, monkeypat
     assert _llvm.ir_triple(text) == _llvm.ir_triple(text.decode()) != ""
 
 
+@pytest.mark.slow
 def test_a_file_size_limit_makes_the_ir_text_come_from_memory_not_a_memfd(tmp_path):
     # LLVM ends the process when a write fails, and RLIMIT_FSIZE applies to memfds too: the
     # kernel sends SIGXFSZ to a process writing past it. Under a limit below the module's text,

@@ -17,6 +17,7 @@ RUN = Path(__file__).resolve().parent.parent / "benchmarks" / "run.py"
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_run_smoke_writes_table_json_and_plot(tmp_path):
     out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
     done = subprocess.run(
@@ -47,6 +48,7 @@ def test_run_smoke_writes_table_json_and_plot(tmp_path):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_checked_load_benchmark_runs(tmp_path):
     script = RUN.with_name("bench_checked_load.py")
     done = subprocess.run([sys.executable, str(script), "--rounds", "3"], capture_output=True, text=True, timeout=280)
@@ -56,6 +58,7 @@ def test_checked_load_benchmark_runs(tmp_path):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_private_internals_benchmark_prints_every_pair():
     script = RUN.with_name("bench_private.py")
     done = subprocess.run([sys.executable, str(script), "--rounds", "2"], capture_output=True, text=True, timeout=280)
@@ -65,6 +68,7 @@ def test_private_internals_benchmark_prints_every_pair():
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_libraries_benchmark_prints_every_group():
     script = RUN.with_name("bench_libraries.py")
     done = subprocess.run([sys.executable, str(script), "--rounds", "3"], capture_output=True, text=True, timeout=280)

@@ -199,6 +199,7 @@ KEY_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_build_key_is_the_same_in_fresh_processes():
     script = KEY_SCRIPT.format(tests=TESTS, cuda=CUDA_TARGET)
     outs = set()
@@ -296,6 +297,7 @@ STUB_SCRIPT = textwrap.dedent(
 
 @pytest.mark.nvcc
 @pytest.mark.skipif(not HAS_NVCC, reason="nvcc is not on PATH")
+@pytest.mark.slow
 def test_compiled_cuda_build_where_the_cuda_runtime_loads(tmp_path):
     stub = build_stub(tmp_path / "stub")
     if stub is None:

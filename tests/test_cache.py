@@ -62,6 +62,7 @@ FRESH_PROCESS = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_fresh_process_hits_what_another_stored(tmp_path, cuda_vadd):
     mod, target = cuda_vadd
     cc.CodegenCache(tmp_path, write_behind=False).lower(mod, target, compile_device=False)
@@ -287,6 +288,7 @@ def _default_cache_dir_in_fresh_process(env):
     return out.stdout.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_default_cache_honours_env(tmp_path):
     env = {**os.environ, "CODEGEN_CACHE_DIR": str(tmp_path / "d")}
     env.pop("CODEGEN_CACHE_DISABLE", None)

@@ -151,6 +151,7 @@ ATTACKS = {
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
+@pytest.mark.slow
 def test_a_value_file_changed_after_the_load_never_changes_or_kills_the_loaded_kernel(
         tmp_path, linked, llvm_vadd, evil, attack):
     mod, target = llvm_vadd
@@ -257,6 +258,7 @@ def test_a_new_copy_is_never_taken_for_a_library_still_loaded_under_the_same_des
     assert all((tmp_path / f"ran{n}").exists() for n in (1, 2, 3))  # each one's own constructor ran
 
 
+@pytest.mark.slow
 def test_private_files_for_path_loaders_are_read_only_never_reused_and_removed_at_their_process_exit(tmp_path):
     script = textwrap.dedent(f"""
         import os

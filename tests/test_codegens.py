@@ -132,6 +132,7 @@ STUB_SCRIPT = textwrap.dedent(
 
 @pytest.mark.nvcc
 @pytest.mark.skipif(not HAS_NVCC, reason="nvcc is not on PATH")
+@pytest.mark.slow
 def test_compiled_cuda_loads_through_stub_driver(tmp_path):
     out = _run_with_stub_driver(tmp_path, STUB_SCRIPT)
     assert out.split()[-5:] == ["codegen", "disk", "cuda", "True", "True"]
@@ -151,6 +152,7 @@ PRECOMPILED_SCRIPT = textwrap.dedent(
 
 @pytest.mark.nvcc
 @pytest.mark.skipif(not HAS_NVCC, reason="nvcc is not on PATH")
+@pytest.mark.slow
 def test_gpu_less_host_fills_compiled_store_for_gpu_host(tmp_path, cuda_vadd):
     mod, target = cuda_vadd
     cache = cc.CodegenCache(tmp_path / "cache", write_behind=False)

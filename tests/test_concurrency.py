@@ -55,6 +55,7 @@ def _calls(log: Path) -> Counter:
     return Counter(line.split()[1] for line in log.read_text().splitlines()) if log.exists() else Counter()
 
 
+@pytest.mark.slow
 def test_four_processes_compile_each_cold_key_once(tmp_path):
     log = tmp_path / "calls.log"
     procs = [_spawn(tmp_path / "cache", 0, 5, log) for _ in range(4)]
@@ -84,6 +85,7 @@ def _is_locked(directory: Path, key: str) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_killed_lock_holder_lets_the_next_process_build_at_once(tmp_path):
     log = tmp_path / "calls.log"
     holder = _spawn(tmp_path / "cache", 7, 1, log, seconds="60")
@@ -123,6 +125,7 @@ def test_a_planted_or_leftover_lock_file_holds_nothing(tmp_path):
     assert cache.stats(shared=False).lease_waits == 0
 
 
+@pytest.mark.slow
 def test_a_waiter_wakes_within_50ms_of_the_holders_unlock(tmp_path):
     locks = KeyLocks(tmp_path / "locks")
     held = locks.acquire("k" * 32, wait=0)
@@ -287,6 +290,7 @@ def test_memory_tier_is_bounded_by_bytes(tmp_path):
     assert cache.lower_with_outcome(mod, target)[1].tier == "disk"
 
 
+@pytest.mark.slow
 def test_stats_from_processes_add_up_and_reset(tmp_path):
     log = tmp_path / "calls.log"
     _finish([_spawn(tmp_path / "cache", 40, 3, log, seconds="0")])
@@ -319,6 +323,8 @@ print(cc.CodegenCache({cache!r}).precompile_cuda(mod, target))
 
 
 @pytest.mark.skipif(not __import__("shutil").which("nvcc"), reason="nvcc is not on PATH")
+@pytest.mark.slow
+@pytest.mark.nvcc
 def test_precompile_cuda_is_single_flight(tmp_path):
     script = PRECOMPILE.format(tests=str(Path(__file__).parent), cache=str(tmp_path / "cache"))
     procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

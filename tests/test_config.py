@@ -182,6 +182,7 @@ def _created(cache: cc.CodegenCache, key: str) -> float:
     return read_meta(cache.store("source").get(key))[1]["created"]
 
 
+@pytest.mark.slow
 def test_disable_turns_the_default_cache_off(tmp_path):
     script = "import codegen_cache as cc; print(cc.get_cache())"
     env = {**os.environ, "CODEGEN_CACHE_DISABLE": "1", "CODEGEN_CACHE_DIR": str(tmp_path)}

@@ -74,6 +74,7 @@ def _snapshot(root: Path) -> dict[str, bytes | None]:
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("name", DIRECTORIES)
+@pytest.mark.slow
 def test_a_symlink_planted_at_a_directory_of_the_cache_is_never_followed_and_every_miss_is_stored(
         tmp_path, name):
     directory, outside = tmp_path / "cache", tmp_path / "outside"
@@ -161,6 +162,7 @@ RM_WHILE_UPGRADING = textwrap.dedent("""
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("delay", [0.0, 0.5, 1.5, 3.0])
+@pytest.mark.slow
 def test_a_cache_directory_removed_while_the_upgrader_works_stays_removed(tmp_path, delay):
     directory = tmp_path / "cache"
     script = RM_WHILE_UPGRADING.format(tests=TESTS, directory=str(directory), count=6)
@@ -184,6 +186,7 @@ def test_a_cache_directory_removed_while_the_upgrader_works_stays_removed(tmp_pa
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_a_cache_directory_that_is_itself_a_symlink_is_the_users_choice_and_is_used(tmp_path, caplog):
     # Where the cache lives is the user's to say (~/.cache/codegen-cache -> /data/cache): only
     # links inside the cache directory are refused.

@@ -17,6 +17,7 @@ PROCESSES, KEYS = 4, 50
 
 @pytest.mark.timeout(1500)
 @pytest.mark.parametrize("ops", [pytest.param(40, id="4x40"), pytest.param(500, id="4x500", marks=pytest.mark.stress)])
+@pytest.mark.slow
 def test_processes_mixing_lowers_and_evictions_get_correct_modules_and_stats_add_up(tmp_path, spawn, ops):  # noqa: F811
     directory, sync = tmp_path / "cache", tmp_path / "sync"
     sync.mkdir()

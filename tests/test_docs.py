@@ -78,6 +78,19 @@ def blocks() -> list[Block]:
 
 BLOCKS = blocks()
 RUN = [b for b in BLOCKS if b.lang in RUNNABLE]
+# Each block runs in fresh interpreters that import TVM: all but one are in the slow tier. The
+# default run runs SMOKE_PAGE's blocks up to its first command (with the files that command uses).
+SMOKE_PAGE = "tvm.md"
+
+
+def _tiered(blocks: list[Block]) -> list:
+    params, smoke = [], True
+    for block in blocks:
+        marks = pytest.mark.smoke if block.page == SMOKE_PAGE and smoke else pytest.mark.slow
+        if block.page == SMOKE_PAGE and block.option("file") is None:
+            smoke = False
+        params.append(pytest.param(block, id=block.id, marks=marks))
+    return params
 
 
 def _missing(need: str) -> str | None:
@@ -174,7 +187,7 @@ def _run(argv: list[str], page: Page, where: str) -> subprocess.CompletedProcess
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("block", RUN, ids=[b.id for b in RUN])
+@pytest.mark.parametrize("block", _tiered(RUN))
 def test_doc_block_runs(block, pages, tmp_path):
     where = f"docs/{block.id}"
     if block.no_run is not None:
@@ -311,6 +324,7 @@ def _harness_block() -> Block:
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize(("setting", "tier"), [("CODEGEN_CACHE_RECACHE", "codegen"), ("CODEGEN_CACHE_DISABLE", "uncached")])
+@pytest.mark.slow
 def test_the_harness_recipe_runs_with_recache_and_with_the_cache_off(tmp_path, setting, tier):
     script = tmp_path / "harness.py"
     script.write_text(_harness_block().code)

@@ -44,6 +44,7 @@ def _run(tmp_path, run: int, *, export: bool = True, env_extra: dict[str, str] |
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_export_library_after_a_disk_hit_in_a_fresh_process(tmp_path):
     # cold; warm (the entry as stored); warm again (after the shared library upgrade)
     results = [_run(tmp_path, run) for run in range(3)]
@@ -54,6 +55,7 @@ def test_export_library_after_a_disk_hit_in_a_fresh_process(tmp_path):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_export_library_of_an_entry_still_in_llvm_ir(tmp_path):
     """No compiler when it was stored: the entry stays LLVM IR; its hit exports and runs too."""
     stored = _run(tmp_path, 0, export=False, env_extra={"CC": "/bin/false", "CXX": "/bin/false"})

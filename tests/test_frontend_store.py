@@ -256,5 +256,5 @@ def test_a_tilelang_hit_loads_a_private_copy_of_the_checked_library_never_the_en
     assert which == 1 and not evil_marker.exists(), "the library loaded is not the one checked"
     assert entry.read_bytes() == evil.read_bytes()  # the swap did happen
     private = Path(loaded_from)
-    assert private.parent == Path(cache._scratch()) and private.name.endswith(f"-{key.digest}.so")
+    assert private.parent == Path(cache.scratch_dir()) and private.name.endswith(f"-{key.digest}.so")
     assert private.stat().st_mode & 0o777 == 0o400

@@ -113,6 +113,7 @@ def test_a_failing_lazy_module_is_raised_raw_and_logged_once_with_the_way_out(ca
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_a_mistyped_variable_is_warned_about_once_by_the_library(tmp_path):
     script = textwrap.dedent("""
         import sys

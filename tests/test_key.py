@@ -55,6 +55,7 @@ KEY_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_keys_are_deterministic_across_fresh_processes(tmp_path):
     script = KEY_SCRIPT.format(tests=str(Path(__file__).parent), cache=str(tmp_path), inputs=json.dumps(BUILTIN_INPUTS))
     runs = []

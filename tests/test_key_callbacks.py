@@ -272,6 +272,7 @@ READING_PROCESS = textwrap.dedent(
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("reads", ["environment", "a module attribute", "a call into a module"])
+@pytest.mark.slow
 def test_processes_whose_hook_reads_state_the_key_cannot_see_each_get_their_own_output(tmp_path, reads):
     # The attack: the same hook code in two processes, its output decided by what it
     # reads when called. Before: the second process got the first one's source from disk.
@@ -404,6 +405,7 @@ HOOK_PROCESS = textwrap.dedent(
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_two_processes_with_different_hooks_get_their_own_source(tmp_path):
     seeds = iter(range(1, 5))
 
@@ -498,6 +500,8 @@ STUB_DRIVER_PROCESS = textwrap.dedent(
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 @pytest.mark.timeout(300)
+@pytest.mark.slow
+@pytest.mark.nvcc
 def test_with_a_cuda_runtime_loaded_cuda_codegens_call_only_keyed_callbacks(tmp_path):
     # TVM's CUDA runtime loaded (a stub libcuda.so.1): target.build.cuda would compile through
     # tvm_callback_cuda_compile; the built-in codegens must never get there.

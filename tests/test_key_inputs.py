@@ -73,6 +73,7 @@ def keyed_env():
     return _keyed_env()
 
 
+@pytest.mark.slow
 def test_every_env_var_tvms_python_reads_is_keyed_or_excluded(keyed_env):
     found = _env_read_by_tvm_python()
     assert {"TVM_CUDA_PTXAS_EXTRA_OPTS", "TVM_CUDA_COMPILE_MODE", "CUDA_PATH"} <= set(found), \
@@ -102,6 +103,7 @@ def _real_nvcc() -> Path | None:
 
 
 @pytest.mark.skipif(not HAS_NVCC, reason="nvcc is not installed")
+@pytest.mark.nvcc
 def test_every_variable_nvcc_itself_reads_is_a_compiled_cuda_key_part(keyed_env):
     nvcc = _real_nvcc()
     assert nvcc is not None and nvcc.exists()
@@ -121,6 +123,7 @@ def test_each_compiled_cuda_env_var_changes_the_compiled_key_only(cache, cuda_va
 
 
 @pytest.mark.skipif(not HAS_NVCC, reason="nvcc is not installed")
+@pytest.mark.nvcc
 def test_which_nvcc_is_found_is_a_key_part(cache, cuda_vadd, monkeypatch, tmp_path):
     mod, target = cuda_vadd
     monkeypatch.delenv("CUDA_PATH", raising=False)
@@ -142,6 +145,7 @@ def test_which_nvcc_is_found_is_a_key_part(cache, cuda_vadd, monkeypatch, tmp_pa
 
 @pytest.mark.skipif(not HAS_NVCC, reason="nvcc is not installed")
 @pytest.mark.timeout(180)
+@pytest.mark.nvcc
 def test_keyed_nvcc_flags_change_the_binary_and_excluded_variables_do_not(cuda_vadd, monkeypatch):
     mod, target = cuda_vadd
     for name in (*cuda.COMPILE_ENV, "TVM_CUDA_COMPILE_MODE", "TVM_CUDA_NVRTC_EXTRA_OPTS"):

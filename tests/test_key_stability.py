@@ -47,6 +47,7 @@ def _run(directory: Path) -> dict:
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.slow
 def test_every_kind_of_input_hits_in_fresh_processes_after_the_first(tmp_path):
     first, *later = [_run(tmp_path / "cache") for _ in range(3)]
     assert all(t == "codegen" for v in first.values() for t in v["tiers"]), first

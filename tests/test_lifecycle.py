@@ -86,6 +86,7 @@ def _upgraders(directory: Path) -> dict[int, bool]:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.smoke
 def test_many_processes_asking_for_upgrades_at_once_start_one_upgrader(tmp_path):
     directory, go = tmp_path / "cache", tmp_path / "go"
     script = tmp_path / "ask.py"  # a file, so that these processes' command lines do not look like an upgrader's
@@ -200,6 +201,7 @@ ENDINGS = {
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("end", list(ENDINGS))
+@pytest.mark.slow
 def test_a_returned_miss_survives_the_end_of_its_process(tmp_path, end):
     directory = tmp_path / "cache"
     done = _python(LOWER_AND_END.replace("{end}", ENDINGS[end]), str(directory))
@@ -225,6 +227,7 @@ BUILD_AND_END = """
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("end", ["os._exit", "SIGKILL"])
+@pytest.mark.slow
 def test_a_returned_build_survives_the_end_of_its_process(tmp_path, end):
     import kernels
     from codegen_cache._build import _build
@@ -256,6 +259,7 @@ POOL = """
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.smoke
 def test_a_pool_terminated_at_exit_keeps_every_entry_and_count(tmp_path):
     directory = tmp_path / "cache"
     done = _python(POOL, env={"CODEGEN_CACHE_DIR": str(directory)})
@@ -328,6 +332,7 @@ FORK_WITH_QUEUED_WRITES = """
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_a_forked_child_never_waits_for_its_parents_writes(tmp_path):
     directory = tmp_path / "cache"
     done = _python(FORK_WITH_QUEUED_WRITES, str(directory))
@@ -377,6 +382,7 @@ SWEEP = """
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_a_process_pool_sweep_after_queued_writes_is_fast(tmp_path):
     done = _python(SWEEP, str(tmp_path / "cache"))
     assert done.returncode == 0, done.stderr[-3000:]
@@ -436,6 +442,7 @@ FORK_WHILE_LOWERING = """
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_forking_while_two_threads_lower_never_leaves_a_stuck_child(tmp_path, request):
     forks = 100 if request.config.getoption("--stress") else 10
     directory = tmp_path / "cache"
@@ -470,6 +477,7 @@ LOWER_AND_TIME = """
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_a_waiting_lower_resumes_right_after_the_builders_lower_returns(tmp_path):
     directory, log = tmp_path / "cache", tmp_path / "calls.log"
     env = _environ(SLOW_CODEGEN_LOG=str(log), SLOW_CODEGEN_SECONDS="2")
@@ -496,6 +504,7 @@ def test_a_waiting_lower_resumes_right_after_the_builders_lower_returns(tmp_path
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_a_waiter_builds_at_once_when_the_builder_is_killed(tmp_path):
     from test_concurrency import _calls, _finish, _spawn, _wait_ready
 
@@ -574,6 +583,7 @@ def test_an_interrupted_script_has_pythons_sigint_handler_even_where_the_test_ru
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_sigint_to_the_process_group_loses_no_entry_and_the_upgrade_finishes(tmp_path):
     # What a Jupyter interrupt or Ctrl-C does: SIGINT to every process of the group.
     directory = tmp_path / "cache"
@@ -642,6 +652,7 @@ LOCK_LEFT_HELD = """
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_the_exit_ends_within_its_bound_even_when_the_writers_lock_was_left_held(tmp_path):
     started = time.monotonic()
     done = _python(LOCK_LEFT_HELD, str(tmp_path / "cache"), timeout=90)
@@ -654,6 +665,7 @@ def test_the_exit_ends_within_its_bound_even_when_the_writers_lock_was_left_held
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("interrupts", [1, 2])
+@pytest.mark.slow
 def test_ctrl_c_while_exiting_with_a_queue_never_aborts_or_loses_entries(tmp_path, interrupts):
     directory = tmp_path / "cache"
     with _own_process_group(EXIT_WITH_A_QUEUE, str(directory)) as proc:
@@ -683,6 +695,7 @@ UPGRADE_WITH_CC = """
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("compiler", ["gcc -m64", "ccache gcc", "WRAPPER gcc"])
+@pytest.mark.slow
 def test_cc_with_arguments_or_a_wrapper_links_llvm_entries(tmp_path, compiler):
     log = tmp_path / "wrapper.log"
     if compiler.startswith("WRAPPER"):  # a compiler wrapper as ccache is one: logs, then runs the rest
@@ -736,6 +749,7 @@ LOWER_ON_A_FULL_DISK = """
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("leave", [0, 40 << 10, 160 << 10, "stored-raw"],
                          ids=["full", "40KiB-left", "160KiB-left", "full-with-raw-entries-to-upgrade"])
+@pytest.mark.slow
 def test_a_full_disk_never_ends_the_process(tmp_path, monkeypatch, leave):
     from test_reliability import fill, mounted
 
@@ -870,6 +884,7 @@ BUILD_HELD_AND_END = """
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_a_build_writes_no_store_before_it_returns_and_its_staged_entries_serve_the_next_process(tmp_path):
     import kernels
     from codegen_cache._build import _build
@@ -1101,6 +1116,7 @@ def test_staging_writes_into_a_spare_file_made_ahead_and_a_fork_child_never_uses
     assert sorted(os.listdir(tmp_path / "pending")) == ["a" * 32, "c" * 32]
 
 
+@pytest.mark.slow
 def test_spare_files_are_removed_at_exit(tmp_path):
     script = textwrap.dedent(f"""
         from codegen_cache._storage._pending import PendingFiles

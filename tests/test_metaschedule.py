@@ -81,6 +81,7 @@ ENV_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_without_a_directory_workers_use_codegen_cache_dir(tmp_path):
     env = {**os.environ, "CODEGEN_CACHE_DIR": str(tmp_path / "cache")}
     script = ENV_SCRIPT.format(tests=str(Path(__file__).parent))
@@ -140,6 +141,7 @@ STUB_SCRIPT = textwrap.dedent(
 
 @pytest.mark.nvcc
 @pytest.mark.skipif(not HAS_NVCC, reason="nvcc is not on PATH")
+@pytest.mark.slow
 def test_gpu_builds_export_a_fresh_host_with_the_cached_compiled_device_code(tmp_path):
     stub = build_stub(tmp_path / "stub")
     if stub is None:

@@ -89,6 +89,7 @@ WARM_SCRIPT = """
 
 
 @pytest.mark.parametrize("target", ["llvm", "cuda"])
+@pytest.mark.slow
 def test_a_warm_compile_in_a_fresh_process_runs_no_pipeline_and_no_codegen(tmp_path, target):
     spec = "llvm" if target == "llvm" else '{"kind": "cuda", "arch": "sm_90"}'
     cold = python_json(WARM_SCRIPT, "cold", str(tmp_path / "cache"), spec)
@@ -118,6 +119,7 @@ os.kill(os.getpid(), signal.SIGKILL)  # the writer never ran: the entries are on
 """.format(seq=SEQ, width=WIDTH)
 
 
+@pytest.mark.slow
 def test_a_compiled_model_survives_its_process_killed_right_after_tvm_compile_returned(tmp_path):
     from processes import python
 
@@ -243,6 +245,7 @@ def test_a_model_whose_library_entries_were_evicted_compiles_again(enabled):
     np.testing.assert_array_equal(_run_decoder(executable, named), expected)
 
 
+@pytest.mark.slow
 def test_a_model_with_a_symbolic_sequence_length_hits_in_a_fresh_process(tmp_path):
     script = """
         import json, sys
@@ -284,6 +287,7 @@ def test_the_codegens_of_a_modules_virtual_devices_are_in_its_key():
     assert first is not None and first.digest != second.digest  # no target given: the vdevice's codegen counts
 
 
+@pytest.mark.slow
 def test_verify_knows_a_compiled_model_and_fix_keeps_it(enabled):
     # `codegen-cache verify --fix` removes what it cannot read: a model entry must not be one of them.
     import subprocess

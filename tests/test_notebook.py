@@ -68,6 +68,7 @@ def _tiers(lines: list[str]) -> list[str]:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_a_notebook_run_twice_back_to_back_hits_every_kernel_the_second_time(tmp_path):
     directory = tmp_path / "cache"
     # The kernel is shut down right after the last cell returns: what a "Run all" then close does.
@@ -76,6 +77,7 @@ def test_a_notebook_run_twice_back_to_back_hits_every_kernel_the_second_time(tmp
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_an_interrupted_cell_after_its_lowerings_keeps_every_entry_and_the_upgrades_finish(tmp_path):
     directory = tmp_path / "cache"
     # A cell lowers; the next runs on until nbclient's cell timeout interrupts the kernel (SIGINT to

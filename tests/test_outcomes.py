@@ -69,6 +69,7 @@ def test_a_build_hit_reports_what_it_saved(cache):
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_caching_disabled_is_uncached(tmp_path):
     script = textwrap.dedent("""
         import sys

@@ -85,6 +85,7 @@ def test_diskcache_table_has_the_columns_the_plain_reader_selects(tmp_path):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_the_writer_drains_before_atexit_handlers_registered_after_it():
     # threading._register_atexit runs the writer's exit wait before every atexit handler, also
     # one registered after the writer (atexit runs the last registered first): a temporary

@@ -149,6 +149,7 @@ def lower_fresh(directory: Path, i: int, compiled: bool, **options) -> tuple[str
 
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("kills", [pytest.param(4, id="4-kills"), pytest.param(20, id="20-kills", marks=pytest.mark.stress)])
+@pytest.mark.slow
 def test_kill9_mid_store_leaves_no_corrupt_entry_stuck_lock_or_growing_temp(tmp_path, spawn, kills):
     directory, keys = tmp_path / "cache", 30
     rng = random.Random(kills)
@@ -455,6 +456,7 @@ def test_changed_tvm_commit_never_serves_a_stale_entry(tmp_path, monkeypatch):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_changed_tvm_commit_in_a_fresh_process(tmp_path, spawn):
     directory = tmp_path / "cache"
     populate(directory, 1)
@@ -570,6 +572,7 @@ def populated_under_umasks(tmp_path_factory):
 
 
 @pytest.mark.parametrize("umask", UMASKS, ids=lambda u: f"umask-{u:03o}")
+@pytest.mark.slow
 def test_file_modes_fit_a_shared_cache_and_are_never_world_writable(populated_under_umasks, umask):
     directory = populated_under_umasks / f"umask-{umask:03o}"
     modes = _modes(directory)
@@ -590,6 +593,7 @@ def test_file_modes_fit_a_shared_cache_and_are_never_world_writable(populated_un
         assert all(m & 0o077 == 0 for m in modes.values()), modes
 
 
+@pytest.mark.slow
 def test_setgid_team_directory_gives_every_file_the_team_group(populated_under_umasks):
     directory = populated_under_umasks / "team" / "cache"
     if not directory.exists():

@@ -156,6 +156,7 @@ COMPILE_PLAIN_TVM = """
 
 
 @needs_hook
+@pytest.mark.smoke
 def test_the_variable_enables_a_process_that_only_imports_tvm(tmp_path):
     env = {"CODEGEN_CACHE_ENABLE": "1", "CODEGEN_CACHE_DIR": str(tmp_path / "cache")}
     first = python_json(COMPILE_PLAIN_TVM, env=env)
@@ -166,6 +167,7 @@ def test_the_variable_enables_a_process_that_only_imports_tvm(tmp_path):
 
 @needs_hook
 @pytest.mark.parametrize("value", ["", "0", "off"])
+@pytest.mark.slow
 def test_without_the_variable_import_tvm_loads_nothing_of_the_package(tmp_path, value):
     env = {"CODEGEN_CACHE_ENABLE": value, "CODEGEN_CACHE_DIR": str(tmp_path / "cache")}
     found = python_json(COMPILE_PLAIN_TVM, env=env)
@@ -173,6 +175,7 @@ def test_without_the_variable_import_tvm_loads_nothing_of_the_package(tmp_path, 
 
 
 @needs_hook
+@pytest.mark.slow
 def test_disable_wins_over_enable_in_the_environment(tmp_path):
     env = {"CODEGEN_CACHE_ENABLE": "1", "CODEGEN_CACHE_DISABLE": "1", "CODEGEN_CACHE_DIR": str(tmp_path / "cache")}
     found = python_json(COMPILE_PLAIN_TVM, env=env)
@@ -181,6 +184,7 @@ def test_disable_wins_over_enable_in_the_environment(tmp_path):
 
 
 @needs_hook
+@pytest.mark.slow
 def test_a_garbage_value_is_the_one_line_error_of_every_variable(tmp_path):
     done = python("import tvm", env={"CODEGEN_CACHE_ENABLE": "maybe"}, check=False)
     assert done.returncode != 0
@@ -190,6 +194,7 @@ def test_a_garbage_value_is_the_one_line_error_of_every_variable(tmp_path):
 
 
 @needs_hook
+@pytest.mark.slow
 def test_a_process_that_imports_the_package_first_is_enabled_too(tmp_path):
     found = python_json("""
         import codegen_cache as cc, json, tvm
@@ -199,6 +204,7 @@ def test_a_process_that_imports_the_package_first_is_enabled_too(tmp_path):
 
 
 @needs_hook
+@pytest.mark.slow
 def test_children_of_an_enabled_process_compile_through_its_cache(tmp_path):
     child = tmp_path / "child.py"
     child.write_text(textwrap.dedent(COMPILE_PLAIN_TVM))
@@ -216,6 +222,7 @@ def test_children_of_an_enabled_process_compile_through_its_cache(tmp_path):
 
 @needs_hook
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_metaschedule_builder_workers_build_through_the_cache(tmp_path):
     """LocalBuilder's popen workers (TVM's own default_build) are enabled by the variable they inherit.
 

@@ -262,6 +262,7 @@ REMEMBER_IN_ANOTHER_PROCESS = textwrap.dedent(
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_a_store_without_failures_is_not_read_and_one_another_process_writes_is(tmp_path, monkeypatch):
     store = ArtifactStore(tmp_path / "failures", size_limit=1 << 20)
     failures = FailureCache(store, ttl=60, guard=StorageGuard(tmp_path, lambda _: None), count=lambda _: None)

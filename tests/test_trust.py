@@ -165,6 +165,7 @@ def _plant(users, forged, where: Path) -> None:
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_a_forged_store_another_user_planted_at_the_cache_path_is_never_loaded(users, interpreter, base, forged):
     # The attack: in a directory everyone may write into (sticky, as /tmp), mallory
     # puts a forged store where alice's CODEGEN_CACHE_DIR points.
@@ -185,6 +186,7 @@ def test_a_forged_store_another_user_planted_at_the_cache_path_is_never_loaded(u
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_a_cache_in_a_directory_anyone_can_write_is_never_used_and_one_renamed_away_cannot_be_replaced(
         users, interpreter, base, forged):
     # Under a world-writable parent without the sticky bit, anyone can rename alice's cache
@@ -213,6 +215,7 @@ def test_a_cache_in_a_directory_anyone_can_write_is_never_used_and_one_renamed_a
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_a_setgid_team_cache_is_shared_by_its_members_and_no_member_can_kill_anothers_process(
         users, interpreter, base):
     team = base / "team"
@@ -240,6 +243,7 @@ def test_a_setgid_team_cache_is_shared_by_its_members_and_no_member_can_kill_ano
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow
 def test_another_users_cache_is_used_only_where_an_administrator_trusts_it_and_never_by_root(
         users, interpreter, base):
     bobs = base / "bobs"

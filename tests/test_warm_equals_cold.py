@@ -15,12 +15,18 @@ from warm_cold import assert_same, three_ways
 from warm_scenarios import SCENARIOS
 
 
+# Six fresh interpreters a scenario: the default run runs SMOKE's; the others are in the slow tier.
+SMOKE = "tir_llvm"
+
+
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+@pytest.mark.parametrize("scenario", [pytest.param(s, marks=pytest.mark.smoke if s == SMOKE else pytest.mark.slow)
+                                      for s in sorted(SCENARIOS)])
 def test_a_warm_cache_gives_what_tvm_alone_gives(tmp_path, scenario):
     assert_same(three_ways(scenario, tmp_path))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("scenario", ["relax_vm", "tir_llvm", "tir_system_lib"])
 def test_a_warm_cache_whose_llvm_entries_are_still_ir_gives_what_tvm_alone_gives(tmp_path, scenario):

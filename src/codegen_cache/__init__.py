@@ -9,7 +9,6 @@ naming both extras where no TVM is installed.
 """
 
 import importlib as _importlib
-import warnings as _warnings
 
 from . import _compat
 from ._cache import CacheStats, CodegenCache
@@ -54,6 +53,7 @@ _LAZY = {
     "build_key": ("._build", "build_key"),
     "build_with_record": ("._build", "build_with_record"),
     "cached_export": ("._build", "cached_export"),
+    "declare_salt": ("._build", "declare_salt"),
     "metaschedule_builder": ("._build", "metaschedule_builder"),
     "prepare_for_codegen": ("._build", "prepare_for_codegen"),
     "prepare_kernel": ("._build", "prepare_kernel"),
@@ -100,6 +100,7 @@ __all__ = [
     "cached_export",
     "callback_salts",
     "declare_callback_salt",
+    "declare_salt",
     "default_registry",
     "disable",
     "enable",
@@ -120,22 +121,13 @@ __all__ = [
     "use_cache",
 ]
 
-# Old names of issue 26's renames, answered until the next release with a DeprecationWarning
-# (docs/cli.md, "Renamed in this release"); not in __all__.
-_RENAMED = {"lower_kernel": "prepare_kernel", "lower_for_codegen": "prepare_for_codegen",
-            "LoweredKernel": "PreparedKernel", "LoweringError": "PrepareError"}
-
 
 def __getattr__(name: str) -> object:
-    """A name of `_LAZY`, imported now and kept as a module attribute; an old name of a renamed one."""
+    """A name of `_LAZY`, imported now and kept as a module attribute."""
     lazy = _LAZY.get(name)
-    if lazy is not None:
-        module = _importlib.import_module(lazy[0], __name__)
-        value = module if lazy[1] is None else getattr(module, lazy[1])
-        globals()[name] = value
-        return value
-    new = _RENAMED.get(name)
-    if new is None:
+    if lazy is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    _warnings.warn(f"codegen_cache.{name} is now codegen_cache.{new}", DeprecationWarning, stacklevel=2)
-    return __getattr__(new) if new in _LAZY else globals()[new]
+    module = _importlib.import_module(lazy[0], __name__)
+    value = module if lazy[1] is None else getattr(module, lazy[1])
+    globals()[name] = value
+    return value

@@ -13,7 +13,6 @@ import logging
 import os
 import re
 import tempfile
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
@@ -24,8 +23,6 @@ from ._errors import ConfigError
 
 __all__ = [
     "ENV_VARS",
-    "OLD_ENV_VARS",
-    "OLD_SETTINGS",
     "REMOTE_ACCEPTED",
     "REMOTE_URL_OPTIONS",
     "Settings",
@@ -285,44 +282,6 @@ class Settings:
     log_level: str | None = None
 
 
-# Old names of renamed settings (issue 26: "build" is a whole build only), accepted until the next
-# release: the argument with a DeprecationWarning, the variable as the new one (both set to
-# different values: ConfigError naming both).
-OLD_SETTINGS = {"min_build_time": "min_codegen_time"}
-OLD_ENV_VARS = {"CODEGEN_CACHE_MIN_BUILD_TIME": "CODEGEN_CACHE_MIN_CODEGEN_TIME"}
-_settings_init = Settings.__init__
-
-
-def _renamed(overrides: dict[str, object], where: str) -> dict[str, object]:
-    """`overrides` with each old setting name replaced by its new one (a DeprecationWarning each)."""
-    for old, new in OLD_SETTINGS.items():
-        if old in overrides:
-            if new in overrides:
-                raise TypeError(f"{where} got both {new!r} and its old name {old!r}; pass {new!r} only")
-            warnings.warn(f"{where}: {old!r} is now {new!r}", DeprecationWarning, stacklevel=3)
-            overrides[new] = overrides.pop(old)
-    return overrides
-
-
-def _settings_init_with_old_names(self: Settings, *args: object, **kwargs: object) -> None:
-    _settings_init(self, *args, **_renamed(kwargs, "Settings()"))
-
-
-def _old_setting(old: str, new: str) -> property:
-    def read(self: Settings) -> object:
-        warnings.warn(f"Settings.{old} is now Settings.{new}", DeprecationWarning, stacklevel=2)
-        return getattr(self, new)
-    read.__doc__ = f"Deprecated name of {new} (until the next release)."
-    return property(read)
-
-
-# Set after the class: a slotted dataclass's generated __init__ knows its fields only, and a
-# property named like an old field inside the class body would be taken for that field's default.
-Settings.__init__ = _settings_init_with_old_names  # type: ignore[method-assign]
-for _old, _new in OLD_SETTINGS.items():
-    setattr(Settings, _old, _old_setting(_old, _new))
-
-
 # name -> (Settings field, parser, one-line description); docs/configuration.md lists them all.
 ENV_VARS: dict[str, tuple[str, object, str]] = {
     "CODEGEN_CACHE_DIR": ("directory", _parse_dir, "cache directory"),
@@ -351,8 +310,8 @@ ENV_VARS: dict[str, tuple[str, object, str]] = {
     "CODEGEN_CACHE_LEASE_WAIT": ("lease_wait", parse_age, "longest wait for another process's compile"),
     "CODEGEN_CACHE_FAILURE_TTL": ("failure_ttl", parse_age, "how long a codegen failure is remembered"),
     "CODEGEN_CACHE_MIN_CODEGEN_TIME": ("min_codegen_time", _parse_min_codegen_time,
-                                       "entries whose codegen runs faster are not stored on disk (auto: where no "
-                                       "tier pays; CODEGEN_CACHE_MIN_BUILD_TIME: its old name)"),
+                                       "entries whose codegen runs faster are kept in memory only (auto: 5 ms; "
+                                       "0: every entry in every tier)"),
     "CODEGEN_CACHE_LOG_LEVEL": ("log_level", _parse_level, "level of the codegen_cache logger"),
 }
 
@@ -391,16 +350,6 @@ def settings_from_env(environ: Mapping[str, str] | None = None, *, base: Setting
             raw = environ.get(var)
             if raw is not None and raw.strip():
                 values[field] = parse(var, raw)  # type: ignore[operator]
-        for old, new in OLD_ENV_VARS.items():
-            raw = environ.get(old)
-            if raw is not None and raw.strip():
-                field, parse, _doc = ENV_VARS[new]
-                value = parse(old, raw)  # type: ignore[operator]
-                if field in values and values[field] != value:
-                    raise ConfigError(new, environ[new], f"the value of {old} (its old name, set to {raw!r}), "
-                                      f"or only one of the two set")
-                values[field] = value
-    overrides = _renamed(dict(overrides), "settings_from_env()") if overrides else {}
     fields = _setting_names()
     if base is not None:
         # Values given as a Settings object are checked like arguments.
@@ -440,8 +389,8 @@ def own_env_vars(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def unknown_env_vars(environ: Mapping[str, str] | None = None) -> list[str]:
-    """CODEGEN_CACHE_* variables that are set but mean nothing (typos, old names)."""
-    return sorted(v for v in own_env_vars(environ) if v not in ENV_VARS and v not in OLD_ENV_VARS)
+    """CODEGEN_CACHE_* variables that are set but mean nothing (typos)."""
+    return sorted(v for v in own_env_vars(environ) if v not in ENV_VARS)
 
 
 def check_directory(path: str | os.PathLike[str], name: str = "CODEGEN_CACHE_DIR") -> Path:
@@ -517,11 +466,10 @@ def describe_settings(environ: Mapping[str, str] | None = None, **overrides: obj
     settings = settings_from_env(environ, **overrides)
     defaults = Settings()
     rows = []
-    old_var = {new: old for old, new in OLD_ENV_VARS.items()}
     for var, (field, parse, doc) in ENV_VARS.items():
         if overrides.get(field) is not None:
             origin = "argument"
-        elif (environ.get(var) or "").strip() or (environ.get(old_var.get(var, "")) or "").strip():
+        elif (environ.get(var) or "").strip():
             origin = "environment"
         else:
             origin = "default"

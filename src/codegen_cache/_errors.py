@@ -78,7 +78,7 @@ class ConfigError(CodegenCacheError, ValueError):
 
 
 class PrepareError(CodegenCacheError, ValueError):
-    """A kernel cannot be prepared into the device module a codegen expects (was LoweringError)."""
+    """A kernel cannot be prepared into the device module a codegen expects."""
 
 
 class CudaRuntimeUnavailableError(CodegenCacheError, RuntimeError):

@@ -5,14 +5,13 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 from dataclasses import dataclass
 
 __all__ = ["TIERS", "Outcome", "emit", "emit_uncached", "last_outcome", "record_outcomes"]
 
-# Where a result came from. "codegen" was "built" before issue 26 ("build" is a whole build only).
+# Where a result came from ("codegen": the codegen ran; "build" names a whole build only).
 TIERS = ("memory", "disk", "remote", "codegen", "failure", "uncached")
 
 
@@ -46,12 +45,6 @@ class Outcome:
     def hit(self) -> bool:
         """True when a tier served the module without running the codegen."""
         return self.tier in ("memory", "disk", "remote")
-
-    @property
-    def build_seconds(self) -> float:
-        """Deprecated name of codegen_seconds (until the next release)."""
-        warnings.warn("Outcome.build_seconds is now Outcome.codegen_seconds", DeprecationWarning, stacklevel=2)
-        return self.codegen_seconds
 
 
 # Holds an Outcome, or the tuple of its fields (made into an Outcome when read: cheaper on hits).

@@ -30,6 +30,7 @@ from typing import Any
 from . import _compat, _context, _registry
 from ._build import build as cached_tirx_build
 from ._build._index import compile_device
+from ._build._reads import install_hooks, uninstall_hooks
 from ._build._relax import relax_build
 from ._cache import CodegenCache
 from ._compat import IRModule, PrimFunc, tvm_ffi
@@ -104,6 +105,7 @@ def enable(cache: CodegenCache | None = None, *, children: bool = True) -> None:
         else:
             _patch_attributes()
             _route_globals()
+            install_hooks()
         _state["on"] = True
         logger.debug("codegen cache: enabled for every TVM compile in this process")
 
@@ -116,6 +118,7 @@ def disable() -> None:
 
             tilelang_switch.disable()
             _state["tilelang"] = False
+        uninstall_hooks()
         _restore_attributes()
         _unroute_globals()
         for name, before in _state["environ"].items():

@@ -17,7 +17,6 @@ import contextlib
 import contextvars
 import logging
 import time
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -68,12 +67,6 @@ class BuildRecord:
     host: BuildPart
     devices: tuple[BuildPart, ...]
     codegen_seconds: float = 0.0
-
-    @property
-    def build_seconds(self) -> float:
-        """Deprecated name of codegen_seconds (until the next release)."""
-        warnings.warn("BuildRecord.build_seconds is now BuildRecord.codegen_seconds", DeprecationWarning, stacklevel=2)
-        return self.codegen_seconds
 
 
 def build(mod: PrimFunc | IRModule, target: str | Target | None = None, pipeline: str | None = "default") -> Module:
@@ -171,16 +164,20 @@ def _warm(cache: CodegenCache, key: CacheKey, planned: Plan, start: float) -> tu
     return module, record
 
 
-def serve_parts(cache: CodegenCache, host: BuildPart, devices: tuple[BuildPart, ...]) -> Module | None:
-    """The module a build made, from its parts' entries (device modules imported), or None if one is missing."""
+def serve_parts(cache: CodegenCache, host: BuildPart, devices: tuple[BuildPart, ...], *,
+                named_exactly: bool = False) -> Module | None:
+    """The module a build made, from its parts' entries (device modules imported), or None if one is missing.
+
+    named_exactly: the parts were named by an entry verify=True checked exactly (CodegenCache.fetch).
+    """
     modules = []
     for part in devices:
-        found = cache.fetch(part.digest, part.mode, codegen=part.codegen)
+        found = cache.fetch(part.digest, part.mode, codegen=part.codegen, named_exactly=named_exactly)
         if found is None:
             return None
         modules.append(found[0])
     # The host module gets the device modules as imports: it must be a copy nobody else holds.
-    found = cache.fetch(host.digest, host.mode, fresh=bool(modules), codegen=host.codegen)
+    found = cache.fetch(host.digest, host.mode, fresh=bool(modules), codegen=host.codegen, named_exactly=named_exactly)
     if found is None:
         return None
     module = found[0]
@@ -191,7 +188,7 @@ def serve_parts(cache: CodegenCache, host: BuildPart, devices: tuple[BuildPart, 
 
 def _count_parts(cache: CodegenCache, counter: str, record: BuildRecord) -> None:
     """A build served whole counts a hit per codegen result it holds, as lowering them would."""
-    stats = cache._stats  # noqa: SLF001 - the build layer counts into its cache's counters
+    stats = cache.counters
     for part in (*record.devices, record.host):
         stats.add_for(part.codegen, part.mode, counter)
     if record.codegen_seconds:

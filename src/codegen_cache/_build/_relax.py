@@ -10,6 +10,9 @@ comes here. The *model key* is computed from what relax.build is given, before a
     target         the target given, canonical, host included; Target.current() when none is
     relax_pipeline, tir_pipeline, exec_mode, system_lib
     pass_context   opt level, config, required and disabled passes (as codegen_cache.build)
+    registered     what the pipeline reads that Python registered into TVM and is not TVM's own:
+                   global functions, op attributes, pipelines by name (_reads.py, _identity.py)
+    database       the records of the MetaSchedule database in context
     tvm, tvm_ffi, llvm    the static salts
     codegens       name, mode, toolchain and salt of each codegen the build may call
     model_format
@@ -21,9 +24,13 @@ loads the executable from those bytes, serves the library from its parts and imp
 Relax pipeline, no TIR pipeline, no codegen. A re-run in one process is a memory hit, exact
 (the input is compared with the one compiled, structural_equal).
 
+With verify=True the entry also holds an exact digest of the input (the module's JSON, the
+params' bytes), and a disk hit is served only where the compile's input has that digest.
+
 Not keyable, so relax.build runs as TVM's own (its codegen calls still go through the cache): a
 pipeline given as a Pass or callable, a PassContext with instruments, params that are not
-tensors, a codegen that reads an input no key can hold. Not stored: an executable that
+tensors, a codegen that reads an input no key can hold, a registration no identity stands for
+(warned once per registration, with the way to declare a salt). Not stored: an executable that
 imports other modules than the library its one build made (external BYOC modules).
 """
 
@@ -42,6 +49,7 @@ import xxhash
 from .. import _compat
 from .._artifacts import Artifact, frame
 from .._cache import CodegenCache
+from .._cache._tiers import ir_digest
 from .._cache._writer import writer
 from .._compat import IRModule, Module, Target, tvm
 from .._errors import ArtifactError, UncacheableError
@@ -52,14 +60,16 @@ from .._registry import DeviceCodegenRegistry
 from .._storage._layout import MODEL_CODEC
 from .._targets import canonical_target
 from ._build import BuildPart, BuildRecord, capture_builds, serve_parts
+from ._identity import DECLARE_HINT
 from ._index import codegen_seconds_of, codegens_json, pass_context_part, parse_part, read_entry, write_entry
+from ._reads import database_part, registered_part
 
 __all__ = ["MODEL_CODEC", "MODEL_FORMAT", "model_key", "relax_build"]
 
 logger = logging.getLogger(__name__)
 
 # Bump when the entry's layout or the model key's parts change.
-MODEL_FORMAT = "1"
+MODEL_FORMAT = "2"
 _MEMO_PREFIX = "relax:"
 _PIPELINE_TYPES = (str, type(None))
 
@@ -81,8 +91,13 @@ def model_key(mod: IRModule, target: Target | None, params: Mapping[str, Any] | 
     scope = target if target is not None else Target.current()
     try:
         codegens = _codegens_part(scope, _vdevice_targets(mod), registry)
+        registered = registered_part()
+        database = database_part()
         structural = _compat.structural_hash(mod)
-    except UncacheableError:
+    except UncacheableError as err:
+        if err.remedy.startswith(DECLARE_HINT):
+            warn_once(logger, ("model-unidentified", err.what), "codegen cache: %s; compiling this model without "
+                      "the model-level cache (its codegen calls still go through the cache)", err)
         return None
     except (TypeError, ValueError) as err:
         warn_once(logger, "model-hash", "codegen cache: cannot key a relax.build input (%s); compiling it "
@@ -97,6 +112,8 @@ def model_key(mod: IRModule, target: Target | None, params: Mapping[str, Any] | 
         ("exec_mode", exec_mode),
         ("system_lib", "auto" if system_lib is None else str(system_lib)),
         ("pass_context", context),
+        ("registered", registered),
+        ("database", database),
         *static_salts(),
         ("codegens", codegens),
         ("model_format", MODEL_FORMAT),
@@ -163,7 +180,7 @@ def relax_build(original: Callable[..., Any], cache: CodegenCache, mod: Any, tar
     if key is None:
         return original(mod, target, **call)
     key_seconds = time.perf_counter() - start
-    served = _warm(cache, key, mod, key_seconds, start)
+    served = _warm(cache, key, mod, params, key_seconds, start)
     if served is not None:
         return served
     snapshot = mod.clone() if hasattr(mod, "clone") else mod  # the pipeline may not change the caller's module
@@ -173,14 +190,14 @@ def relax_build(original: Callable[..., Any], cache: CodegenCache, mod: Any, tar
         with capture_builds() as builds:
             executable = original(mod, target, **call)
         seconds = sum(record.codegen_seconds for record, _module in builds)
-        stored = _store(cache, key, executable, builds, snapshot, seconds)
+        stored = _store(cache, key, executable, builds, snapshot, params, seconds)
     total = time.perf_counter() - start
     emit(tier="codegen", key=key.digest, codegen="relax.build", mode="model", key_seconds=key_seconds, load_seconds=0.0,
          codegen_seconds=seconds, total_seconds=total, stored=stored)
     return executable
 
 
-def _warm(cache: CodegenCache, key: CacheKey, mod: IRModule, key_seconds: float, start: float) -> Any:
+def _warm(cache: CodegenCache, key: CacheKey, mod: IRModule, params: Any, key_seconds: float, start: float) -> Any:
     memo = cache.fetch_kept(_MEMO_PREFIX + key.digest, ir=mod, count=False)
     if memo is not None:
         meta = memo[1]
@@ -191,8 +208,11 @@ def _warm(cache: CodegenCache, key: CacheKey, mod: IRModule, key_seconds: float,
     entry = _read(cache, key)
     if entry is None:
         return None
-    data, record = entry
-    library = serve_parts(cache, record.host, record.devices) if record is not None else None
+    data, record, stored_input = entry
+    verify = cache.settings.verify
+    if verify and stored_input != _input_digest(mod, params):
+        return None  # stored without verify, or another input under the same 64-bit hash: compile
+    library = serve_parts(cache, record.host, record.devices, named_exactly=verify) if record is not None else None
     if record is not None and library is None:
         return None  # a part was evicted: compile again (and store it anew)
     executable = _executable(data, library)
@@ -214,7 +234,7 @@ def _count(cache: CodegenCache, counter: str, record: BuildRecord | None) -> Non
     """A model served whole counts a hit per codegen result it holds, as codegen_cache.build does."""
     if record is None:
         return
-    stats = cache._stats  # noqa: SLF001 - the build layer counts into its cache's counters
+    stats = cache.counters
     for part in (*record.devices, record.host):
         stats.add_for(part.codegen, part.mode, counter)
     stats.add("saved_seconds", record.codegen_seconds)
@@ -230,7 +250,7 @@ def _emit(tier: str, key: CacheKey, key_seconds: float, start: float, saved: flo
 
 
 def _store(cache: CodegenCache, key: CacheKey, executable: Any, builds: list[tuple[BuildRecord, Module]],
-           snapshot: IRModule, seconds: float) -> bool:
+           snapshot: IRModule, params: Any, seconds: float) -> bool:
     """Store the model entry of a fresh executable, where its library is what one stored build made."""
     module = getattr(executable, "mod", None)
     if not isinstance(module, Module) or module.kind != "relax.VMExecutable":
@@ -253,6 +273,8 @@ def _store(cache: CodegenCache, key: CacheKey, executable: Any, builds: list[tup
             "library": None if record is None else {"build_key": record.key.digest,
                                                     "host": record.host.as_dict(),
                                                     "devices": [p.as_dict() for p in record.devices]}}
+    if cache.settings.verify:
+        meta["input_digest"] = _input_digest(snapshot, params)
     if not write_entry(cache, key, frame(MODEL_CODEC, meta, [data])):
         return False
     _remember(cache, key, snapshot, data, imports[0] if len(imports) else None, record)
@@ -261,7 +283,7 @@ def _store(cache: CodegenCache, key: CacheKey, executable: Any, builds: list[tup
 
 def _executable_bytes(module: Module, cache: CodegenCache) -> bytes | None:
     """The VMExecutable's own serialization (its write_to_file; imports are not included)."""
-    fd, path = tempfile.mkstemp(prefix="cgc-", suffix=".vmexec", dir=cache._scratch())  # noqa: SLF001
+    fd, path = tempfile.mkstemp(prefix="cgc-", suffix=".vmexec", dir=cache.scratch_dir())
     os.close(fd)
     try:
         module.write_to_file(path)
@@ -278,24 +300,39 @@ def _executable_bytes(module: Module, cache: CodegenCache) -> bytes | None:
             pass
 
 
-def _read(cache: CodegenCache, key: CacheKey) -> tuple[bytes, BuildRecord | None] | None:
+def _input_digest(mod: IRModule, params: Any) -> str:
+    """What identifies a relax.build input exactly (verify=True): the module's JSON and the params' bytes."""
+    digest = xxhash.xxh3_128(ir_digest(mod).encode())
+    for name in sorted(params or (), key=str):
+        values = params[name] if isinstance(params[name], (list, tuple)) else [params[name]]
+        for value in values:  # tensors: model_key keys no other params
+            array = value.numpy()
+            digest.update(_encode_part(str(name), f"{array.dtype}{array.shape}"))
+            digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def _read(cache: CodegenCache, key: CacheKey) -> tuple[bytes, BuildRecord | None, str | None] | None:
     return read_entry(cache, key, MODEL_CODEC, _parse_entry, "compiled model")
 
 
-def _parse_entry(art: Artifact) -> tuple[bytes, BuildRecord | None]:
+def _parse_entry(art: Artifact) -> tuple[bytes, BuildRecord | None, str | None]:
     if len(art.fields) != 1:
         raise ArtifactError(f"{len(art.fields)} fields, expected 1", kind=MODEL_CODEC)
     seconds = codegen_seconds_of(art, MODEL_CODEC)
+    stored_input = art.meta.get("input_digest")
+    if stored_input is not None and not isinstance(stored_input, str):
+        raise ArtifactError("input_digest is not a string", kind=MODEL_CODEC)
     library = art.meta.get("library")
     if library is None:
-        return bytes(art.fields[0]), None
+        return bytes(art.fields[0]), None, stored_input
     if not isinstance(library, dict) or not isinstance(library.get("devices"), list) \
             or not isinstance(library.get("build_key"), str):
         raise ArtifactError("malformed library", kind=MODEL_CODEC)
     host = parse_part(library.get("host"), MODEL_CODEC)
     devices = tuple(parse_part(d, MODEL_CODEC) for d in library["devices"])
     build_key = CacheKey((("build", library["build_key"]),), library["build_key"])
-    return bytes(art.fields[0]), BuildRecord("disk", build_key, host, devices, seconds)
+    return bytes(art.fields[0]), BuildRecord("disk", build_key, host, devices, seconds), stored_input
 
 
 def _remember(cache: CodegenCache, key: CacheKey, mod: IRModule, data: bytes, library: Module | None,

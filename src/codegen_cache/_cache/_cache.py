@@ -17,22 +17,23 @@ entries into shared libraries. The directory holds:
 With a remote, a miss also takes the key's build lease there (one builder per fleet), the
 writer pushes each entry before it removes the staged file, and hits refresh remote TTLs.
 
-What the writer does with a staged entry is `_promotion.Promotion`'s; fetching and keeping by
-digest (for codegen_cache.build's index) is `_by_digest.ByDigest`'s; flush, stats, clear and
-close are `_maintenance.Maintenance`'s: mixins of CodegenCache.
+What the writer does with a staged entry is `_promotion.Promoter`'s, an object holding the
+stores, never the cache. The package's own layers (codegen_cache.build, the Relax model cache,
+the tilelang frontend, the command line) use the methods under "for the package's own layers"
+below, never the cache's private attributes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import difflib
 import logging
 import os
 import stat
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,25 +49,30 @@ from .._outcome import emit, run_uncached
 from .._registry import DeviceCodegen, DeviceCodegenRegistry, default_registry
 from .._storage._disk import ArtifactStore
 from .._storage._faults import ensure_dir
-from .._storage._fsprobe import scratch_dir, sweep_leftovers
+from .._storage._fsprobe import scratch_dir as _usable_scratch_dir
+from .._storage._fsprobe import sweep_leftovers
 from .._storage._locks import KeyLocks
 from .._storage._memory import ModuleLRU
 from .._storage._pending import PendingFiles
 from .._storage._trust import untrusted
 from .._targets import TargetLike, as_target
 from ._budget import EVERY_TIER, Plan, TierBudget
-from ._by_digest import ByDigest
 from ._failures import CACHEABLE_FAILURES, ENVIRONMENT_FAILURES, FailureCache
 from ._flight import FleetFlight, Lease, SingleFlight
 from ._guard import StorageGuard
-from ._maintenance import Maintenance
 from ._mutation import changed, parts_of
-from ._promotion import Promotion
+from ._promotion import Promoter
 from ._push import Pusher
 from ._stats import StatsRecorder
 from ._tiers import COLLISION, DiskTier, Entry, Hit, MemoryTier, Probe, RemoteTierView, TierChain
 from ._writer import writer
-from .._storage._layout import ENTRY_STORES, FRONTEND_DIR, OLD_DIRS, STAGED_DIR, STORE_NAMES, migrate
+from .._storage._layout import ENTRY_STORES, FRONTEND_DIR, STAGED_DIR, STORE_NAMES
+from .._storage._memory import MemoryEntry
+from .._storage._outbox import Outbox
+from .._storage._plain import PlainFiles
+from .._validate import check_bool, check_timeout
+from . import _upgrade
+from ._stats import CacheStats
 
 if TYPE_CHECKING:
     from .._compat import IRModule, Module, Target
@@ -76,9 +82,7 @@ __all__ = ["STORE_NAMES", "CodegenCache", "fresh_results_are_the_callers", "stor
 logger = logging.getLogger(__name__)
 
 # The directories entries are read from: held to the cache directory's own ownership rule.
-# An earlier release's names (OLD_DIRS) too: they are moved only when free, and may remain.
-_ENTRY_DIRS = (*STORE_NAMES, STAGED_DIR, *(f"{STAGED_DIR}/{name}" for name in (*ENTRY_STORES, "index")), FRONTEND_DIR,
-               *(old for old, _new in OLD_DIRS), *(f"pending/{name}" for name in (*ENTRY_STORES, "builds")))
+_ENTRY_DIRS = (*STORE_NAMES, STAGED_DIR, *(f"{STAGED_DIR}/{name}" for name in (*ENTRY_STORES, "index")), FRONTEND_DIR)
 
 _FORMAT = str(FORMAT_VERSION)
 # Set while a caller takes the fresh module of a miss as its own (codegen_cache.build imports its
@@ -101,7 +105,7 @@ def fresh_results_are_the_callers() -> Iterator[None]:
 
 @contextlib.contextmanager
 def store_in_every_tier() -> Iterator[None]:
-    """Inside the block, lowerings use every tier, whatever their codegen's builds cost (_budget.py)."""
+    """Inside the block, lowerings use every tier, however short their codegen runs (_budget.py)."""
     token = _every_tier.set(True)
     try:
         yield
@@ -110,6 +114,8 @@ def store_in_every_tier() -> Iterator[None]:
 
 
 _ENCODE_ERRORS = (ValueError, RuntimeError, OSError)
+# Bound of flush(): the background jobs are extras (every entry is staged on disk already).
+FLUSH_SECONDS = 30.0
 _INDEX_SIZE_LIMIT = 64 << 20
 
 
@@ -153,15 +159,14 @@ def _mode_function(codegen: Any, compile_device: bool):
     return codegen.build if compile_device else codegen.build_without_compile
 
 
-class CodegenCache(Promotion, ByDigest, Maintenance):
+class CodegenCache:
     """A content-addressed cache of device codegen results in `directory`.
 
     Options (keyword-only; None: the CODEGEN_CACHE_* variable, else the default, see
     docs/configuration.md): compiled_size_limit, source_size_limit, memory_entries,
     memory_bytes, verify, trusted_dirs, remote (a URL, or an object with get(digest) and put(digest, blob)),
-    remote_secret, lease_wait, failure_ttl, recache, min_codegen_time ("auto": the tiers that pay,
-    learnt per codegen; seconds: shorter codegen runs are kept in memory only; 0: every tier;
-    min_build_time: its old name, with a DeprecationWarning until the next release);
+    remote_secret, lease_wait, failure_ttl, recache, min_codegen_time (the disk and remote
+    tiers' minimum codegen run: "auto" 5 ms, seconds, or 0 for every tier; _budget.py);
     write_behind=False moves staged entries into their store before lower() returns; registry:
     the codegens to resolve targets with.
     """
@@ -182,7 +187,6 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
         failure_ttl: float | str | None = None,
         recache: bool | None = None,
         min_codegen_time: float | str | None = None,
-        min_build_time: float | str | None = None,
         write_behind: bool = True,
         registry: DeviceCodegenRegistry | None = None,
         settings: Settings | None = None,
@@ -195,13 +199,6 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
             raise TypeError(f"write_behind must be True or False, got {write_behind!r}")
         if registry is not None and not isinstance(registry, DeviceCodegenRegistry):
             raise TypeError(f"registry must be a DeviceCodegenRegistry or None, got {type(registry).__name__}")
-        if min_build_time is not None:
-            if min_codegen_time is not None:
-                raise TypeError("CodegenCache() got both min_codegen_time and its old name min_build_time; "
-                                "pass min_codegen_time only")
-            warnings.warn("CodegenCache(min_build_time=...) is now min_codegen_time=...", DeprecationWarning,
-                          stacklevel=2)
-            min_codegen_time = min_build_time
         overrides = {
             "directory": Path(directory).expanduser() if directory is not None else None,
             "compiled_size_limit": compiled_size_limit, "source_size_limit": source_size_limit,
@@ -238,7 +235,7 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
             # What processes of this directory left unpushed (killed, exited at once, remote down):
             # what is staged now, not this process's own coming entries (their jobs push them).
             left = {mode: list(files.digests()) for mode, files in self._staged.items()}
-            writer.submit(lambda: self._push_pending(only=left))
+            writer.submit(lambda: self._promoter.push_pending(only=left))
 
     # ---- the parts, each made at its first use -----------------------------------------------
     # A process that never looks into a store does not make them: a tilelang hit reads a plain
@@ -257,14 +254,7 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
         return StorageGuard(self.directory, self._stats.add)
 
     @_made_once
-    def _migrated(self) -> bool:
-        """An earlier release's store names moved to this one's (issue 26), before any store is opened."""
-        migrate(self.directory)
-        return True
-
-    @_made_once
     def _stores(self) -> dict[str, ArtifactStore]:
-        _ = self._migrated  # the old names moved first
         limits = {"compiled": self.settings.compiled_size_limit, "source": self.settings.source_size_limit,
                   "failures": 64 << 20, "index": _INDEX_SIZE_LIMIT}
         return {name: ArtifactStore(self.directory / name, size_limit=limits[name],
@@ -273,12 +263,10 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
 
     @_made_once
     def _staged(self) -> dict[str, PendingFiles]:
-        _ = self._migrated  # the old names moved first
         return {name: PendingFiles(self.directory / STAGED_DIR / name) for name in ENTRY_STORES}
 
     @_made_once
     def _staged_index(self) -> PendingFiles:  # stage_index_entry's
-        _ = self._migrated  # the old names moved first
         return PendingFiles(self.directory / STAGED_DIR / "index")
 
     @_made_once
@@ -301,15 +289,21 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
 
     @_made_once
     def _disk(self) -> DiskTier:
-        return DiskTier(stores=self._stores, staged=self._staged, guard=self._guard, scratch=self._scratch,
-                        on_staged_hit=self._promote_later, on_raw_hit=self._ask_upgrade, on_fill=self._promote_fill)
+        return DiskTier(stores=self._stores, staged=self._staged, guard=self._guard, scratch=self.scratch_dir,
+                        on_staged_hit=self._promoter.promote_later, on_raw_hit=self._ask_upgrade,
+                        on_fill=self._promoter.promote_fill)
 
     @_made_once
     def _chain(self) -> TierChain:
         tiers: list = [self._memory_tier, self._disk]
         if self._remote is not None:
-            tiers.append(RemoteTierView(remote=self._remote, guard=self._guard, scratch=self._scratch))
+            tiers.append(RemoteTierView(remote=self._remote, guard=self._guard, scratch=self.scratch_dir))
         return TierChain(tiers)
+
+    @_made_once
+    def _promoter(self) -> Promoter:
+        return Promoter(self.directory, stores=self._stores, staged=self._staged, staged_index=self._staged_index,
+                        guard=self._guard, pusher=self._pusher, write_behind=self.write_behind)
 
     def _make_remote(self, remote: Any, settings: Settings) -> Any:
         if remote is not None and not isinstance(remote, str):
@@ -422,6 +416,183 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
                            salt=getattr(codegen, "salt", ""),
                            structural_hash=structural_hash, format_version=_FORMAT)
 
+    def precompile_cuda(self, mod: IRModule, target: TargetLike, *, codegen: DeviceCodegen | str | None = None) -> str:
+        """Compile CUDA with nvcc and store the binary for compile_device=True, without a driver.
+
+        This is how a GPU-less host fills the compiled store for GPU hosts. Returns the key.
+        Raises UncacheableError where the key cannot hold an input (a callback without an
+        identity, docs/key.md): nothing could be stored for it.
+        """
+        from ._precompile import precompile_cuda
+
+        return precompile_cuda(self, mod, target, codegen, flight=self._flight, stage=self._stage)
+
+    def fetch(self, digest: str, mode: str, *, ir: Any = None, fresh: bool = False, count: bool = True,
+              codegen: str | None = None, named_exactly: bool = False) -> tuple[Module, dict[str, Any]] | None:
+        """The module and metadata stored under a key digest, or None; never calls a codegen.
+
+        For codegen_cache.build, whose index knows the digests of a build's entries but not
+        their lowered IRModules. Memory first (unless fresh): with `ir`, a hit must hold an
+        equal IRModule, as in lower(); without it the digest is trusted. Then that mode's store
+        ("compiled" or "source") and the remote tier. fresh=True returns a newly decoded module
+        the caller may change (import_module). With verify=True nothing is served by digest
+        alone (`ir` is required), unless named_exactly: the digest was read from an entry that
+        verify checked exactly (a model entry whose input digest matched), and the 128-bit
+        digest names the entry that build stored. A hit is counted (for `codegen`, when given),
+        unless count=False.
+        """
+        if mode not in ENTRY_STORES:
+            raise ValueError(f"unknown mode {mode!r}; expected one of {ENTRY_STORES}")
+        return self._fetch(digest, mode, ir=ir, fresh=fresh, count=count, codegen=codegen,
+                           named_exactly=named_exactly)
+
+    def fetch_kept(self, digest: str, *, ir: Any = None, count: bool = True,
+                   codegen: str | None = None) -> tuple[Module, dict[str, Any]] | None:
+        """What keep() put under `digest`, from this process's memory tier only, or None; as fetch() does."""
+        return self._fetch(digest, None, ir=ir, fresh=False, count=count, codegen=codegen)
+
+    def keep(self, digest: str, module: Module, ir: Any, meta: dict[str, Any], nbytes: int = 1 << 16) -> None:
+        """Keep `module` in the memory tier under `digest`, with the object that makes hits exact.
+
+        For results that are not one codegen's (codegen_cache.build keeps a whole built module
+        under its build key): this process only, dropped by clear() and by LRU eviction.
+        """
+        self._memory.put(digest, MemoryEntry(module, ir, nbytes, meta))
+
+    def stage_index_entry(self, digest: str, blob: bytes) -> bool:
+        """Stage an index-store entry now (it survives the process) for the writer to store; False: not stored."""
+        return self._promoter.stage_index_entry(digest, blob)
+
+    def promote_index_entry(self, digest: str, blob: bytes) -> None:
+        """Move a staged entry of the index store into the store (by the writer; write_behind=False: now)."""
+        self._promoter.promote_index_entry(digest, blob)
+
+    def promote_staged(self, *, remote: str | None = None) -> int:
+        """Move every staged entry into its store now (tools do, to see all); how many moved.
+
+        They, and the entries marked for the remote, are pushed to this cache's remote, or to
+        the `remote` URL given (a tool that opens the cache without its remote tier).
+        """
+        pusher = self._pusher
+        if remote is not None and pusher is None and (any(next(s.digests(), None) for s in self._staged.values())
+                                                      or Outbox(self.directory).pending()):
+            pusher = self._pusher_for(self._make_remote(None, dataclasses.replace(self.settings, remote=remote)))
+        try:
+            return self._promoter.promote_staged(pusher)
+        finally:
+            if pusher is not None and pusher is not self._pusher:
+                pusher.remote.close()
+
+    def flush(self, timeout: float | None = FLUSH_SECONDS, *, upgrades: bool = False) -> bool:
+        """Wait (at most `timeout` s) until staged entries of this process are in their stores.
+
+        upgrades=True also waits for llvm entries to become shared libraries (a helper process
+        does that). Returns True when everything finished in time. Nothing is lost when it does
+        not: staged entries are served, and promoted by whoever reads them.
+        """
+        timeout = check_timeout("timeout", timeout)
+        check_bool("upgrades", upgrades)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        done = writer.wait(timeout)
+        if upgrades:
+            remaining = 600.0 if deadline is None else max(0.0, deadline - time.monotonic())
+            done = _upgrade.wait_idle(self.directory, remaining) and done
+            if self._pusher is not None:
+                self._promoter.push_pending()  # the libraries the upgrader made and could not push itself
+        return done
+
+    def stats(self, *, shared: bool = True) -> CacheStats:
+        """Counters of every process using this directory (shared=False: this process only)."""
+        check_bool("shared", shared)
+        return self._stats.shared() if shared else self._stats.local()
+
+    def reset_stats(self) -> None:
+        """Zero the shared counters (entries stay)."""
+        self._stats.reset()
+
+    def clear(self, *, compiled: bool = True, source: bool = True, failures: bool = True,
+              index: bool | None = None) -> int:
+        """Remove entries (every store by default); how many went. index follows compiled/source."""
+        for name, value in (("compiled", compiled), ("source", source), ("failures", failures)):
+            check_bool(name, value)
+        if index is not None:
+            check_bool("index", index)
+        self.flush()
+        self._memory.clear()
+        if index is None:
+            index = compiled or source
+        removed = 0
+        for name, wanted in (("compiled", compiled), ("source", source), ("failures", failures), ("index", index)):
+            if wanted:
+                removed += self._guard("clear", self._stores[name].clear) or 0
+                if name in self._staged:
+                    removed += self._staged[name].clear()
+                elif name == "index":
+                    removed += self._staged_index.clear()
+        if index:
+            removed += PlainFiles(Path(self.directory) / FRONTEND_DIR).clear()
+        return removed
+
+    def store(self, name: str) -> ArtifactStore:
+        """The ArtifactStore 'compiled', 'source', 'failures' or 'index' (for tools)."""
+        try:
+            return self._stores[name]
+        except KeyError:
+            raise ValueError(f"unknown store {name!r}; expected one of {', '.join(STORE_NAMES)}") from None
+
+    def staged(self, name: str) -> PendingFiles:
+        """Entries of store 'compiled', 'source' or 'index' written but not yet moved into it (for tools)."""
+        if name == "index":
+            return self._staged_index
+        try:
+            return self._staged[name]
+        except KeyError:
+            raise ValueError(f"unknown store {name!r}; expected one of {', '.join((*ENTRY_STORES, 'index'))}") \
+                from None
+
+    def close(self, timeout: float | None = FLUSH_SECONDS) -> bool:
+        """Finish this process's background stores (at most `timeout` s) and close the stores.
+
+        Returns flush()'s answer: False when background jobs were still running (their
+        entries are staged on disk: nothing is lost).
+        """
+        check_timeout("timeout", timeout)
+        done = self.flush(timeout)
+        for store in self._stores.values():
+            store.close()
+        if self._remote is not None and hasattr(self._remote, "close"):
+            self._remote.close()
+        return done
+
+    # ---- for the package's own layers (codegen_cache.build, Relax, tilelang, the command line) --
+
+    @property
+    def counters(self) -> StatsRecorder:
+        """The directory's counters, for a layer that serves or counts on this cache's behalf."""
+        return self._stats
+
+    def scratch_dir(self) -> str:
+        """A private directory for this process's scratch files (made once per process)."""
+        if self._scratch_dir is None or self._scratch_dir[0] != os.getpid():
+            # <dir>/tmp unless it is unwritable or mounted noexec (dlopen of a cached llvm
+            # library fails there). Killed processes' leftovers are swept at the first store.
+            self._scratch_dir = (os.getpid(),
+                                 _usable_scratch_dir(self.directory / "tmp", root=self.directory, sweep=False))
+        return self._scratch_dir[1]
+
+    def has_entry(self, mode: str, digest: str) -> bool:
+        """Whether an entry is stored or staged under `digest` (without decoding it)."""
+        return self.entry_blob(mode, digest) is not None
+
+    def entry_blob(self, mode: str, digest: str) -> bytes | None:
+        """The framed bytes stored or staged under `digest`, unchecked; None: neither."""
+        row = self._guard("read", self._stores[mode].read, digest)
+        return row.blob if row is not None else self._staged[mode].read(digest)
+
+    def tier_plan(self, codegen: str, mode: str) -> Plan:
+        """Which tiers a lowering of `codegen` in `mode` uses now (_budget.py)."""
+        return self._budget.plan(codegen, mode)
+
     # ---- one lowering ---------------------------------------------------------------------
 
     def _lower(self, mod: IRModule, target: TargetLike, compile_device: bool, codegen: Any) -> Module:
@@ -491,7 +662,7 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
             codegen._func_for(target, compile_device)  # noqa: SLF001 - raises the seed's ValueError
         self._stats.add_for(codegen.name, mode, "uncached_cheap")
         module = run_uncached(codegen.name, mode, lambda: function(mod, target), start)
-        self._budget.built(codegen.name, mode, time.perf_counter() - start)
+        self._budget.ran(codegen.name, mode, time.perf_counter() - start)
         return module
 
     def _run_uncached(self, codegen: Any, mod: Any, target: Target, compile_device: bool, mode: str,
@@ -548,7 +719,7 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
         try:
             module, codegen_seconds = self._run_codegen(codegen, key.digest, mod, target, compile_device, probe,
                                                       remember=plan.disk)
-            self._budget.built(codegen.name, mode, codegen_seconds, key_seconds)
+            self._budget.ran(codegen.name, mode, codegen_seconds, key_seconds)
             if not collision and plan.disk:
                 promote = self._store(codegen.name, key, mode, module, mod, target, codegen_seconds, before, lease)
             elif not collision:
@@ -570,22 +741,61 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
             # Last: once woken, the writer thread takes the GIL whenever this thread waits on a
             # file operation, so anything after this would wait for its SQLite work.
             promote()
-        self._budget.missed(codegen.name, mode, time.perf_counter() - start - codegen_seconds - key_seconds,
-                            disk=plan.disk)
         return module
 
     def _served(self, hit: Hit, codegen: str, mode: str, digest: str, key_seconds: float, start: float) -> Module:
         saved = float(hit.entry.meta.get("build_seconds", 0.0))
         self._stats.add_hit(codegen, mode, hit.tier, saved)
-        if hit.tier != "memory":
-            self._budget.hit(codegen, mode, hit.tier, hit.load_seconds, key_seconds, saved)
-            if self._pusher is not None:
-                self._refresh_later(digest, hit.entry.blob)
+        if hit.tier != "memory" and self._pusher is not None:
+            self._refresh_later(digest, hit.entry.blob)
         emit(tier=hit.tier, key=digest, codegen=codegen, mode=mode, key_seconds=key_seconds,
              load_seconds=hit.load_seconds, codegen_seconds=saved, total_seconds=time.perf_counter() - start)
         if hit.tier == "memory":
             keep_answering(hit.entry.module)  # registered again as the newest (a decoded one is already)
         return hit.entry.module
+
+    def _fetch(self, digest: str, mode: str | None, *, ir: Any, fresh: bool, count: bool,
+               codegen: str | None, named_exactly: bool = False) -> tuple[Module, dict[str, Any]] | None:
+        # mode None: fetch_kept, the memory tier only (the chain stops after it).
+        unverifiable = self.settings.verify and ir is None and not named_exactly
+        if self.settings.disable or self.settings.recache or unverifiable or not self.trusted:
+            return None
+        hit = None
+        if ir is None and not fresh:
+            found = self._memory.get(digest)  # the digest is trusted: no IRModule to compare
+            if found is not None:
+                hit = Hit("memory", Entry(digest, mode or "compiled", found.module, found.ir, found.meta))
+        if hit is None and (ir is not None or mode is not None):
+            probe = Probe(digest, mode or "compiled", ir, False)
+            # A memory entry needs its IRModule (exact hits), and a fresh module is the
+            # caller's alone: neither goes into memory.
+            hit = self._chain.lookup(probe, start=1 if fresh or ir is None else 0, stop=1 if mode is None else None,
+                                     fill=ir is not None and not fresh)
+        if not isinstance(hit, Hit):
+            return None
+        if count:
+            saved = float(hit.entry.meta.get("build_seconds", 0.0))
+            if codegen is not None:
+                self._stats.add_for(codegen, mode or "compiled", f"hits_{hit.tier}")
+                self._stats.add_for(codegen, mode or "compiled", "saved_seconds", saved)
+            else:
+                self._stats.add(f"hits_{hit.tier}")
+                self._stats.add("saved_seconds", saved)
+        keep_answering(hit.entry.module)
+        return hit.entry.module, hit.entry.meta
+
+    def _refresh_later(self, digest: str, blob: bytes | memoryview | None) -> None:
+        """A hit from disk or remote: have the writer extend the remote entry's TTL (once per interval)."""
+        due = getattr(self._remote, "refresh_due", None)
+        if due is not None and due(digest):
+            remote, library = self._remote, blob is not None and b"llvm-so" in bytes(blob[-64:])
+            writer.submit(lambda: remote.refresh(digest, library=library))
+
+    def _ask_upgrade(self, mode: str, digest: str) -> None:
+        """A hit was served from LLVM IR: have it turned into a shared library (once per process)."""
+        if digest not in self._upgrades_asked:
+            self._upgrades_asked.add(digest)
+            writer.submit(lambda: _upgrade.request(self.directory, mode, digest))
 
     def _run_codegen(self, codegen: Any, digest: str, mod: IRModule, target: Target, compile_device: bool,
                      probe: Probe, *, remember: bool = True) -> tuple[Module, float]:
@@ -663,23 +873,7 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
             return None
         self._stats.add_for(codegen, mode, "stores")
         self._guard.stored()
-        return lambda: self._promote(mode, digest, blob, remote=True, lease=lease)
-
-    def _has_entry(self, mode: str, digest: str) -> bool:
-        """Whether an entry is stored or staged under `digest` (without decoding it)."""
-        return self._guard("read", self._stores[mode].read, digest) is not None \
-            or self._staged[mode].read(digest) is not None
-
-    def precompile_cuda(self, mod: IRModule, target: TargetLike, *, codegen: DeviceCodegen | str | None = None) -> str:
-        """Compile CUDA with nvcc and store the binary for compile_device=True, without a driver.
-
-        This is how a GPU-less host fills the compiled store for GPU hosts. Returns the key.
-        Raises UncacheableError where the key cannot hold an input (a callback without an
-        identity, docs/key.md): nothing could be stored for it.
-        """
-        from ._precompile import precompile_cuda
-
-        return precompile_cuda(self, mod, target, codegen)
+        return lambda: self._promoter.promote(mode, digest, blob, lease=lease)
 
     def _recheck_remote(self, probe: Probe) -> Hit | None:
         """The remote's entry for `probe`, asked afresh (a waiter polls for another host's build)."""
@@ -691,21 +885,13 @@ class CodegenCache(Promotion, ByDigest, Maintenance):
 
     # ---- scratch files --------------------------------------------------------------------
 
-    def _scratch(self) -> str:
-        # Made once per process: a hit must not pay a mkdir.
-        if self._scratch_dir is None or self._scratch_dir[0] != os.getpid():
-            # <dir>/tmp unless it is unwritable or mounted noexec (dlopen of a cached llvm
-            # library fails there). Killed processes' leftovers are swept at the first store.
-            self._scratch_dir = (os.getpid(), scratch_dir(self.directory / "tmp", root=self.directory, sweep=False))
-        return self._scratch_dir[1]
-
     def _sweep_once(self) -> None:
         """At this process's first store, the writer sweeps what killed processes left in tmp/ and
         the staged stores (older than an hour): a process that only hits never pays for it."""
         if self._swept == os.getpid():
             return
         self._swept = os.getpid()
-        scratch, staged = self._scratch(), (*self._staged.values(), self._staged_index)
+        scratch, staged = self.scratch_dir(), (*self._staged.values(), self._staged_index)
 
         def sweep() -> None:
             sweep_leftovers(scratch)

@@ -8,6 +8,7 @@ N processes warming one configuration run nvcc once.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._artifacts import encode_cuda_binary, function_names, read_meta
@@ -18,12 +19,18 @@ from ._tiers import Probe
 
 if TYPE_CHECKING:
     from ._cache import CodegenCache
+    from ._flight import SingleFlight
 
 __all__ = ["precompile_cuda"]
 
 
-def precompile_cuda(cache: CodegenCache, mod: IRModule, target: TargetLike, codegen: Any = None) -> str:
-    """Compile CUDA with nvcc and store the binary for compile_device=True; returns the key digest."""
+def precompile_cuda(cache: CodegenCache, mod: IRModule, target: TargetLike, codegen: Any = None, *,
+                    flight: SingleFlight, stage: Callable[..., Callable[[], None] | None]) -> str:
+    """Compile CUDA with nvcc and store the binary for compile_device=True; returns the key digest.
+
+    `flight` is the cache's single-flight and `stage` its CodegenCache._stage: the cache hands
+    them over, as a lowering's miss uses them.
+    """
     from ..codegens.cuda import compile_cuda_payload
 
     target = as_target(target)
@@ -33,10 +40,9 @@ def precompile_cuda(cache: CodegenCache, mod: IRModule, target: TargetLike, code
 
     def stored() -> bytes | None:
         # Present is enough: on this host the entry cannot be loaded (no driver), only kept.
-        row = cache._guard("read", cache._stores["compiled"].read, digest)  # noqa: SLF001
-        return row.blob if row is not None else cache._staged["compiled"].read(digest)  # noqa: SLF001
+        return cache.entry_blob("compiled", digest)
 
-    count = cache._stats.add_for  # noqa: SLF001
+    count = cache.counters.add_for
 
     def hit(blob: bytes) -> str:
         # Found, so nvcc did not run: a hit, as ccache counts one, saving the recorded compile time.
@@ -55,7 +61,7 @@ def precompile_cuda(cache: CodegenCache, mod: IRModule, target: TargetLike, code
     count(codegen.name, "compiled", "misses")
     held = promote = None
     if not cache.settings.recache:
-        held, found = cache._flight.begin(digest, stored)  # noqa: SLF001
+        held, found = flight.begin(digest, stored)
         if found:
             # Compiled by another process while we waited: a hit, not a miss.
             count(codegen.name, "compiled", "misses", -1)
@@ -71,9 +77,9 @@ def precompile_cuda(cache: CodegenCache, mod: IRModule, target: TargetLike, code
         if cache.settings.verify:
             meta["ir_digest"] = Probe(digest, "compiled", mod).ir_digest
         blob = encode_cuda_binary(payload, source, meta, func_names=function_names(mod))
-        promote = cache._stage(codegen.name, "compiled", digest, blob)  # noqa: SLF001
+        promote = stage(codegen.name, "compiled", digest, blob)
     finally:
-        cache._flight.release(held)  # noqa: SLF001
+        flight.release(held)
     if promote is not None:
         promote()
     return digest

@@ -6,19 +6,17 @@ cannot key, a user's callback without a declared salt), or uncached_cheap (no ti
 that codegen's runs: `_budget.py`; no key was computed). On a cold run misses = codegen_runs =
 stores + memory_only (misses kept in memory only: a disk hit would cost more than the codegen run).
 The counts live in `_storage._counters` (a mapped file per process, folded into `<dir>/stats.sqlite`), so
-they survive the process and need no flushing. Counts written under a counter's old name (OLD_NAMES:
-by an earlier release, or by a process of it still running) are read as the new name's.
+they survive the process and need no flushing.
 """
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._storage._counters import CounterTable
 
-__all__ = ["BREAKDOWN", "COUNTERS", "OLD_NAMES", "CacheStats", "StatsRecorder"]
+__all__ = ["BREAKDOWN", "COUNTERS", "CacheStats", "StatsRecorder"]
 
 COUNTERS = (
     "hits_memory",
@@ -55,10 +53,6 @@ COUNTERS = (
 # Counted per codegen and mode too ("by:<codegen>:<mode>:<name>").
 BREAKDOWN = ("hits", "misses", "codegen_runs", "stores", "uncacheable", "uncached_cheap", "memory_only",
              "codegen_seconds", "saved_seconds")
-# Renamed counters (issue 26: "build" is a whole build only): old name -> new name. Counts stored
-# under an old name are added to the new one when read; as_dict() gives the old keys too, and
-# CacheStats answers the old attribute names with a DeprecationWarning, until the next release.
-OLD_NAMES = {"builds": "codegen_runs", "build_seconds": "codegen_seconds"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,25 +103,12 @@ class CacheStats:
         """Hits of every tier."""
         return self.hits_memory + self.hits_disk + self.hits_remote
 
-    @property
-    def builds(self) -> int:
-        """Deprecated name of codegen_runs (until the next release)."""
-        warnings.warn("CacheStats.builds is now CacheStats.codegen_runs", DeprecationWarning, stacklevel=2)
-        return self.codegen_runs
-
-    @property
-    def build_seconds(self) -> float:
-        """Deprecated name of codegen_seconds (until the next release)."""
-        warnings.warn("CacheStats.build_seconds is now CacheStats.codegen_seconds", DeprecationWarning, stacklevel=2)
-        return self.codegen_seconds
-
     def as_dict(self) -> dict[str, object]:
-        """Every counter, plus hits, as a JSON-ready dict (with the old names' keys: OLD_NAMES)."""
+        """Every counter, plus hits, as a JSON-ready dict."""
         out: dict[str, object] = {name: getattr(self, name) for name in COUNTERS}
         out["hits"] = self.hits
         out["errors"] = dict(self.errors)
-        out["by_codegen"] = {k: _with_old_names(v) for k, v in self.by_codegen.items()}
-        out.update((old, out[new]) for old, new in OLD_NAMES.items())
+        out["by_codegen"] = {k: dict(v) for k, v in self.by_codegen.items()}
         out["zeroed_at"] = self.zeroed_at
         return out
 
@@ -144,20 +125,13 @@ class CacheStats:
             elif name.startswith("by:"):
                 pair, _, counter = name[3:].rpartition(":")
                 codegen, _, mode = pair.rpartition(":")
-                counter = OLD_NAMES.get(counter, counter)
                 if counter in BREAKDOWN and codegen:
                     row = by.setdefault(f"{codegen}/{mode}", {c: 0 for c in BREAKDOWN})
                     row[counter] += float(value) if counter.endswith("seconds") else int(value)
-            elif (name := OLD_NAMES.get(name, name)) in COUNTERS:
+            elif name in COUNTERS:
                 values[name] = values.get(name, 0) + (float(value) if name.endswith("seconds") else int(round(value)))
         by = {pair: row for pair, row in by.items() if any(row.values())}  # zeroed rows: nothing since a reset
         return cls(**values, errors=errors, by_codegen=by, zeroed_at=zeroed_at)  # type: ignore[arg-type]
-
-
-def _with_old_names(row: dict[str, float]) -> dict[str, float]:
-    out = dict(row)
-    out.update((old, row[new]) for old, new in OLD_NAMES.items() if new in row)
-    return out
 
 
 class StatsRecorder:

@@ -149,7 +149,6 @@ def cmd_ls(args: argparse.Namespace, settings: Settings) -> int:
         "age": lambda e: -(e.created or 0.0), "size": lambda e: -e.size, "key": lambda e: e.key,
         "codegen": lambda e: -float(e.meta.get("build_seconds") or 0.0),
     }
-    order["build"] = order["codegen"]  # the old spelling of --sort codegen, until the next release
     entries.sort(key=order[args.sort])
     if args.json:
         print_json([e.as_dict() for e in entries])

@@ -62,7 +62,7 @@ def _missing_parts(cache, index: StoredItem) -> list[str]:
         if not isinstance(part, dict) or part.get("mode") not in ("compiled", "source"):
             missing.append(f"a malformed part {part!r}")
             continue
-        if not cache._has_entry(part["mode"], str(part.get("digest"))):  # noqa: SLF001
+        if not cache.has_entry(part["mode"], str(part.get("digest"))):
             missing.append(f"{part.get('role')} {part.get('codegen')} {part['mode']} {str(part.get('digest'))[:16]}")
     return missing
 

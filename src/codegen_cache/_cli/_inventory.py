@@ -96,7 +96,6 @@ class StoredItem:
             "functions": self.functions,
             "func_names": self.meta.get("func_names", []),
             "codegen_seconds": self.meta.get("build_seconds"),
-            "build_seconds": self.meta.get("build_seconds"),  # codegen_seconds' old name, until the next release
             "created": created,
             "age_seconds": None if created is None else max(0.0, time.time() - created),
             "parts": self.parts,

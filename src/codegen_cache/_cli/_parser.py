@@ -85,8 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="also the counters per codegen and mode")
     p = add("ls", "list entries: codegen, target, mode, size, age, codegen time")
     store_flags(p)
-    p.add_argument("--sort", choices=("age", "size", "codegen", "build", "key"), default="age",
-                   help="order (default: newest first; codegen: longest codegen time first; build: its old name)")
+    p.add_argument("--sort", choices=("age", "size", "codegen", "key"), default="age",
+                   help="order (default: newest first; codegen: longest codegen time first)")
     p = add("show", "one entry in full, with its key parts")
     p.add_argument("key", metavar="KEY", help="the key or a unique prefix of it")
     p.add_argument("--code", action="store_true", help="also print the stored source (CUDA/C source)")

@@ -54,7 +54,7 @@ def warm_lowered(cache, mod, target, compile_device: bool) -> dict[str, Any]:
         store = cache.store("compiled")
         if cache.settings.recache:
             store.delete(key)  # precompile_cuda keeps an existing entry even with recache
-        had = not cache.settings.recache and cache._has_entry("compiled", key)  # noqa: SLF001
+        had = not cache.settings.recache and cache.has_entry("compiled", key)
         t1 = time.perf_counter()
         cache.precompile_cuda(mod, target)  # counts the hit or the miss, as a lowering would
         return _result("hit" if had else "codegen", "disk" if had else "nvcc", key, time.perf_counter() - t0,
@@ -67,9 +67,7 @@ def warm_lowered(cache, mod, target, compile_device: bool) -> dict[str, Any]:
 
 
 def _result(status: str, tier: str, key: str, seconds: float, codegen_seconds: float) -> dict[str, Any]:
-    # build_seconds: codegen_seconds' old name, kept in the JSON until the next release (docs/cli.md).
-    return {"status": status, "tier": tier, "key": key, "seconds": seconds, "codegen_seconds": codegen_seconds,
-            "build_seconds": codegen_seconds}
+    return {"status": status, "tier": tier, "key": key, "seconds": seconds, "codegen_seconds": codegen_seconds}
 
 
 def warm_one(cache, kernel, target, compile_device: bool) -> dict[str, Any]:
@@ -158,9 +156,8 @@ def warm(spec: str, targets: list[str], directory: str, *, workers: int, mode: s
                     raise
     finally:
         bar.close()
-    # "built": the old name of "codegen" (the codegen ran), kept in the JSON until the next release.
     return {"tasks": len(tasks), "workers": workers, "seconds": time.perf_counter() - t0, **counts,
-            "built": counts["codegen"], "results": results}
+            "results": results}
 
 
 def default_workers() -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import builtins
 import functools
 import importlib.util
+import sys
 from typing import Any
 
 from . import _INSTALL_HINT
@@ -19,17 +20,23 @@ __all__ = [
     "IRModule",
     "Module",
     "PrimFunc",
+    "REGISTRATION_POINTS",
     "Target",
     "Tensor",
     "builtin_func",
     "cuda_runtime_available",
+    "current_database",
     "error_class",
     "error_identity",
-    "host_llvm_triple",
+    "ffi_function",
     "ffi_version",
     "global_func",
+    "global_func_names",
+    "host_llvm_triple",
     "llvm_version_major",
-    "ffi_function",
+    "named_pipelines",
+    "op_attr",
+    "op_attr_values",
     "runtime_enabled",
     "save_json",
     "script_tirx",
@@ -249,3 +256,65 @@ def host_llvm_triple() -> str:
 def ffi_function(func):
     """A Python callable as a TVM packed function (what Module.get_function returns)."""
     return tvm_ffi.convert(func)
+
+
+# ---- what a Relax compile reads besides its input (_build/_reads.py) --------------------------
+
+# The module attributes TVM's Python registration functions call at call time, so that a
+# wrapper put there sees every registration from Python whatever alias the caller used:
+# tvm_ffi.register_global_func calls core._register_global_func (private: the fallback where it
+# is missing is a full rescan per model key); tvm.ir.register_op_attr, Op.set_attr and
+# Op.reset_attr call these tvm.ir._ffi_api functions.
+REGISTRATION_POINTS: tuple[tuple[Any, str], ...] = (
+    (getattr(tvm_ffi, "core", None), "_register_global_func"),
+    (tvm.ir._ffi_api, "RegisterOpAttr"),
+    (tvm.ir._ffi_api, "OpSetAttr"),
+    (tvm.ir._ffi_api, "OpResetAttr"),
+)
+
+
+def global_func_names() -> list[str]:
+    """Every name in TVM's global function registry."""
+    return list(tvm_ffi.registry.list_global_func_names())
+
+
+def op_attr(op_name: str, key: str) -> Any:
+    """The value of attribute `key` of operator `op_name` (None where unset or where no operator has `key`)."""
+    try:
+        return tvm.ir._ffi_api.OpGetAttr(tvm.ir._ffi_api.GetOp(op_name), key)
+    except tvm.error.InternalError:  # "Attribute 'X' is not registered": no operator has it
+        return None
+
+
+def op_attr_values(keys: tuple[str, ...]) -> list[tuple[str, str, Any]]:
+    """(operator name, key, value) of every operator that sets one of `keys`."""
+    get = tvm.ir._ffi_api.OpGetAttr
+    ops = [(name, tvm.ir._ffi_api.GetOp(name)) for name in list(tvm.ir.Op.list_op_names())]
+    found = []
+    for key in keys:
+        try:
+            found.extend((name, key, value) for name, op in ops if (value := get(op, key)) is not None)
+        except tvm.error.InternalError:  # "Attribute 'X' is not registered": no operator has it
+            continue
+    return found
+
+
+def named_pipelines() -> tuple[tuple[str, dict], ...]:
+    """The registries of pipelines by name: ("relax", tvm.relax.pipeline.PIPELINE_MAP), ("tir", ...)."""
+    found = []
+    for kind, module_name in (("relax", "tvm.relax.pipeline"), ("tir", "tvm.tirx.compilation_pipeline")):
+        module = sys.modules.get(module_name)
+        table = getattr(module, "PIPELINE_MAP", None) if module is not None else None
+        if isinstance(table, dict):
+            found.append((kind, table))
+    return tuple(found)
+
+
+def current_database() -> Any:
+    """The MetaSchedule tuning database in context (`with database:`), or None.
+
+    Nothing is imported: a process that never imported MetaSchedule has no database in context.
+    """
+    ms = sys.modules.get("tvm.s_tir.meta_schedule")
+    database = getattr(ms, "Database", None) if ms is not None else None
+    return database.current() if database is not None else None

@@ -162,7 +162,7 @@ def declared_salt(name: str) -> str | None:
     return None if found is None else found[1]
 
 
-def declare_callback_salt(name: str, salt: str) -> None:
+def declare_callback_salt(name: str, salt: str | bytes) -> None:
     """Key the function registered under `name` now by `salt`: how a user's hook becomes cacheable.
 
     Change the salt whenever what the function returns changes (its code, or anything it reads:
@@ -176,10 +176,14 @@ def declare_callback_salt(name: str, salt: str) -> None:
     declare_salt_of(name, salt)
 
 
-def declare_salt_of(name: str, salt: str) -> None:
+def declare_salt_of(name: str, salt: str | bytes) -> None:
     """declare_callback_salt for a name outside TVM's table (tilelang's tilelang_callback_*)."""
-    if not isinstance(salt, str) or not salt:
-        raise ValueError(f"salt must be a non-empty str, got {salt!r}")
+    if not isinstance(salt, (str, bytes)):
+        raise TypeError(f"salt must be a str or bytes, got {salt!r} of type {type(salt).__name__}")
+    if not salt:
+        raise ValueError(f"salt must be a non-empty str or bytes, got {salt!r}")
+    if isinstance(salt, bytes):
+        salt = salt.decode("utf-8", "backslashreplace")
     func = _registered(name, allow_missing=True)
     if func is None:
         raise ValueError(f"No function is registered under {name!r}: register it first, then declare its salt.")

@@ -335,7 +335,7 @@ def _load(cache: CodegenCache, key: CacheKey, func: Any, call: dict[str, Any], o
     try:
         # The library tilelang loads is a private copy of the bytes just checked, never the
         # entry's file: that may be replaced, rewritten or truncated by then (_private.py).
-        library = private_file(art.fields[0], cache._scratch(), f"{key.digest}.so")  # noqa: SLF001
+        library = private_file(art.fields[0], cache.scratch_dir(), f"{key.digest}.so")
         return kernel_cache._build_kernel(  # noqa: SLF001 - what tilelang's KernelCache calls on its own hits
             func=func,
             host_kernel_source=CachedTextSource(text=bytes(art.fields[2]).decode()),
