@@ -110,8 +110,8 @@ def hashed_ahead(modules: Sequence[Any], units_of: Callable[[Any], Units],
             if _claim(slot):
                 slot.run(function)
 
-    # A thread per build (tens of microseconds against a build's milliseconds): a long-lived
-    # one would have to be made again after fork, and a pool's idle count lies in a fork child.
+    # A thread per build (starting one is small beside a build): a long-lived one would have to
+    # be made again after fork, and a pool's idle count lies in a fork child.
     threading.Thread(target=helper, name="codegen-cache-hash-ahead", daemon=True).start()
     try:
         yield

@@ -159,8 +159,8 @@ class CacheKey:
     @classmethod
     def _assemble(cls, ir: tuple[str, str], tail: tuple[tuple[str, str], ...], digest: str) -> CacheKey:
         # compute_key's constructor: its parts are already split into the ir part and the tail,
-        # which __init__ would join and slice again on every lowering (docs/benchmarks.md,
-        # "Private internals": the key object).
+        # which __init__ would join and slice again on every lowering (docs/maintaining.md,
+        # "What each one buys": the key object).
         key = cls.__new__(cls)
         key._ir, key._tail, key.digest = ir, tail, digest
         return key

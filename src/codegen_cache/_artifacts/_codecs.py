@@ -12,8 +12,8 @@
 | c         | C source                                | a C source module with the function names    |
 | source    | source text (CUDA, OpenCL, Metal, ...)  | runtime.SourceModuleCreate(text, format)     |
 
-`prepare` runs on the caller's thread and only copies what the module holds (microseconds to a
-millisecond), and for llvm what the built module answers (target string, system-lib flag and
+`prepare` runs on the caller's thread and only copies what the module holds, and for llvm
+what the built module answers (target string, system-lib flag and
 prefix, function names, property mask) and the IR's target triple; `upgrade` turns an llvm-ir
 entry into llvm-so in a helper process, for this host's CPU and OS only (LLVM IR for another
 target stays IR: no compiler here can link it), and `portable` back (what a host of another
@@ -40,7 +40,7 @@ __all__ = ["CODECS", "check", "decode", "encode_cuda_binary", "function_names", 
            "prepare", "symbol_names", "upgradable", "upgrade"]
 
 # The JSON type of each metadata field a hit reads; a checksum is not authentication, so a
-# well-framed entry may still hold anything there (a null codegen_seconds made lower() raise).
+# well-framed entry may still hold anything there (a null number must not make lower() raise).
 _HOT_TYPES = {"key": str, "build_seconds": (int, float), "source_format": str, "c_func_names": list,
               "func_names": list, "module_kind": str, "ir_digest": str, "llvm_queries": dict, "property_mask": int,
               "triple": str}

@@ -37,7 +37,7 @@ _FOOTER = struct.Struct("<QIIHBBHQ4s")
 _U64 = struct.Struct("<Q")
 # Metadata a hit reads; everything else goes to the info section, parsed only by tools.
 # "build_seconds" holds a codegen run's seconds (codegen_seconds everywhere else): the stored
-# name stays, as renaming it would change the format of every entry (issue 26).
+# name stays: renaming it would change the format of every entry.
 HOT_META = frozenset({"key", "build_seconds", "source_format", "c_func_names", "func_names", "module_kind",
                       "ir_digest", "llvm_queries", "property_mask", "triple"})
 

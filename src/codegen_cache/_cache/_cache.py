@@ -239,7 +239,7 @@ class CodegenCache:
 
     # ---- the parts, each made at its first use -----------------------------------------------
     # A process that never looks into a store does not make them: a tilelang hit reads a plain
-    # file, and making every part in the constructor was a fifth of a fresh process's hit.
+    # file, and a fresh process's first hit would pay for parts it never uses.
 
     @_made_once
     def _stats(self) -> StatsRecorder:
@@ -704,7 +704,7 @@ class CodegenCache:
             held, found = self._flight.begin(key.digest, lambda: self._chain.lookup(probe, start=1, stop=2),
                                                codegen=codegen.name)
             if not isinstance(found, Hit) and self._fleet is not None:
-                # This machine's builder: now one per fleet. A waiter polls the remote for the entry.
+                # This machine's builder, one per fleet: a waiter polls the remote for the entry.
                 lease, found = self._fleet.begin(key.digest, lambda: self._recheck_remote(probe))
                 if isinstance(found, Hit):
                     self._flight.release(held)

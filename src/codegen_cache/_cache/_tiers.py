@@ -32,7 +32,7 @@ __all__ = ["COLLISION", "DiskTier", "Entry", "Hit", "MemoryTier", "Probe", "Remo
 
 
 def ir_digest(mod: IRModule) -> str:
-    """Exact content digest of an IRModule (20x the structural hash: verify=True only)."""
+    """Exact content digest of an IRModule (a serialization of the whole module: verify=True only)."""
     return xxhash.xxh3_128_hexdigest(_compat.save_json(mod).encode())
 
 

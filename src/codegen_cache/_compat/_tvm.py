@@ -168,7 +168,7 @@ def runtime_enabled(kind: str) -> bool:
 def tvm_version() -> str:
     """TVM's version, its commit id where recorded, and the distribution it came with."""
     commit = None
-    if DISTRIBUTION != "tilelang":  # tilelang's bundled TVM has no _version (a failed import costs ms)
+    if DISTRIBUTION != "tilelang":  # tilelang's bundled TVM has no _version: no failed import to pay for
         try:
             from tvm import _version
 
@@ -200,7 +200,7 @@ def llvm_version_major() -> str:
 
 
 def save_json(obj: Any) -> str:
-    """TVM's JSON serialization of an object (exact, slow: 20x the structural hash)."""
+    """TVM's JSON serialization of an object (exact; slow: it writes the whole object out)."""
     return tvm.ir.save_json(obj)
 
 

@@ -76,7 +76,7 @@ EXCLUDED_GLOBALS: dict[str, str] = {
 # per key).
 _registered = _compat.tvm_ffi.get_global_func
 # Its Cython core, without the Python wrapper's call: callback_parts looks up every name on every
-# CUDA key, a memory hit included (what that saves: docs/benchmarks.md, "Private internals").
+# CUDA key, a memory hit included (what that saves: docs/maintaining.md, "What each one buys").
 # Where tvm-ffi lacks it, the public function; tests/test_private_internals.py fails if it goes.
 _lookup = getattr(getattr(_compat.tvm_ffi, "core", None), "_get_global_func", None) or _registered
 

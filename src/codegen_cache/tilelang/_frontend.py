@@ -21,7 +21,7 @@ field 0 is the kernel library; a hit gives tilelang a private copy of those chec
 load (never the entry's file, which another process may change meanwhile); fields 1 and 2 are
 the device and host sources; kernel parameters are tilelang's JSON (dump_kernel_params), and
 where every dimension is a number also plain JSON (`static_params`: dtype and shape, read
-without TVM's JSON loader, which costs a fresh process's hit a fifth of a millisecond). A hit
+without TVM's JSON loader, a cost of a fresh process's hit: docs/tilelang.md). A hit
 checks the frame's checksum, then rebuilds the kernel with the execution backend's own
 `_build_kernel` (JITKernel.from_database), as tilelang's KernelCache does: no lowering, no
 codegen, no compile. A hit in memory is the same JITKernel object, after an exact comparison
@@ -203,8 +203,8 @@ def _write_entry(path: Path, blob: bytes) -> None:
 def _takes_target_host(resolve: Any) -> bool:
     """Whether tilelang's _resolve_cache_dispatch takes target_host (0.1.14+).
 
-    Read from its code object's argument names where it has one: inspect.signature costs
-    enable() a tenth of a millisecond.
+    Read from its code object's argument names where it has one, cheaper for enable() than
+    inspect.signature.
     """
     code = getattr(resolve, "__code__", None)
     if code is not None:
