@@ -37,7 +37,7 @@ print(json.dumps({"code": code, "tvm": "tvm" in sys.modules}), file=sys.stderr)
 
 def _fill(directory: Path) -> str:
     """A cache directory with one C source entry; its key."""
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]
     import kernels
 
     import codegen_cache as cc

@@ -31,14 +31,12 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import _compat
+from .._compat import Module
 from .._forksafe import on_fork_child
 from ._private import SCRATCH_PREFIX
-
-if TYPE_CHECKING:
-    from .._compat import Module
 
 __all__ = ["LLVM_QUERIES", "MAX_BYTES", "MAX_MODULES", "SCRATCH_PREFIX", "Record", "any_registered", "library_record",
            "parse_ir", "record_of", "register"]

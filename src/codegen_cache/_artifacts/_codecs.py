@@ -26,15 +26,13 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import _compat
+from .._compat import Module
 from .._errors import ArtifactError, CudaRuntimeUnavailableError, EntryKeyError
 from . import _cuda, _llvm
-from ._frame import Artifact, frame, unframe
-
-if TYPE_CHECKING:
-    from .._compat import Module
+from ._frame import CODEC_FIELDS, Artifact, frame, unframe
 
 __all__ = ["CODECS", "check", "decode", "encode_cuda_binary", "function_names", "needs_upgrade", "portable",
            "prepare", "symbol_names", "upgradable", "upgrade"]
@@ -201,17 +199,18 @@ def _source(fields, meta, path, scratch) -> Module:
                                                               str(meta.get("source_format", "")))
 
 
-Decoder = Callable[[tuple[bytes, ...], dict, "str | None", str], "Module"]
+Decoder = Callable[[tuple[bytes, ...], dict, "str | None", str], Module]
 # codec -> (number of payload fields, decoder)
-CODECS: dict[str, tuple[int, Decoder]] = {
-    "llvm-ir": (1, _llvm_ir),
-    "llvm-so": (2, _llvm_so),
-    "cuda-bin": (4, _cuda_bin),
-    "cuda-module": (4, _cuda_module),
-    "cuda-fallback": (2, _cuda_fallback),
-    "c": (1, _c_source),
-    "source": (1, _source),
+_DECODERS: dict[str, Decoder] = {
+    "llvm-ir": _llvm_ir,
+    "llvm-so": _llvm_so,
+    "cuda-bin": _cuda_bin,
+    "cuda-module": _cuda_module,
+    "cuda-fallback": _cuda_fallback,
+    "c": _c_source,
+    "source": _source,
 }
+CODECS: dict[str, tuple[int, Decoder]] = {codec: (CODEC_FIELDS[codec], decode) for codec, decode in _DECODERS.items()}
 
 
 def check(art: Artifact) -> None:

@@ -14,8 +14,6 @@ as it does.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import contextlib
 import functools
 import json
@@ -27,11 +25,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .. import _compat
+from .._compat import IRModule, Module, Target
 from .._errors import ArtifactError, CudaRuntimeUnavailableError
 from .._registry import call_codegen_function, codegen_function
-
-if TYPE_CHECKING:
-    from .._compat import IRModule, Module
 
 __all__ = [
     "FALLBACK_FMT",
@@ -279,7 +275,7 @@ def fallback_module(payload: CudaPayload, target: object = None) -> Module | Non
     try:
         code = payload.code.decode("utf-8")
         kernels = _empty_kernels(function_infos(payload.fmap))
-        target = _compat.Target(target if target is not None else _DEFAULT_TARGET)
+        target = Target(target if target is not None else _DEFAULT_TARGET)
     except (ArtifactError, UnicodeDecodeError, RuntimeError, TypeError, ValueError):
         return None
     build = codegen_function("target.build.cuda")
@@ -315,8 +311,9 @@ def _empty_kernels(infos: dict[str, dict]) -> IRModule:
     """Kernels with nothing in their bodies whose function map is `infos` (function_infos' form).
 
     Kernels of one signature share one PrimFunc but for their attributes: making the
-    parameters and the function per kernel would be most of a many-kernel hit (docs/cache.md);
-    the module target.build.cuda makes from them is checked by the caller.
+    parameters and the function per kernel would be most of a many-kernel hit
+    (docs/benchmarks.md, "Figures behind code comments"); the module target.build.cuda makes
+    from them is checked by the caller.
     """
     tirx, ir = _compat.tvm.tirx, _compat.tvm.ir
     functions, bases = {}, {}
@@ -339,4 +336,4 @@ def _empty_kernels(infos: dict[str, dict]) -> IRModule:
         functions[symbol] = base.with_attrs({
             "global_symbol": symbol, "calling_conv": 2,  # CallingConv::kDeviceKernelLaunch
             "tirx.kernel_launch_params": list(info["launch_param_tags"]), "tirx.noalias": True})
-    return _compat.IRModule(functions)
+    return IRModule(functions)

@@ -19,15 +19,13 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import _compat
+from .._compat import Module
 from ._as_built import LLVM_QUERIES, SCRATCH_PREFIX, Record, parse_ir
 from ._module_methods import answer_as_built
 from ._private import fd_path, load_private_copy
-
-if TYPE_CHECKING:
-    from .._compat import Module
 
 __all__ = [
     "SCRATCH_PREFIX",
@@ -172,62 +170,37 @@ def shared_library_from_ir(llvm_ir: str, scratch: str, *, compiler: list[str] | 
             return f.read()
 
 
-# The two classes subclass TVM's Module, so they are made when first needed (TVM is imported
-# then), not when this module is imported: reading a cache directory needs no TVM.
-_classes: tuple[type, type] | None = None
+class CachedIRModule(Module):
+    """An llvm module parsed from cached LLVM IR: it runs (JIT-compiled on first use) and exports.
 
-
-def _module_classes() -> tuple[type, type]:
-    """(CachedIRModule, CachedLibraryModule), made on the first call."""
-    global _classes
-    if _classes is None:
-        class CachedIRModule(_compat.Module):
-            """An llvm module parsed from cached LLVM IR: it runs (JIT-compiled on first use), exports.
-
-            TVM's module from IR text does not know its functions' names until it compiles them,
-            and prints the IR it parsed with another module name: registered (`_as_built`), every
-            handle of it answers `implements_function`, `get_func_names` and `inspect_source("ll")`
-            as built.
-            """
-
-        class CachedLibraryModule(_compat.Module):
-            """A module mapped from a cached shared library: runs like the built llvm module, exports.
-
-            Registered (`_as_built`): it, and every handle of it inside another module's import
-            tree (a Relax executable), reports kind `llvm` and the built module's properties, and
-            exports as the built module does (from its stored IR; alone with default options, the
-            stored library).
-            """
-
-        for cls in (CachedIRModule, CachedLibraryModule):
-            cls.__qualname__ = cls.__name__
-        _classes = (CachedIRModule, CachedLibraryModule)
-    return _classes
-
-
-def __getattr__(name: str) -> type:
-    """CachedIRModule and CachedLibraryModule (made on first use, see _module_classes)."""
-    if name == "CachedIRModule":
-        return _module_classes()[0]
-    if name == "CachedLibraryModule":
-        return _module_classes()[1]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    TVM's module from IR text does not know its functions' names until it compiles them, and
+    prints the IR it parsed with another module name: registered (`_as_built`), every handle of
+    it answers `implements_function`, `get_func_names` and `inspect_source("ll")` as built.
+    """
 
 
 def load_ir(llvm_ir: str, scratch: str, func_names: Sequence[str] = (),
-            queries: Mapping[str, Any] | None = None) -> "CachedIRModule":
+            queries: Mapping[str, Any] | None = None) -> CachedIRModule:
     """An llvm module from cached IR text (TVM parses it again), answering as the built one."""
-    cls = _module_classes()[0]
-    cached = cls.__new__(cls)
+    cached = CachedIRModule.__new__(CachedIRModule)
     cached.__move_handle_from__(parse_ir(llvm_ir, scratch))
     cached._cgc_record = Record(llvm_ir, None, tuple(func_names), dict(queries or {}))
     answer_as_built(cached, cached._cgc_record)
     return cached
 
 
+class CachedLibraryModule(Module):
+    """A module mapped from a cached shared library: runs like the built llvm module, and exports.
+
+    Registered (`_as_built`): it, and every handle of it inside another module's import tree
+    (a Relax executable), reports kind `llvm` and the built module's properties, and exports as
+    the built module does (from its stored IR; alone with default options, the stored library).
+    """
+
+
 def load_library(library: bytes | memoryview, llvm_ir: str | bytes | memoryview, *, path: str | None, scratch: str,
                  loader: Callable[[str], Module] | None = None, func_names: Sequence[str] = (),
-                 queries: Mapping[str, Any] | None = None, mask: int | None = None) -> "CachedLibraryModule":
+                 queries: Mapping[str, Any] | None = None, mask: int | None = None) -> CachedLibraryModule:
     """Map a stored shared library from a private copy of `library`, the bytes that were checked.
 
     `path`, the value file the bytes were read from, is never opened again (_private.py says
@@ -236,8 +209,7 @@ def load_library(library: bytes | memoryview, llvm_ir: str | bytes | memoryview,
     del path  # deliberately unused: loading by path would load what the file holds by then
     load = loader or _compat.builtin_func("ffi.Module.load_from_file.so")
     module = load_private_copy(library, scratch, lambda where: load(where, "so"))
-    cls = _module_classes()[1]
-    cached = cls.__new__(cls)
+    cached = CachedLibraryModule.__new__(CachedLibraryModule)
     cached.__move_handle_from__(module)
     record = Record(llvm_ir, library, tuple(func_names), dict(queries or {}))
     if mask is not None:
@@ -249,5 +221,5 @@ def load_library(library: bytes | memoryview, llvm_ir: str | bytes | memoryview,
 
 def keep_answering(module: Any) -> None:
     """A cached llvm module handed out again (a memory hit): registered again, as the newest."""
-    if _classes is not None and type(module) in _classes:
+    if type(module) in (CachedLibraryModule, CachedIRModule):
         answer_as_built(module, module._cgc_record)

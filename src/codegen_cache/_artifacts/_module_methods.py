@@ -7,19 +7,15 @@ is handed out (`answer_as_built`). See _as_built's docstring for why, and docs/c
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import functools
 import logging
 import os
 import tempfile
 
 from .. import _compat
+from .._compat import Module
 from .._errors import ExportError
 from ._as_built import LLVM_QUERIES, SCRATCH_PREFIX, Record, any_registered, library_record, parse_ir, record_of, register
-
-if TYPE_CHECKING:
-    from .._compat import Module
 
 __all__ = ["answer_as_built", "substitute_tree"]
 

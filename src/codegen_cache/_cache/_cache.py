@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import _context
-from .._artifacts import FORMAT_VERSION, frame, keep_answering, prepare, symbol_names
+from .. import _artifacts
+from .._artifacts import FORMAT_VERSION, frame
 from .. import _compat
 from .._config import ENV_VARS, Settings, disabled_by_env, own_env_vars, settings_from_env, unknown_env_vars
 from .._errors import ConfigError, ReentrantLoweringError, UncacheableError
@@ -627,7 +628,7 @@ class CodegenCache:
                 self._stats.add_hit(codegen.name, mode, "memory", saved)
                 emit(tier="memory", key=key.digest, codegen=codegen.name, mode=mode, key_seconds=key_seconds,
                      load_seconds=0.0, codegen_seconds=saved, total_seconds=time.perf_counter() - start)
-                keep_answering(kept.module)
+                _artifacts.keep_answering(kept.module)
                 return kept.module
         probe = Probe(key.digest, mode, mod, self.settings.verify, library=compile_device and target.kind.name == "llvm")
         # The tiers that do not pay for this codegen are not asked either (_budget.py).
@@ -751,7 +752,7 @@ class CodegenCache:
         emit(tier=hit.tier, key=digest, codegen=codegen, mode=mode, key_seconds=key_seconds,
              load_seconds=hit.load_seconds, codegen_seconds=saved, total_seconds=time.perf_counter() - start)
         if hit.tier == "memory":
-            keep_answering(hit.entry.module)  # registered again as the newest (a decoded one is already)
+            _artifacts.keep_answering(hit.entry.module)  # registered again as the newest (a decoded one is already)
         return hit.entry.module
 
     def _fetch(self, digest: str, mode: str | None, *, ir: Any, fresh: bool, count: bool,
@@ -781,7 +782,7 @@ class CodegenCache:
             else:
                 self._stats.add(f"hits_{hit.tier}")
                 self._stats.add("saved_seconds", saved)
-        keep_answering(hit.entry.module)
+        _artifacts.keep_answering(hit.entry.module)
         return hit.entry.module, hit.entry.meta
 
     def _refresh_later(self, digest: str, blob: bytes | memoryview | None) -> None:
@@ -832,7 +833,7 @@ class CodegenCache:
         if self.settings.verify:
             meta["ir_digest"] = Probe(key.digest, mode, mod).ir_digest
         try:
-            codec, meta, fields = prepare(module, meta, func_names=symbol_names(before[2]))
+            codec, meta, fields = _artifacts.prepare(module, meta, func_names=_artifacts.symbol_names(before[2]))
             blob = frame(codec, meta, fields)
         except _ENCODE_ERRORS as err:
             self._stats.add("stores_skipped")

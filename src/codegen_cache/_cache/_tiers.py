@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import xxhash
 
 from .. import _compat
-from .._artifacts import Artifact, decode, needs_upgrade
+from .. import _artifacts
+from .._artifacts import Artifact
 from .._errors import ArtifactError, CudaRuntimeUnavailableError, EntryKeyError
 from .._storage._disk import STORAGE_ERRORS, ArtifactStore
 from .._storage._memory import MemoryEntry, ModuleLRU
@@ -153,7 +154,7 @@ class DiskTier:
             return found
         if staged:
             self.on_staged_hit(probe.mode, probe.digest, blob)
-        if needs_upgrade(found.module, found.meta):
+        if _artifacts.needs_upgrade(found.module, found.meta):
             self.on_raw_hit(probe.mode, probe.digest)  # served from LLVM IR: not upgraded yet
         found.blob = blob
         return Hit("disk", found, time.perf_counter() - t0)
@@ -220,7 +221,7 @@ def decode_entry(guard: StorageGuard, probe: Probe, blob: bytes | memoryview, sc
     `unframed`: `blob` already unframed and checksummed (the remote tier's check did it).
     """
     try:
-        module, meta = decode(blob, scratch=scratch, key=probe.digest, unframed=unframed)
+        module, meta = _artifacts.decode(blob, scratch=scratch, key=probe.digest, unframed=unframed)
     except EntryKeyError as err:
         guard.count("corrupt")
         guard.warn("mismatch", "codegen cache: entry %s holds key %s; ignored", probe.digest[:16],

@@ -10,8 +10,6 @@ GPU-less host can fill a cache for GPU hosts.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import functools
 import os
 import shutil
@@ -25,15 +23,13 @@ from .._artifacts._cuda import (
     module_payload,
     remember_source,
 )
+from .._compat import IRModule, Module, Target
 from .._errors import CudaRuntimeUnavailableError
 from .._key import ToolchainParts
 from .._registry import DeviceCodegen, call_codegen_function, codegen_function
 from ._callbacks import callback_parts
 from ._common import env_salts, env_values
 from ._intrinsics import GET_CODEGEN, intrinsics_identity
-
-if TYPE_CHECKING:
-    from .._compat import IRModule, Module, Target
 
 __all__ = ["CODEGENS", "build_cuda", "compile_cuda_payload", "cuda_source_module", "find_nvcc", "nvcc_path", "nvcc_version",
            "nvcc_version_at"]

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import xxhash
 
+from .._compat import tvm
 from .. import _compat
 from .._storage._faults import READ_FLAGS, read_whole
 from ..codegens._callbacks import callback_salts, declare_salt_of
@@ -79,10 +80,10 @@ def _jsonable(value):
         return [_jsonable(v) for v in value]
     if isinstance(value, dict) or type(value).__name__ == "Map":
         return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, _compat.tvm.target.Target):
+    if isinstance(value, tvm.target.Target):
         return str(value.export())
     if isinstance(value, tvm_object_types()):
-        return _compat.tvm.ir.save_json(value)
+        return tvm.ir.save_json(value)
     return str(value)
 
 
@@ -98,7 +99,7 @@ _last_context: list[tuple[object, str]] = []
 
 def pass_config_part() -> str:
     """Every entry of the PassContext in force, as sorted JSON (memoized per PassContext object)."""
-    ctx = _compat.tvm.transform.PassContext.current()
+    ctx = tvm.transform.PassContext.current()
     last = _last_context[0] if _last_context else None
     if last is not None and last[0].same_as(ctx):
         return last[1]
