@@ -6,8 +6,8 @@ Each group runs its variants interleaved (one call of each per round, order rota
 prints the median per call:
 
 - build lock of a new key, uncontended, taken and released (what every miss pays): our
-  KeyLocks (a byte of one shared file, OFD locks), our fallback (flock on a file per key,
-  made and removed), filelock.FileLock on a file per key (needs `pip install filelock`);
+  KeyLocks (a byte of one shared file, OFD locks, and the holder's marker), the same without
+  the marker, our fallback (flock on a file per key, made and removed), filelock.FileLock on a file per key (needs `pip install filelock`);
 - staging an entry before lower() returns (4 KiB and 256 KiB): PendingFiles.write into a spare
   file made ahead, PendingFiles.write making its file, diskcache's own `Cache.set` straight
   into the store on the caller's thread;
@@ -52,7 +52,17 @@ def locks(rounds: int, tmp: Path) -> None:
     def with_ours(locks=ours):
         locks.release(locks.acquire(key(), wait=1.0))
 
+    from codegen_cache._storage import _locks
+
+    def without_marker():  # what the holder's marker (a classic lock naming its pid) costs a miss
+        mark, _locks.mark = _locks.mark, lambda *args: None
+        try:
+            with_ours()
+        finally:
+            _locks.mark = mark
+
     variants = {"ours (byte of one file, OFD)": with_ours,
+                "ours, without the holder's marker": without_marker,
                 "ours, fallback (flock file per key)": lambda: with_ours(per_file)}
     try:
         import filelock

@@ -7,15 +7,12 @@ prints the median per call of each and their difference. The pairs:
 
 - env: the CUDA codegen's environment reads (cuda.COMPILE_ENV) through os.environ's private
   dict `_data` and encoded names, against `os.environ.get`;
-- global func: the callback lookups of one CUDA key (codegens._callbacks.CALLBACKS) through
-  `tvm_ffi.core._get_global_func`, against `tvm_ffi.get_global_func`;
 - convert: wrapping a Python function, first call in a fresh process (what _pyfunc's layout
   probe pays once), `tvm_ffi.core._convert_to_ffi_func` against `tvm_ffi.convert_func` and
   `tvm_ffi.convert` (medians of fresh processes);
 - target: a Target from JSON text, first call in a fresh process (_compat.target_from_json),
   through `tvm.target._ffi_api.Target`, through the public `tvm.get_global_func("target.Target")`
   (the same function) and through `Target(text)` (medians of fresh processes);
-- key: compute_key's `CacheKey._assemble` (`__new__` plus its slots) against its constructor;
 - row read: the SELECT of a small entry's row through diskcache's private `Cache._sql` against
   the store's own plain SQLite connection (what ArtifactStore.read now uses);
 - value file write: a 1 MiB value put into a store through SafeDisk (its own `_write`: one
@@ -84,18 +81,6 @@ def env_pair(rounds: int) -> None:
     show(f"env ({len(names)} names)", per_call(samples, number))
 
 
-def global_func_pair(rounds: int) -> None:
-    import tvm_ffi
-
-    from codegen_cache.codegens._callbacks import CALLBACKS
-    names = tuple(CALLBACKS)
-    private, public = tvm_ffi.core._get_global_func, tvm_ffi.get_global_func
-    number = 2000
-    samples = interleave({"private": batched(lambda: [private(n, True) for n in names], number),
-                          "public": batched(lambda: [public(n, True) for n in names], number)}, rounds)
-    show(f"global func ({len(names)})", per_call(samples, number))
-
-
 def first_calls(title: str, script: str, hows: tuple[str, ...], rounds: int) -> None:
     """Each way's first call, timed in fresh processes (their order rotated); medians."""
     times: dict[str, list[float]] = {h: [] for h in hows}
@@ -113,18 +98,6 @@ def convert_pair(rounds: int) -> None:
 
 def target_pair(rounds: int) -> None:
     first_calls("target (first)", _TARGET, ("private", "global func", "Target()"), rounds)
-
-
-def key_pair(rounds: int) -> None:
-    import xxhash
-
-    from codegen_cache._key import CacheKey
-    ir, tail, digest = ("ir", "0" * 16), tuple((f"p{i}", "v") for i in range(9)), xxhash.xxh3_128_hexdigest(b"x")
-
-    number = 20000
-    samples = interleave({"_assemble": batched(lambda: CacheKey._assemble(ir, tail, digest), number),
-                          "CacheKey()": batched(lambda: CacheKey((ir, *tail), digest), number)}, rounds)
-    show("key object", per_call(samples, number))
 
 
 def write_pair(rounds: int) -> None:
@@ -175,7 +148,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
     started = time.perf_counter()
-    for pair in (env_pair, global_func_pair, key_pair, row_pair, write_pair, convert_pair, target_pair):
+    for pair in (env_pair, row_pair, write_pair, convert_pair, target_pair):
         pair(args.rounds)
     print(f"({time.perf_counter() - started:.0f} s)")
 

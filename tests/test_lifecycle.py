@@ -599,11 +599,15 @@ def test_sigint_to_the_process_group_loses_no_entry_and_the_upgrade_finishes(tmp
             pytest.fail(f"not exited 60 s after SIGINT; its threads:\n{err[-6000:]}")
     assert proc.returncode != 0 and "KeyboardInterrupt" in err, err[-3000:]
     assert proc.returncode not in (-signal.SIGABRT, 134), err[-3000:]
+    assert "Exception in thread" not in err, err[-3000:]  # the writer's thread outlived the interrupt
+    # Every entry lowered before the interrupt is served by the next process. Those the writer
+    # had not stored and asked an upgrade for within the exit's EXIT_SECONDS (a loaded machine)
+    # are staged: that process's hits from their LLVM IR ask for it (docs/reliability.md).
+    for i in range(4):
+        assert lower_fresh(directory, i, True)[0] == "disk"
     # The upgrader and its linker run in sessions of their own: the interrupt did not reach them.
     assert cc.CodegenCache(directory).flush(upgrades=True, timeout=180)
     assert [_codec(directory, i) for i in range(4)] == ["llvm-so"] * 4
-    for i in range(4):
-        assert lower_fresh(directory, i, True)[0] == "disk"
 
 
 @pytest.mark.timeout(300)

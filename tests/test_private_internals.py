@@ -13,11 +13,10 @@ import sqlite3
 
 import diskcache
 import pytest
-import tvm_ffi
 from processes import python
 
 from codegen_cache._storage._disk import ArtifactStore, SafeDisk
-from codegen_cache.codegens import _callbacks, _common
+from codegen_cache.codegens import _common
 
 
 def test_os_environ_private_dict_mirrors_every_change(monkeypatch):
@@ -40,14 +39,6 @@ def test_os_environ_fallback_gives_the_same_salts(monkeypatch):
     monkeypatch.setattr(_common, "_RAW", None)
     assert _common.env_values(names) == ("one", None)
     assert _common.env_salts(names) == private == {"env:CGC_TEST_PRIVATE_A": "one", "env:CGC_TEST_UNSET_B": "<unset>"}
-
-
-def test_tvm_ffi_private_lookup_is_used_and_answers_as_the_public_one():
-    assert _callbacks._lookup is tvm_ffi.core._get_global_func, "tvm-ffi lost core._get_global_func: the fallback runs"
-    public = tvm_ffi.get_global_func("testing.echo", allow_missing=True)
-    assert public is not None
-    assert _callbacks._lookup("testing.echo", True).same_as(public)
-    assert _callbacks._lookup("cgc.test.no.such.function", True) is None
 
 
 def test_diskcache_calls_the_value_file_writer_safedisk_replaces(tmp_path):

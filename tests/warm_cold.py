@@ -2,18 +2,18 @@
 
 `three_ways(name, tmp_path)` runs tests/warm_scenarios.py's scenario `name` with TVM alone
 ("none"), then routed through a cache in a new directory ("empty"), then routed through that
-same directory again ("warm"), each in a new process, and the files each exported loaded and run
-in another new process. It returns the observations by condition; `assert_same` compares them
-key by key. The warm run must be served by the cache (otherwise it would test nothing).
+same directory again ("warm"), each in a new process (forked with TVM imported, tests/forked.py),
+and the files each exported loaded and run in another new process. It returns the observations
+by condition; `assert_same` compares them key by key. The warm run must be served by the cache (otherwise it would test nothing).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
+
+import forked
 
 HERE = Path(__file__).parent
 CONDITIONS = ("none", "empty", "warm")
@@ -21,8 +21,9 @@ HIT_TIERS = {"memory", "disk", "remote"}
 
 
 def _python(args: list[str], env: dict[str, str], timeout: float) -> None:
-    done = subprocess.run([sys.executable, str(HERE / "warm_scenarios.py"), *args], capture_output=True, text=True,
-                          env=env, timeout=timeout, check=False)
+    # Each run is another process that starts with TVM imported and nothing else (tests/forked.py):
+    # what is compared is what each process finds and does, not an interpreter's start.
+    done = forked.python([str(HERE / "warm_scenarios.py"), *args], env=env, timeout=timeout)
     assert done.returncode == 0, f"{args}: exit {done.returncode}\n{done.stderr[-4000:]}"
 
 

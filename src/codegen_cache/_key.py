@@ -18,25 +18,21 @@ Deliberately excluded (they do not change what a codegen emits):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import json
 import logging
-from collections.abc import Iterator, Mapping
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Mapping
 from functools import lru_cache, partial
+from typing import TYPE_CHECKING
 
 import xxhash
 
 from . import _compat
-from ._hash_ahead import Units, claimed, hashed_ahead
-from ._hash_ahead import registered as _ahead
 from ._targets import canonical_target
 
 if TYPE_CHECKING:
     from ._compat import IRModule, Target
 
-__all__ = ["PART_NAMES", "CacheKey", "ToolchainParts", "compute_key", "ir_hash", "ir_hashes_ahead", "static_salts"]
+__all__ = ["PART_NAMES", "CacheKey", "ToolchainParts", "compute_key", "ir_hash", "static_salts"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,40 +51,18 @@ def ir_hash(mod: IRModule) -> int:
     whole lowered host module costs more than its functions' hashes together (for 64 llvm
     functions; equal for a CUDA device module: docs/key.md, docs/benchmarks.md "Against the
     goals"), while the per-function hashes tell the same modules apart (GlobalVar names
-    are hashed, also where a body calls one). A module a build hashes ahead (_hash_ahead.py)
-    gets that answer.
+    are hashed, also where a body calls one).
     """
-    if _ahead:
-        found = claimed(mod)
-        if found is not None:
-            return found
     functions = mod.functions
     if len(functions) <= 1:
         return _compat.structural_hash(mod)
     return _combined(_BY_FUNCTION, mod, {gv.name_hint: func for gv, func in functions.items()})
 
 
-def ir_hashes_ahead(modules: list[IRModule]) -> AbstractContextManager[None]:
-    """Within the block, ir_hash of each of `modules` is computed on a helper thread as well (_hash_ahead.py)."""
-    return hashed_ahead(modules, _units, _compat.structural_hash)
-
-
-def _units(mod: IRModule) -> Units:
-    """What ir_hash hashes one by one (a module of one function whole) and how it combines the hashes."""
-    functions = mod.functions
-    if len(functions) <= 1:
-        return [mod], _single
-    return _named_units(_BY_FUNCTION, mod, {gv.name_hint: func for gv, func in functions.items()})
-
-
-def _named_units(prefix: bytes, mod: IRModule, functions: dict) -> Units:
+def _named_units(prefix: bytes, mod: IRModule, functions: dict) -> tuple[list, Callable[[list[int]], int]]:
     """The functions in name order, then the module's attributes and global infos; combined by _combine."""
     names = sorted(functions)
     return [functions[name] for name in names] + [mod.attrs, mod.global_infos], partial(_combine, prefix, names)
-
-
-def _single(values: list[int]) -> int:
-    return values[0]
 
 
 def _combined(prefix: bytes, mod: IRModule, functions: dict) -> int:
@@ -155,15 +129,6 @@ class CacheKey:
 
     def __repr__(self) -> str:
         return f"CacheKey({self.digest})"
-
-    @classmethod
-    def _assemble(cls, ir: tuple[str, str], tail: tuple[tuple[str, str], ...], digest: str) -> CacheKey:
-        # compute_key's constructor: its parts are already split into the ir part and the tail,
-        # which __init__ would join and slice again on every lowering (docs/maintaining.md,
-        # "What each one buys": the key object).
-        key = cls.__new__(cls)
-        key._ir, key._tail, key.digest = ir, tail, digest
-        return key
 
     @classmethod
     def from_parts(cls, parts: tuple[tuple[str, str], ...] | list[tuple[str, str]]) -> CacheKey:
@@ -261,8 +226,7 @@ def compute_key(
         salt, format_version,
     )
     ir_hex = f"{structural_hash & 0xFFFFFFFFFFFFFFFF:016x}"
-    key = CacheKey._assemble(("ir", ir_hex), tail_parts,
-                             xxhash.xxh3_128_hexdigest(_IR_PREFIX + ir_hex.encode() + tail_bytes))
+    key = CacheKey((("ir", ir_hex), *tail_parts), xxhash.xxh3_128_hexdigest(_IR_PREFIX + ir_hex.encode() + tail_bytes))
     if logger.isEnabledFor(logging.DEBUG):
         for name, value in key.parts:
             logger.debug("key %s part %s = %s", key.digest[:16], name, value)

@@ -24,6 +24,7 @@ pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.mark.skipif(not hasattr(tilelang, "par_compile"), reason="this tilelang has no par_compile")
+@pytest.mark.nvcc
 def test_parallel_compiles_of_the_same_configs_run_nvcc_once_per_config(monkeypatch):
     from tilelang.contrib import nvcc
 

@@ -102,6 +102,7 @@ def test_tilelang_env_vars_change_the_key_and_excluded_ones_do_not(fresh_cache, 
         assert cc.last_outcome().key != first
 
 
+@pytest.mark.nvcc
 def test_the_compiled_key_names_tilelang_headers_and_nvcc(fresh_cache):
     cct.enable()
     cache = fresh_cache()

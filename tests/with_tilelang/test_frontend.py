@@ -50,6 +50,7 @@ def _compile_in_a_new_process(tmp_path: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_a_new_process_gets_the_kernel_without_lowering_and_tilelang_stores_nothing(tmp_path):
     plain = tilelang.compile(vadd(), target=SM80).get_kernel_source()  # tilelang alone, its cache in tmp_path
     first = _compile_in_a_new_process(tmp_path)

@@ -60,6 +60,7 @@ def _run(tmp_path: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_kernels_from_a_disk_hit_run_on_the_gpu_and_match_numpy(tmp_path):
     cold = _run(tmp_path)
     hit = _run(tmp_path)  # a fresh process: both kernels come from the cache's frontend entries

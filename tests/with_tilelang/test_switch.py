@@ -45,6 +45,7 @@ print(json.dumps({"enabled": cct.is_enabled(), "tiers": [(o.codegen, o.tier) for
 """
 
 
+@pytest.mark.slow
 def test_the_variable_enables_a_process_that_imports_tilelang(tmp_path):
     env = {**os.environ, "CODEGEN_CACHE_ENABLE": "1", "CODEGEN_CACHE_DIR": str(tmp_path / "cache"),
            "TILELANG_CACHE_DIR": str(tmp_path / "tilelang-cache")}

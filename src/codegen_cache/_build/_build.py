@@ -9,6 +9,10 @@ The warm path skips lowering: a *build key* over the input module (its structura
 targets, the pipeline, the PassContext and the codegens' salts points, through an index kept
 in the cache's `index` store, at the device-level entries of that build. A build served from
 the index reads those entries by digest; a build repeated in one process is one memory hit.
+
+Counted as one call in the row "build/build" (_cache/_stats.py): a hit with the build's codegen
+seconds, or a miss whose lowerings count only their work (codegen runs, stores). A build the
+key cannot hold is not counted here (its outcome is "uncached"): its lowerings count as calls.
 """
 
 from __future__ import annotations
@@ -25,9 +29,10 @@ from .._compat import tvm, IRModule, Module, PrimFunc, Target
 
 from .._cache import CodegenCache
 from .._cache._cache import fresh_results_are_the_callers, store_in_every_tier
+from .._cache._stats import counted_as_one
 from .._cache._writer import writer
 from .._context import active_cache
-from .._key import CacheKey, ir_hashes_ahead
+from .._key import CacheKey
 from .._outcome import emit, last_outcome
 from .._registry import DeviceCodegenRegistry, default_registry
 from ._index import BuildPart, compile_device, key_of, read_index, write_index
@@ -38,6 +43,8 @@ __all__ = ["BuildPart", "BuildRecord", "build", "build_key", "build_with_record"
 logger = logging.getLogger(__name__)
 
 _MEMO_PREFIX = "build:"
+# The row a build's one count goes to (Outcome.codegen and .mode of a build).
+_ROW = ("build", "build")
 # Set by whoever needs to know which builds ran inside a call (the model-level cache of Relax
 # compiles: relax.build calls tvm.tirx.build for its library): each build appends (record, module).
 _captured: contextvars.ContextVar[list[tuple[BuildRecord, Module]] | None] = contextvars.ContextVar(
@@ -113,14 +120,22 @@ def _build_with_record(mod: PrimFunc | IRModule, target: str | Target | None,
 
 def _cold_build(cache: CodegenCache, registry: DeviceCodegenRegistry, planned: Plan, key: CacheKey | None,
                 start: float) -> tuple[Module, BuildRecord]:
-    module, host, devices, seconds = _cold(cache, registry, planned)
+    if key is None:
+        # Not keyable as a whole: not counted as a build; each lowering counts as its own call.
+        module, host, devices, seconds = _cold(cache, registry, planned)
+        emit(tier="uncached", key="", codegen="build", mode="build", key_seconds=0.0, load_seconds=0.0,
+             codegen_seconds=seconds, total_seconds=time.perf_counter() - start, stored=False)
+        return module, BuildRecord("uncached", None, host, devices, seconds)
+    cache.counters.add_call(*_ROW, "misses")
+    with counted_as_one():
+        module, host, devices, seconds = _cold(cache, registry, planned)
     record = BuildRecord("codegen", key, host, devices, seconds)
-    stored = key is not None and all(p.digest is not None for p in (host, *devices))
+    stored = all(p.digest is not None for p in (host, *devices))
     if stored:
         write_index(cache, key, host, devices, seconds)
         _remember(cache, key, module, planned, record)
     total = time.perf_counter() - start
-    emit(tier="codegen", key=key.digest if key is not None else "", codegen="build", mode="build", key_seconds=0.0,
+    emit(tier="codegen", key=key.digest, codegen="build", mode="build", key_seconds=0.0,
          load_seconds=0.0, codegen_seconds=seconds, total_seconds=total, stored=stored)
     return module, record
 
@@ -148,8 +163,7 @@ def _warm(cache: CodegenCache, key: CacheKey, planned: Plan, start: float) -> tu
     memo = cache.fetch_kept(_MEMO_PREFIX + key.digest, ir=planned.original, count=False)
     if memo is not None:
         record: BuildRecord = memo[1]["record"]
-        _count_parts(cache, "hits_memory", record)
-        _emit("memory", key, key_seconds, start, record.codegen_seconds)
+        _served(cache, "memory", key, key_seconds, start, record.codegen_seconds)
         return memo[0], BuildRecord("memory", key, record.host, record.devices, record.codegen_seconds)
     index = read_index(cache, key)
     if index is None:
@@ -160,7 +174,7 @@ def _warm(cache: CodegenCache, key: CacheKey, planned: Plan, start: float) -> tu
         return None
     record = BuildRecord("disk", key, host, devices, seconds)
     _remember(cache, key, module, planned, record)
-    _emit("disk", key, key_seconds, start, seconds)
+    _served(cache, "disk", key, key_seconds, start, seconds)
     return module, record
 
 
@@ -168,31 +182,23 @@ def serve_parts(cache: CodegenCache, host: BuildPart, devices: tuple[BuildPart, 
                 named_exactly: bool = False) -> Module | None:
     """The module a build made, from its parts' entries (device modules imported), or None if one is missing.
 
-    named_exactly: the parts were named by an entry verify=True checked exactly (CodegenCache.fetch).
+    The parts are not counted: they are what the caller's one hit served. named_exactly: the
+    parts were named by an entry verify=True checked exactly (CodegenCache.fetch).
     """
     modules = []
     for part in devices:
-        found = cache.fetch(part.digest, part.mode, codegen=part.codegen, named_exactly=named_exactly)
+        found = cache.fetch(part.digest, part.mode, count=False, named_exactly=named_exactly)
         if found is None:
             return None
         modules.append(found[0])
     # The host module gets the device modules as imports: it must be a copy nobody else holds.
-    found = cache.fetch(host.digest, host.mode, fresh=bool(modules), codegen=host.codegen, named_exactly=named_exactly)
+    found = cache.fetch(host.digest, host.mode, fresh=bool(modules), count=False, named_exactly=named_exactly)
     if found is None:
         return None
     module = found[0]
     for device_module in modules:
         module.import_module(device_module)
     return module
-
-
-def _count_parts(cache: CodegenCache, counter: str, record: BuildRecord) -> None:
-    """A build served whole counts a hit per codegen result it holds, as lowering them would."""
-    stats = cache.counters
-    for part in (*record.devices, record.host):
-        stats.add_for(part.codegen, part.mode, counter)
-    if record.codegen_seconds:
-        stats.add("saved_seconds", record.codegen_seconds)
 
 
 def _remember(cache: CodegenCache, key: CacheKey, module: Module, planned: Plan, record: BuildRecord) -> None:
@@ -202,7 +208,9 @@ def _remember(cache: CodegenCache, key: CacheKey, module: Module, planned: Plan,
     cache.keep(_MEMO_PREFIX + key.digest, module, original, {"key": key.digest, "record": record})
 
 
-def _emit(tier: str, key: CacheKey, key_seconds: float, start: float, saved: float) -> None:
+def _served(cache: CodegenCache, tier: str, key: CacheKey, key_seconds: float, start: float, saved: float) -> None:
+    """A build served whole: one hit of `tier` saving the build's codegen seconds, counted as its outcome says."""
+    cache.counters.add_hit(*_ROW, tier, saved)
     total = time.perf_counter() - start
     emit(tier=tier, key=key.digest, codegen="build", mode="build", key_seconds=key_seconds,
          load_seconds=total - key_seconds, codegen_seconds=saved, total_seconds=total)
@@ -216,10 +224,7 @@ def _cold(cache: CodegenCache | None, registry: DeviceCodegenRegistry, planned: 
     if tvm.ir.transform.PassContext.current().config.get("tirx.disable_assert", False):
         skip = tvm.tirx.transform.SkipAssert()
         host_all, device_mods = skip(host_all), [(t, skip(m)) for t, m in device_mods]
-    # Each later module's hash is computed beside the codegen of those before it.
-    later = [m for _t, m in device_mods[1:]] + [host_all] if cache is not None and device_mods else []
-    with ir_hashes_ahead(later):
-        return _codegens(cache, registry, planned, host_all, device_mods)
+    return _codegens(cache, registry, planned, host_all, device_mods)
 
 
 def _codegens(cache: CodegenCache | None, registry: DeviceCodegenRegistry, planned: Plan, host_all: IRModule,

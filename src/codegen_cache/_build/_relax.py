@@ -32,6 +32,11 @@ pipeline given as a Pass or callable, a PassContext with instruments, params tha
 tensors, a codegen that reads an input no key can hold, a registration no identity stands for
 (warned once per registration, with the way to declare a salt). Not stored: an executable that
 imports other modules than the library its one build made (external BYOC modules).
+
+Counted as one call in the row "relax.build/model" (_cache/_stats.py): a hit with the codegen
+seconds of the model's library, or a miss, whose TIR build and codegen lowerings count only
+their work (codegen runs, stores). A compile the model key cannot hold is not counted here:
+its TIR build counts as a call of its own.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ import xxhash
 from .. import _compat
 from .._artifacts import Artifact, frame
 from .._cache import CodegenCache
+from .._cache._stats import counted_as_one
 from .._cache._tiers import ir_digest
 from .._cache._writer import writer
 from .._compat import IRModule, Module, Target, tvm
@@ -71,6 +77,8 @@ logger = logging.getLogger(__name__)
 # Bump when the entry's layout or the model key's parts change.
 MODEL_FORMAT = "2"
 _MEMO_PREFIX = "relax:"
+# The row a Relax compile's one count goes to (Outcome.codegen and .mode of a compile).
+_ROW = ("relax.build", "model")
 _PIPELINE_TYPES = (str, type(None))
 
 
@@ -186,14 +194,17 @@ def relax_build(original: Callable[..., Any], cache: CodegenCache, mod: Any, tar
     snapshot = mod.clone() if hasattr(mod, "clone") else mod  # the pipeline may not change the caller's module
     # The background writer waits until the compile returns: its SQLite work and the llvm
     # upgrader it starts would take the cores the pipeline runs on (every entry is staged first).
+    cache.counters.add_call(*_ROW, "misses")
     with writer.hold():
-        with capture_builds() as builds:
+        with capture_builds() as builds, counted_as_one():
             executable = original(mod, target, **call)
+        # What a hit of this model will save; of it, this compile ran only the builds that were not served.
         seconds = sum(record.codegen_seconds for record, _module in builds)
+        ran = sum(record.codegen_seconds for record, _module in builds if record.tier in ("codegen", "uncached"))
         stored = _store(cache, key, executable, builds, snapshot, params, seconds)
     total = time.perf_counter() - start
     emit(tier="codegen", key=key.digest, codegen="relax.build", mode="model", key_seconds=key_seconds, load_seconds=0.0,
-         codegen_seconds=seconds, total_seconds=total, stored=stored)
+         codegen_seconds=ran, total_seconds=total, stored=stored)
     return executable
 
 
@@ -202,8 +213,7 @@ def _warm(cache: CodegenCache, key: CacheKey, mod: IRModule, params: Any, key_se
     if memo is not None:
         meta = memo[1]
         executable = _executable(meta["executable"], memo[0])
-        _count(cache, "hits_memory", meta["record"])
-        _emit("memory", key, key_seconds, start, meta["record"].codegen_seconds)
+        _served(cache, "memory", key, key_seconds, start, meta["record"].codegen_seconds)
         return executable
     entry = _read(cache, key)
     if entry is None:
@@ -217,8 +227,7 @@ def _warm(cache: CodegenCache, key: CacheKey, mod: IRModule, params: Any, key_se
         return None  # a part was evicted: compile again (and store it anew)
     executable = _executable(data, library)
     _remember(cache, key, mod.clone(), data, library, record)
-    _count(cache, "hits_disk", record)
-    _emit("disk", key, key_seconds, start, record.codegen_seconds if record is not None else 0.0)
+    _served(cache, "disk", key, key_seconds, start, record.codegen_seconds if record is not None else 0.0)
     return executable
 
 
@@ -230,17 +239,9 @@ def _executable(data: bytes, library: Module | None) -> Any:
     return tvm.relax.VMExecutable(module)
 
 
-def _count(cache: CodegenCache, counter: str, record: BuildRecord | None) -> None:
-    """A model served whole counts a hit per codegen result it holds, as codegen_cache.build does."""
-    if record is None:
-        return
-    stats = cache.counters
-    for part in (*record.devices, record.host):
-        stats.add_for(part.codegen, part.mode, counter)
-    stats.add("saved_seconds", record.codegen_seconds)
-
-
-def _emit(tier: str, key: CacheKey, key_seconds: float, start: float, saved: float) -> None:
+def _served(cache: CodegenCache, tier: str, key: CacheKey, key_seconds: float, start: float, saved: float) -> None:
+    """A model served whole: one hit of `tier` saving its library's codegen seconds, counted as its outcome says."""
+    cache.counters.add_hit(*_ROW, tier, saved)
     total = time.perf_counter() - start
     emit(tier=tier, key=key.digest, codegen="relax.build", mode="model", key_seconds=key_seconds,
          load_seconds=total - key_seconds, codegen_seconds=saved, total_seconds=total)

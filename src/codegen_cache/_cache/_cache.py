@@ -439,8 +439,9 @@ class CodegenCache:
         the caller may change (import_module). With verify=True nothing is served by digest
         alone (`ir` is required), unless named_exactly: the digest was read from an entry that
         verify checked exactly (a model entry whose input digest matched), and the 128-bit
-        digest names the entry that build stored. A hit is counted (for `codegen`, when given),
-        unless count=False.
+        digest names the entry that build stored. A hit is counted as one call (in the row of
+        `codegen`, when given, else "fetch"), unless count=False: codegen_cache.build and the model
+        cache read their parts with count=False and count their own call once.
         """
         if mode not in ENTRY_STORES:
             raise ValueError(f"unknown mode {mode!r}; expected one of {ENTRY_STORES}")
@@ -661,7 +662,7 @@ class CodegenCache:
         function = _mode_function(codegen, compile_device)
         if function is None:
             codegen._func_for(target, compile_device)  # noqa: SLF001 - raises the seed's ValueError
-        self._stats.add_for(codegen.name, mode, "uncached_cheap")
+        self._stats.add_call(codegen.name, mode, "uncached_cheap")
         module = run_uncached(codegen.name, mode, lambda: function(mod, target), start)
         self._budget.ran(codegen.name, mode, time.perf_counter() - start)
         return module
@@ -669,7 +670,7 @@ class CodegenCache:
     def _run_uncached(self, codegen: Any, mod: Any, target: Target, compile_device: bool, mode: str,
                       start: float, *, count: bool = True) -> Module:
         if count:
-            self._stats.add_for(codegen.name, mode, "uncacheable")
+            self._stats.add_call(codegen.name, mode, "uncacheable")
         if isinstance(codegen, DeviceCodegen):
             return run_uncached(codegen.name, mode, lambda: _mode_function(codegen, compile_device)(mod, target), start)
         return run_uncached(codegen.name, mode, lambda: codegen.lower(mod, target, compile_device=compile_device),
@@ -687,7 +688,7 @@ class CodegenCache:
             self._count_collision(key.digest)
         # One fstat per miss (not per hit): a directory removed under us gets its counts anew.
         self._stats.check_directory()
-        self._stats.add_for(codegen.name, mode, "misses")
+        self._stats.add_call(codegen.name, mode, "misses")
         # A codegen only memory pays for fails as cheaply as a remembered failure is raised: its
         # failures are neither read nor written (the exception is the codegen's own either way).
         if not self.settings.recache and plan.disk:
@@ -711,7 +712,7 @@ class CodegenCache:
                     self._flight.release(held)
             if isinstance(found, Hit):
                 # Built by another process while we waited: a hit, not a miss.
-                self._stats.add_for(codegen.name, mode, "misses", -1)
+                self._stats.add_call(codegen.name, mode, "misses", -1)
                 self._memory_tier.put(found.entry)
                 return self._served(found, codegen.name, mode, key.digest, key_seconds, start)
         before = parts_of(mod)
@@ -775,13 +776,9 @@ class CodegenCache:
         if not isinstance(hit, Hit):
             return None
         if count:
+            # A call of its own: one hit in its row (the codegen's, else "fetch"), so totals stay the rows' sum.
             saved = float(hit.entry.meta.get("build_seconds", 0.0))
-            if codegen is not None:
-                self._stats.add_for(codegen, mode or "compiled", f"hits_{hit.tier}")
-                self._stats.add_for(codegen, mode or "compiled", "saved_seconds", saved)
-            else:
-                self._stats.add(f"hits_{hit.tier}")
-                self._stats.add("saved_seconds", saved)
+            self._stats.add_hit(codegen or "fetch", mode or "kept", hit.tier, saved)
         _artifacts.keep_answering(hit.entry.module)
         return hit.entry.module, hit.entry.meta
 

@@ -3,8 +3,15 @@
 The builder holds the key's lock (`_storage._locks`) until its entry is staged; a waiter
 blocks on the lock and, once it gets it, looks again (`recheck`): the entry is there, or the
 builder died and the waiter builds. Waiting is bounded by `lease_wait`; past it the waiter
-builds without the lock, with a warning. A codegen that asks for the key its own thread is
-building (it lowers its own input again) gets ReentrantLoweringError at once, not a wait on itself.
+builds without the lock, with a warning. Only a live build makes others wait: a holder seen
+stopped for STOPPED_GRACE seconds (SIGSTOP, Ctrl-Z, a debugger) is passed over as a dead one
+would be, with a warning naming it; the waiters then go single-flight again under the key's
+next lock ("<digest>~1", up to _TAKEOVERS of them), so one of them builds. A stopped holder
+that is continued finishes its build and stores an entry under the same key, of the same input:
+the last store stays, and either is the module that key names.
+
+A codegen that asks for the key its own thread is building (it lowers its own input again)
+gets ReentrantLoweringError at once, not a wait on itself.
 
 Across hosts that share a remote, the local lock's holder also takes the key's build lease in
 the remote (`FleetFlight`): the OS lock stays per machine, the lease makes one builder per
@@ -23,7 +30,7 @@ from typing import Any, Generic, TypeVar
 from .._errors import ReentrantLoweringError
 from .._forksafe import on_fork_child
 from .._storage._leases import new_token
-from .._storage._locks import Held, KeyLocks
+from .._storage._locks import Held, Holder, KeyLocks
 
 __all__ = ["FleetFlight", "Lease", "SingleFlight", "keeper"]
 
@@ -34,6 +41,8 @@ T = TypeVar("T")
 # A waiter polls the remote for another host's entry this often, from the first to the last
 # (about the build time of a small kernel, then a few times a second).
 _FIRST_REMOTE_POLL, _MAX_REMOTE_POLL = 0.005, 0.1
+# How many stopped holders of one key in a row are passed over before building without a lock.
+_TAKEOVERS = 4
 
 
 class _ThisThread(threading.local):
@@ -74,14 +83,9 @@ class SingleFlight(Generic[T]):
         if digest in _this_thread.building:
             _this_thread.reentered.add(digest)
             raise ReentrantLoweringError(codegen, digest)
-        held = self.locks.acquire(digest, wait=0.0)
+        held = self._lock(digest)
         if held is None:
-            self._count("lease_waits")
-            held = self.locks.acquire(digest, wait=self.wait)
-            if held is None:
-                logger.warning("codegen cache: waited %.0fs for another process to build %s; building here",
-                               self.wait, digest[:16])
-                return None, None
+            return None, None
         # Between our lookup and the lock, someone may have stored it (that is why we waited).
         found = recheck()
         if found is not None:
@@ -89,6 +93,28 @@ class SingleFlight(Generic[T]):
             return None, found
         _this_thread.building[digest] = held
         return held, None
+
+    def _lock(self, digest: str) -> Held | None:
+        """The key's lock (or the next one, past stopped holders); None: build without one."""
+        deadline = time.monotonic() + self.wait
+        for takeover in range(_TAKEOVERS + 1):
+            name = digest if takeover == 0 else f"{digest}~{takeover}"
+            held = self.locks.acquire(name, wait=0.0)
+            if held is None:
+                if takeover == 0:
+                    self._count("lease_waits")
+                held = self.locks.acquire(name, wait=max(0.0, deadline - time.monotonic()))
+            if isinstance(held, Holder):
+                logger.warning("codegen cache: %s holds the build lock of %s but has been stopped for %.0fs "
+                               "(SIGSTOP, Ctrl-Z, a debugger); not waiting for it any longer",
+                               held.describe(), digest[:16], time.monotonic() - (held.stopped_since or 0.0))
+                continue
+            if held is None:
+                found = self.locks.holder(name)
+                logger.warning("codegen cache: waited %.0fs for %s to build %s; building here", self.wait,
+                               found.describe() if found is not None else "another process", digest[:16])
+            return held
+        return None
 
     @staticmethod
     def reentered(digest: str) -> bool:

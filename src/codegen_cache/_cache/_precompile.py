@@ -43,29 +43,28 @@ def precompile_cuda(cache: CodegenCache, mod: IRModule, target: TargetLike, code
         # Present is enough: on this host the entry cannot be loaded (no driver), only kept.
         return cache.entry_blob("compiled", digest)
 
-    count = cache.counters.add_for
+    stats = cache.counters
+    count = stats.add_for
 
     def hit(blob: bytes) -> str:
         # Found, so nvcc did not run: a hit, as ccache counts one, saving the recorded compile time.
-        count(codegen.name, "compiled", "hits_disk")
         try:
             saved = float(read_meta(blob)[1].get("build_seconds") or 0.0)
         except (ArtifactError, TypeError, ValueError):
             saved = 0.0  # a bad entry: the cache drops it when it is read
-        if saved:
-            count(codegen.name, "compiled", "saved_seconds", saved)
+        stats.add_hit(codegen.name, "compiled", "disk", saved)
         return digest
 
     found = None if cache.settings.recache else stored()
     if found:
         return hit(found)
-    count(codegen.name, "compiled", "misses")
+    stats.add_call(codegen.name, "compiled", "misses")
     held = promote = None
     if not cache.settings.recache:
         held, found = flight.begin(digest, stored)
         if found:
             # Compiled by another process while we waited: a hit, not a miss.
-            count(codegen.name, "compiled", "misses", -1)
+            stats.add_call(codegen.name, "compiled", "misses", -1)
             return hit(found)
     try:
         t0 = time.perf_counter()

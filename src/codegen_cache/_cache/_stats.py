@@ -1,22 +1,36 @@
-"""The cache's counters: what each lowering did, per tier and per codegen and mode.
+"""The cache's counters: what each call did, per tier and per row (codegen and mode).
 
-Every lowering counts exactly one of: a hit (of the tier that served it), a miss (the codegen
-ran or a remembered failure was raised), uncacheable (the cache stepped aside: an input it
-cannot key, a user's callback without a declared salt), or uncached_cheap (no tier pays for
-that codegen's runs: `_budget.py`; no key was computed). On a cold run misses = codegen_runs =
-stores + memory_only (misses kept in memory only: a disk hit would cost more than the codegen run).
+A *call* is what a user (or TVM, through the switch) asked of the cache: a kernel lowering
+(`CodegenCache.lower`: row "<codegen>/<mode>"), a TIR build (`codegen_cache.build`,
+`tvm.tirx.build` under the switch: row "build/build"), a Relax compile (`tvm.compile` /
+`relax.build` under the switch: row "relax.build/model"). Each call counts exactly one of, in
+its row: a hit (of the tier that served it, with the codegen seconds it saved), a miss (it was
+compiled, or a remembered failure was raised), uncacheable (the cache stepped aside: an input
+it cannot key, a user's callback without a declared salt), or uncached_cheap (no tier pays for
+that codegen's runs: `_budget.py`; no key was computed). The calls a counted call makes (the
+TIR build and codegen lowerings of a Relax compile that missed; the lowerings of a build that
+missed) are parts of its one count, so they count no hit or miss of their own
+(`counted_as_one`); the work they do is counted where it happens: codegen runs, their seconds,
+stores, each in the row of the codegen that ran. A call that cannot be keyed at its own level
+(a Relax module with an input the model key cannot hold) is not counted there: the calls it
+makes are counted as if made directly. So one compile is one hit or one miss, a hit's saved
+seconds are counted once, and every total of the hits, misses and seconds is the sum of its
+rows. `Outcome` (_outcome.py) of a call names the tier its count was made under.
 The counts live in `_storage._counters` (a mapped file per process, folded into `<dir>/stats.sqlite`), so
 they survive the process and need no flushing.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._storage._counters import CounterTable
 
-__all__ = ["BREAKDOWN", "COUNTERS", "CacheStats", "StatsRecorder"]
+__all__ = ["BREAKDOWN", "COUNTERS", "CacheStats", "StatsRecorder", "counted_as_one"]
 
 COUNTERS = (
     "hits_memory",
@@ -134,6 +148,20 @@ class CacheStats:
         return cls(**values, errors=errors, by_codegen=by, zeroed_at=zeroed_at)  # type: ignore[arg-type]
 
 
+# True inside a call that is counted as a whole: the calls it makes count no hit or miss.
+_inside_counted: contextvars.ContextVar[bool] = contextvars.ContextVar("codegen_cache_inside_counted", default=False)
+
+
+@contextlib.contextmanager
+def counted_as_one() -> Iterator[None]:
+    """Inside the block, calls through the cache are parts of the enclosing call's one count."""
+    token = _inside_counted.set(True)
+    try:
+        yield
+    finally:
+        _inside_counted.reset(token)
+
+
 class StatsRecorder:
     """Counts lowerings of one cache directory (this process's, and every process's)."""
 
@@ -158,6 +186,14 @@ class StatsRecorder:
         if self.table is not None:
             self.table.add_many(((name, amount), (self._by(codegen, mode, name), amount)))
 
+    def add_call(self, codegen: str, mode: str, name: str, amount: float = 1) -> None:
+        """Count a call's outcome other than a hit (misses, uncacheable, uncached_cheap) in its row.
+
+        Not counted inside a call counted as a whole (counted_as_one).
+        """
+        if self.table is not None and not _inside_counted.get():
+            self.table.add_many(((name, amount), (self._by(codegen, mode, name), amount)))
+
     def add_codegen_run(self, codegen: str, mode: str, seconds: float) -> None:
         """Count a codegen run and its seconds (one lock for the four counts)."""
         if self.table is not None:
@@ -165,8 +201,11 @@ class StatsRecorder:
                                  ("codegen_seconds", seconds), (self._by(codegen, mode, "codegen_seconds"), seconds)))
 
     def add_hit(self, codegen: str, mode: str, tier: str, saved: float) -> None:
-        """Count a hit served by `tier` and the codegen seconds it saved (one lock for the four counts)."""
-        if self.table is None:
+        """Count a call's hit served by `tier` and the codegen seconds it saved, in its row (one lock).
+
+        Not counted inside a call counted as a whole (counted_as_one).
+        """
+        if self.table is None or _inside_counted.get():
             return
         names = self._hit_names.get((codegen, mode, tier))
         if names is None:

@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 EXIT_SECONDS = 5.0
 POLL_SECONDS = 0.05
+WAIT_POLL_SECONDS = 0.005  # how often wait() looks at the queue
 IDLE_SECONDS = 5.0
 HOLD_SECONDS = 10.0  # the longest a hold keeps the oldest queued job waiting
 Job = Callable[[], None]
@@ -63,7 +64,7 @@ class Writer:
         self._thread: threading.Thread | None = None
         self._asleep = False
         self._holds = 0  # hold() blocks open now (a fork child starts with none: its jobs are its own)
-        self._waiters = 0  # wait() calls in progress: they end any hold
+        self._waiting: list[object] = []  # a token per wait() call in progress: they end any hold
         self._queued_at: collections.deque[float] = collections.deque()  # time.monotonic() of each job
         self.failures = 0
 
@@ -93,7 +94,7 @@ class Writer:
 
     def _held(self) -> bool:
         # Called with the lock held.
-        if not self._holds or self._waiters:
+        if not self._holds or self._waiting:
             return False
         return not self._queued_at or time.monotonic() - self._queued_at[0] < HOLD_SECONDS
 
@@ -105,29 +106,29 @@ class Writer:
     def wait(self, timeout: float | None = None) -> bool:
         """Until every job is done or `timeout` seconds passed; True when the queue drained."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        # The lock itself is taken within the timeout too: a KeyboardInterrupt that lands between
-        # another `with` block's acquire and its body leaves the lock held for good, and the exit
-        # (which waits here) must still end within its EXIT_SECONDS.
-        if not self._cond.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
-            return False
+        # The caller never takes the lock: it looks at the queue (the thread counts a job as
+        # running before it takes it off the queue) and sleeps. A KeyboardInterrupt (Ctrl-C, a
+        # Jupyter interrupt) raised in Condition.wait can come after the lock was given up and
+        # before it was taken again, and the waiter's release then freed the lock the thread
+        # held: the thread died at its own release, with every queued job (stores, upgrade
+        # requests) left undone. One raised between an acquire and its `try` would leave the lock
+        # held for good, and the exit (which waits here) must end within EXIT_SECONDS whatever
+        # the lock's state.
+        token = object()
+        self._waiting.append(token)  # a hold must not make a flush (or the exit) wait for nothing
         try:
-            self._waiters += 1  # a hold must not make a flush (or the exit) wait for nothing
-            try:
-                self._cond.notify_all()  # a polling thread starts now rather than at its next look
-                while self._jobs or self._running:
-                    if self._thread is None or not self._thread.is_alive():
-                        # Nothing will run them (the thread could not start): the jobs are extras,
-                        # their entries are on disk already.
-                        return False
-                    remaining = None if deadline is None else deadline - time.monotonic()
-                    if remaining is not None and remaining <= 0:
-                        return False
-                    self._cond.wait(remaining if remaining is None else min(remaining, 0.5))
-                return True
-            finally:
-                self._waiters -= 1
+            while self._jobs or self._running:
+                if self._thread is None or not self._thread.is_alive():
+                    # Nothing will run them (the thread could not start): the jobs are extras,
+                    # their entries are on disk already.
+                    return False
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                time.sleep(WAIT_POLL_SECONDS if remaining is None else min(remaining, WAIT_POLL_SECONDS))
+            return True
         finally:
-            self._cond.release()
+            self._waiting.remove(token)
 
     def _loop(self) -> None:
         cond = self._cond
@@ -143,9 +144,9 @@ class Writer:
                         cond.wait()
                     finally:
                         self._asleep = False
+                self._running += 1  # before the job leaves the queue: wait() reads both without the lock
                 job = self._jobs.popleft()
                 self._queued_at.popleft()
-                self._running += 1
             try:
                 job()
             except Exception:  # noqa: BLE001 - the thread outlives any one job's failure

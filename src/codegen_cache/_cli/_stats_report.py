@@ -1,5 +1,7 @@
 """`codegen-cache stats`: entries and bytes per store, the counters as ccache shows them, and
-with -v the counters per codegen and mode."""
+with -v the counters per row (codegen and mode; "build/build" a TIR build, "relax.build/model" a
+Relax compile), each call counted once in one row (_cache/_stats.py), and their sum, which is
+the summary's hits, misses, codegen runs, stores and time saved."""
 
 from __future__ import annotations
 
@@ -72,7 +74,7 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     print(f"misses      {c['misses']:>8}   hit rate {rate}")
     print(f"codegen runs{c['codegen_runs']:>8}   codegen time {fmt_seconds(c['codegen_seconds'])}")
     print(f"stores      {c['stores']:>8}   skipped {c['stores_skipped']}")
-    print(f"time saved  {fmt_seconds(c['saved_seconds']):>8}   (codegen time of the entries that hit)")
+    print(f"time saved  {fmt_seconds(c['saved_seconds']):>8}   (codegen time of the calls served, once each)")
     other = [(name, c[name]) for name in OTHER_COUNTERS if c.get(name)]
     for i, (name, value) in enumerate(other):
         print(f"{'other' if i == 0 else '':<12}{name} {value}: {OTHER_COUNTERS[name]}")
@@ -87,12 +89,15 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _breakdown(by_codegen: dict[str, dict[str, float]]) -> list[str]:
-    """The per codegen and mode table of `stats -v`."""
+    """The per codegen and mode table of `stats -v`, with a last row of their sums (the summary's values)."""
     if not by_codegen:
         return ["per codegen and mode: nothing counted yet"]
+    counts = ("hits", "misses", "codegen_runs", "stores", "uncacheable")
     rows = [["CODEGEN", "MODE", "HITS", "MISSES", "CODEGEN RUNS", "STORES", "UNCACHEABLE", "CODEGEN TIME", "SAVED"]]
     for pair, row in sorted(by_codegen.items()):
         codegen, _, mode = pair.rpartition("/")
-        rows.append([codegen, mode, *(str(int(row[n])) for n in ("hits", "misses", "codegen_runs", "stores", "uncacheable")),
+        rows.append([codegen, mode, *(str(int(row[n])) for n in counts),
                      fmt_seconds(row["codegen_seconds"]), fmt_seconds(row["saved_seconds"])])
+    rows.append(["total", "", *(str(int(sum(row[n] for row in by_codegen.values()))) for n in counts),
+                 *(fmt_seconds(sum(row[n] for row in by_codegen.values())) for n in ("codegen_seconds", "saved_seconds"))])
     return fmt_table(rows, right=set(range(2, 9)))

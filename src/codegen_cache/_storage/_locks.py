@@ -9,6 +9,14 @@ when the holder dies, as a flock; threads of one process share the description, 
 of the keys this process holds keeps them apart. Two keys share a byte (one then waits for the
 other's build) with probability 2^-62.
 
+A holder that is alive but stopped (SIGSTOP, Ctrl-Z, a debugger at a breakpoint, a paused
+container) keeps its lock, so the kernel alone would make every waiter wait for it. The holder
+of a byte also marks it with its process id (`_holders.py`); a waiter looks at that process four
+times a second, says whom it waits for, and passes over one seen stopped for STOPPED_GRACE
+seconds as it would a dead one (`acquire` answers that `Holder`; the caller builds under
+another lock). Where no holder can be named (another pid namespace, another user's process,
+the per-key files below) the waiter waits as before, up to its bound.
+
 Elsewhere, or where the file system refuses those locks, a builder holds `flock(LOCK_EX)` on
 `<dir>/locks/<key>` from its miss until its entry is written. The kernel drops the lock when the holder dies (kill -9, SIGTERM, os._exit), so no
 heartbeat, process-id probe or expiry is needed, and a planted or stale file holds nothing:
@@ -35,8 +43,9 @@ import xxhash
 
 from .._forksafe import on_fork_child
 from ._faults import FILE_MODE, ensure_dir, real_dir
+from ._holders import STOPPED_GRACE, Holder, has_open, look, mark
 
-__all__ = ["Held", "KeyLocks"]
+__all__ = ["STOPPED_GRACE", "Held", "Holder", "KeyLocks"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +56,8 @@ RANGES_FILE = "keys"
 # struct flock (Linux): l_type, l_whence, l_start, l_len, l_pid (0 for an OFD lock), padding
 _FLOCK = struct.Struct("hhqqi4x")
 _BUSY = (errno.EAGAIN, errno.EACCES)
+_LOOK_EVERY = 0.25  # how often a waiter looks at the holder
+_SAY_AFTER = 10.0  # a wait this long is said at WARNING (once per holder), naming the holder
 
 
 def _offset(key: str) -> int:
@@ -93,9 +104,10 @@ class KeyLocks:
         self._ranges = None if self._ranges != -1 else -1
         self._lock = threading.Lock()
 
-    def acquire(self, key: str, *, wait: float) -> Held | None:
+    def acquire(self, key: str, *, wait: float) -> Held | Holder | None:
         """Lock `key`, waiting up to `wait` seconds for a live holder; None when the wait ran out.
 
+        A Holder: the holder was seen stopped for STOPPED_GRACE seconds (not waited for further).
         A lock that cannot be taken at all (unwritable directory, a non-file planted at the
         path) gives a Held with fd -1: build without single-flight rather than block.
         """
@@ -131,12 +143,13 @@ class KeyLocks:
                 return held
             os.close(fd)  # the holder removed this file as we locked it: lock the new one
 
-    def _acquire_byte(self, key: str, wait: float) -> Held | None | bool:
+    def _acquire_byte(self, key: str, wait: float) -> Held | Holder | None | bool:
         """Lock `key`'s byte of the shared file; False where that cannot be done (use a file per key)."""
         path = os.path.join(self.directory, RANGES_FILE)
         offset = _offset(key)
         start = time.monotonic()
         poll = _FIRST_POLL
+        holder, next_look = None, start + _LOOK_EVERY
         while True:
             with self._lock:
                 fd = self._ranges_fd(path)
@@ -154,12 +167,34 @@ class KeyLocks:
                             return False
                     else:
                         self._busy[key] = fd
+                        mark(fd, offset, fcntl.F_WRLCK)
                         return Held(fd, path, time.monotonic() - start, key)
-            elapsed = time.monotonic() - start
+            now = time.monotonic()
+            if now >= next_look:
+                next_look = now + _LOOK_EVERY
+                found = look(fd, offset, holder, now)
+                if found is not None and found is not holder:
+                    logger.info("codegen cache: waiting for %s, which holds the build lock of %s",
+                                found.describe(), key[:16])
+                holder = found
+                if holder is not None and not holder.said and time.time() - holder.since >= _SAY_AFTER:
+                    holder.said = True
+                    logger.warning("codegen cache: still waiting for %s, which holds the build lock of %s",
+                                   holder.describe(), key[:16])
+                if holder is not None and holder.stopped_since is not None \
+                        and now - holder.stopped_since >= STOPPED_GRACE and has_open(holder.pid, fd):
+                    return holder
+            elapsed = now - start
             if elapsed >= wait:
                 return None
             time.sleep(min(poll, wait - elapsed))
             poll = min(poll * 2, _MAX_POLL)
+
+    def holder(self, key: str) -> Holder | None:
+        """The process holding `key`'s lock as its marker names it, or None (not held, or not known)."""
+        with self._lock:
+            fd = self._ranges if self._ranges is not None and self._ranges >= 0 else -1
+        return look(fd, _offset(key), None, time.monotonic()) if fd >= 0 else None
 
     def _ranges_fd(self, path: str) -> int:
         """The shared file's descriptor (made on first use; reopened if the file was replaced)."""
@@ -230,6 +265,7 @@ class KeyLocks:
                 if self._busy.get(held.key) != held.fd:
                     return  # released already, or inherited across fork and forgotten
                 del self._busy[held.key]
+                mark(held.fd, _offset(held.key), fcntl.F_UNLCK)
                 try:
                     fcntl.fcntl(held.fd, _OFD_SETLK, _FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, _offset(held.key), 1, 0))
                 except OSError as err:

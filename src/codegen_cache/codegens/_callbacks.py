@@ -75,10 +75,6 @@ EXCLUDED_GLOBALS: dict[str, str] = {
 # tvm_ffi's own lookup: the same answer as tvm.get_global_func, faster (this runs several times
 # per key).
 _registered = _compat.tvm_ffi.get_global_func
-# Its Cython core, without the Python wrapper's call: callback_parts looks up every name on every
-# CUDA key, a memory hit included (what that saves: docs/maintaining.md, "What each one buys").
-# Where tvm-ffi lacks it, the public function; tests/test_private_internals.py fails if it goes.
-_lookup = getattr(getattr(_compat.tvm_ffi, "core", None), "_get_global_func", None) or _registered
 
 
 def callback_salts(*names: str) -> dict[str, str]:
@@ -93,7 +89,7 @@ def callback_parts(names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     compared by handle with the function the identity was computed from (held, so its address
     is not reused), and any declared salt invalidates it.
     """
-    funcs = [_lookup(name, True) for name in names]
+    funcs = [_registered(name, allow_missing=True) for name in names]
     memo = _parts_memo.get(names)
     if memo is not None and memo[0] == _generation[0] and _still(funcs, memo[1]):
         return memo[2]
