@@ -1,6 +1,6 @@
 """The commands that only read or tidy a cache directory start without TVM (as `ccache -s` does):
---version, config, stats, ls, show, clear, prune. What the CLI, the package and the cache layer
-import when they are imported must not import TVM; `_compat` imports it on first use."""
+--version, config, stats, ls, show, verify, clear, prune. What the CLI, the package and the cache
+layer import when they are imported must not import TVM; `_compat` imports it on first use."""
 
 from __future__ import annotations
 
@@ -116,11 +116,13 @@ _RUN = """
 import json, sys
 from codegen_cache._cli import main
 code = main(json.loads(sys.argv[1]))
-print(json.dumps({"code": code, "tvm": sorted(m for m in sys.modules if m.split(".")[0] in ("tvm", "tvm_ffi", "tilelang"))}))
+loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("tvm", "tvm_ffi", "tilelang"))
+print(json.dumps({"code": code, "tvm": loaded}))
 """
 
 COMMANDS = (["--version"], ["config"], ["stats"], ["stats", "-v"], ["ls"], ["show", "KEY"], ["show", "KEY", "--code"],
-            ["prune", "--older-than", "30d"], ["prune", "--max-size", "1G"], ["clear", "--failures"], ["clear"])
+            ["verify"], ["prune", "--older-than", "30d"], ["prune", "--max-size", "1G"], ["clear", "--failures"],
+            ["clear"])
 
 
 @pytest.fixture(scope="module")
