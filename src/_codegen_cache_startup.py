@@ -1,7 +1,13 @@
 """Interpreter start-up hook of tvm-codegen-cache: with CODEGEN_CACHE_ENABLE set, enable() once tvm is imported.
 
 `codegen_cache_enable.pth` (installed beside the package) imports this module only when the
-variable is set to something other than an explicit "off"; it costs a process nothing else.
+variable is set to something other than an explicit "off" and Python does not run isolated
+(`python -I`); it costs a process nothing else. This module imports nothing but `sys`, which
+every interpreter has loaded already, and holds only the finder: a process that never imports
+TVM pays for one small module (compiled at each start where no .pyc can be written) and one
+finder that declines every other name (benchmarks/bench_startup.py). What runs once tvm is
+imported is in _codegen_cache_turn_on.py.
+
 The hook is a meta-path finder that waits for the `tvm` package to finish importing, then
 calls codegen_cache's enable_from_environment(). Where tvm is imported from inside another
 watched package's import (tilelang imports its own TVM first; a module of codegen_cache imports
@@ -9,10 +15,7 @@ TVM), it waits for the outermost of them to finish. Nothing is imported before t
 process that never imports TVM never imports codegen_cache.
 """
 
-from __future__ import annotations
-
-import importlib.abc
-import sys
+import sys  # no `from __future__ import annotations`: that is a module import too
 
 _WATCHED = ("tvm", "tilelang", "codegen_cache")
 # codegen_cache imports TVM on first use, from whichever of its modules needs it first (one that
@@ -20,8 +23,13 @@ _WATCHED = ("tvm", "tilelang", "codegen_cache")
 _WATCHED_PREFIX = "codegen_cache."
 
 
-class _EnableAfterImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: wraps the loader of `tvm`/`tilelang` so that enable() runs after it."""
+class _EnableAfterImport:
+    """Finds nothing itself: wraps the loader of `tvm`/`tilelang` so that enable() runs after it.
+
+    A meta-path finder needs only find_spec (the import system duck-types it); subclassing
+    importlib.abc.MetaPathFinder would import tempfile, pathlib, random and re into every
+    process that has the variable set.
+    """
 
     def __init__(self) -> None:
         self.busy = False
@@ -56,9 +64,9 @@ class _EnableAfterImport(importlib.abc.MetaPathFinder):
             if self.running or "tvm" not in sys.modules:
                 return  # inside another watched import (or before tvm): enable when it is complete
             _uninstall()
-            from codegen_cache._switch import enable_from_environment
+            from _codegen_cache_turn_on import turn_on  # the rest, only where tvm is imported
 
-            enable_from_environment()
+            turn_on()
 
         loader.exec_module = exec_module
         return spec

@@ -48,19 +48,31 @@ def test_a_library_hit_answers_as_the_built_module(warm):
     assert np.array_equal(run_binary(hit), run_binary(built))
 
 
-def test_a_handle_tvm_hands_back_answers_as_the_hit_does(warm):
-    directory, mod, target = warm
-    hit = _library_hit(directory, mod, target)
+def _plain_handle(hit):
     holder = tvm.get_global_func("runtime.SourceModuleCreate")("", "c")  # any module that can import one
     holder.import_module(hit)
     plain = holder.imports[0]
     assert type(plain) is tvm.runtime.Module and plain.same_as(hit)
-    assert (plain.kind, plain.is_compilation_exportable()) == ("llvm", True)
+    return plain
+
+
+def test_a_handle_tvm_hands_back_answers_as_the_hit_does_while_the_switch_is_on(warm):
+    directory, mod, target = warm
+    hit = _library_hit(directory, mod, target)
+    plain = _plain_handle(hit)
+    assert (plain.kind, plain.is_compilation_exportable()) == ("library", False)  # TVM's own class, untouched
+    cc.enable(children=False)
+    try:
+        assert (plain.kind, plain.is_compilation_exportable()) == ("llvm", True)
+    finally:
+        cc.disable()
+    assert (plain.kind, plain.is_compilation_exportable()) == ("library", False)
+    assert (hit.kind, hit.is_compilation_exportable()) == ("llvm", True)  # the hit itself, always
 
 
 def test_other_modules_keep_their_own_answers(warm, tmp_path):
     directory, mod, target = warm
-    _library_hit(directory, mod, target)  # the methods are installed now
+    _library_hit(directory, mod, target)
     built = tvm.tirx.build(kernels.vadd, "llvm")
     built.export_library(str(tmp_path / "user.so"))
     loaded = tvm.runtime.load_module(str(tmp_path / "user.so"))
@@ -96,6 +108,6 @@ def test_the_registry_is_bounded_and_a_module_handed_out_again_is_registered_aga
     cache = cc.CodegenCache(directory)
     first = cache.lower(mod, target)  # a disk hit, kept in the memory tier
     others = [_library_hit(directory, mod, target) for _ in range(2)]
-    assert _as_built.record_of(first) is None and first.kind == "library"  # dropped: the oldest
-    assert cache.lower(mod, target) is first and first.kind == "llvm"  # a memory hit registers it again
+    assert _as_built.record_of(first) is None and first.kind == "llvm"  # dropped: the oldest; it still answers
+    assert cache.lower(mod, target) is first and _as_built.record_of(first) is not None  # a memory hit: again
     assert all(_as_built.record_of(o) is not None for o in others[1:])

@@ -64,7 +64,17 @@ def test_private_internals_benchmark_prints_every_pair():
     done = subprocess.run([sys.executable, str(script), "--rounds", "2"], capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     firsts = [line.split()[0] for line in done.stdout.splitlines()[:-1]]
-    assert firsts == ["env", "global", "key", "row", "1", "convert", "target"], done.stdout
+    assert firsts == ["env", "row", "1", "convert", "target"], done.stdout
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.slow
+def test_cleanup_benchmark_times_each_fast_path_against_its_plain_form():
+    script = RUN.with_name("bench_cleanup.py")
+    done = subprocess.run([sys.executable, str(script), "--rounds", "2", "--compile-rounds", "0"], capture_output=True,
+                          text=True, timeout=280)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert "source    as is" in done.stdout and "environ plain" in done.stdout, done.stdout
 
 
 @pytest.mark.timeout(300)

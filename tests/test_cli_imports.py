@@ -20,7 +20,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "codegen_cache"
 ROOTS = ("codegen_cache", "codegen_cache._cli._main", "codegen_cache._cli._commands", "codegen_cache._cli._inventory",
          "codegen_cache._cli._stats_report", "codegen_cache._cache._cache", "codegen_cache._storage._disk")
 # The names _compat defines without TVM; every other name of its __all__ imports TVM when read.
-TVM_FREE = {"ModuleMethods", "module_property_mask", "require_installed"}
+TVM_FREE = {"module_property_mask", "require_installed"}
 TVM_NAMES = set(_compat.__all__) - TVM_FREE
 
 

@@ -185,12 +185,10 @@ def test_disable_wins_over_enable_in_the_environment(tmp_path):
 
 @needs_hook
 @pytest.mark.slow
-def test_a_garbage_value_is_the_one_line_error_of_every_variable(tmp_path):
-    done = python("import tvm", env={"CODEGEN_CACHE_ENABLE": "maybe"}, check=False)
-    assert done.returncode != 0
-    assert done.stderr.strip().splitlines()[-1] == (
-        "codegen_cache._errors.ConfigError: invalid value 'maybe' for CODEGEN_CACHE_ENABLE: "
-        "expected one of 1, 0, true, false, yes, no, on, off")
+def test_a_garbage_value_is_a_warning_with_the_one_line_error_of_every_variable(tmp_path):
+    done = python("import tvm", env={"CODEGEN_CACHE_ENABLE": "maybe"})  # import tvm does not fail
+    assert "ConfigError: invalid value 'maybe' for CODEGEN_CACHE_ENABLE: " \
+           "expected one of 1, 0, true, false, yes, no, on, off" in done.stderr.strip().splitlines()[0]
 
 
 @needs_hook

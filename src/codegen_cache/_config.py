@@ -12,6 +12,7 @@ import functools
 import logging
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -37,6 +38,7 @@ __all__ = [
     "parse_bool",
     "parse_size",
     "redact_url",
+    "refuse_file_as_directory",
     "settings_from_env",
     "own_env_vars",
     "unknown_env_vars",
@@ -391,6 +393,16 @@ def own_env_vars(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 def unknown_env_vars(environ: Mapping[str, str] | None = None) -> list[str]:
     """CODEGEN_CACHE_* variables that are set but mean nothing (typos)."""
     return sorted(v for v in own_env_vars(environ) if v not in ENV_VARS)
+
+
+def refuse_file_as_directory(path: str | os.PathLike[str], name: str = "directory (CODEGEN_CACHE_DIR)") -> None:
+    """ConfigError where `path` exists and is not a directory (one stat, following links); a missing path is fine."""
+    try:
+        if stat.S_ISDIR(os.stat(path).st_mode):
+            return
+    except (OSError, ValueError):
+        return  # missing, or not examinable: the cache decides at first use (it makes it, or skips it)
+    raise ConfigError(name, os.fspath(path), "a directory (this path is a file)")
 
 
 def check_directory(path: str | os.PathLike[str], name: str = "CODEGEN_CACHE_DIR") -> Path:

@@ -43,6 +43,7 @@ __all__ = [
     "TargetPredicate",
     "allowed_device_codegens_for_target",
     "call_codegen_function",
+    "check_prepared",
     "codegen_function",
     "default_registry",
     "global_func_device_codegen",
@@ -126,6 +127,22 @@ def global_func_device_codegen(global_func_name: str) -> DeviceCodegenFunc:
     return build
 
 
+def check_prepared(where: str, mod: Any) -> None:
+    """A TypeError naming prepare_for_codegen when `mod` is a PrimFunc: a codegen takes the prepared module.
+
+    Any other input goes on to the codegen as it is (the cache cannot key it), as in the original.
+    """
+    if isinstance(mod, _compat.PrimFunc):
+        attrs = mod.attrs
+        symbol = attrs.get("global_symbol") if attrs is not None else None
+        named = f" {str(symbol)!r}" if symbol is not None else ""
+        raise TypeError(
+            f"{where} takes the IRModule a device codegen takes, got the PrimFunc{named}, unprepared: "
+            "prepare it first, `mod, target = codegen_cache.prepare_for_codegen(func, target)` "
+            "(TVM's TIR pipeline and host/device split), or build it whole with codegen_cache.build(func, target)"
+        )
+
+
 def call_codegen_function(name: str, func: Any, mod: Any, target: Any) -> Any:
     """func(mod, target), marked as this thread's codegen call of the global function `name`."""
     calling = getattr(_calling, "names", None)
@@ -192,6 +209,7 @@ class DeviceCodegen:
             raise TypeError(
                 f"compile_device must be a bool, got {compile_device!r} of type {type(compile_device).__name__}"
             )
+        check_prepared("DeviceCodegen.lower", mod)
         target = as_target(target)
         self._func_for(target, compile_device)  # a missing mode is an error before any lookup
         cache = active_cache()

@@ -8,6 +8,11 @@ While enabled, in this process (docs/tvm.md):
 | tvm.tirx.build (tvm.compile of TIR, tvm.driver.build, MetaSchedule's default builder) | codegen_cache.build: its build index, then every codegen call through the cache |
 | TVM's `target.build.<kind>` global functions (direct calls, TVM's own C++ callers) | the active cache's lowering with the registry's codegen |
 
+It also puts on tvm.runtime.Module the methods through which every handle of a cached llvm
+module answers as the built one (_artifacts/_module_methods.py). disable() puts every one of
+these back as it was, and a router someone kept while enabled (`from tvm.tirx import build`, a
+function registered over a router that calls it) calls TVM's own function from then on.
+
 Each entry point goes to TVM's own function, unchanged, wherever the cache steps aside: no
 cache is active (`use_cache(None)`, CODEGEN_CACHE_DISABLE=1), or the call cannot be keyed (a
 pipeline given as a Pass object, a PassContext with instruments, a module with Relax
@@ -27,14 +32,15 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from . import _compat, _context, _registry
+from . import _artifacts, _compat, _context, _registry
+from ._artifacts import as_built_root
 from ._build import build as cached_tirx_build
 from ._build._index import compile_device
 from ._build._reads import install_hooks, uninstall_hooks
 from ._build._relax import relax_build
 from ._cache import CodegenCache
 from ._compat import IRModule, PrimFunc, tvm_ffi
-from ._config import settings_from_env
+from ._config import refuse_file_as_directory, settings_from_env
 from ._forksafe import on_fork_child
 
 __all__ = ["disable", "enable", "enable_from_environment", "is_enabled"]
@@ -97,15 +103,20 @@ def enable(cache: CodegenCache | None = None, *, children: bool = True) -> None:
                 _export(DIR_VAR, str(cache.directory))
         if _state["on"]:
             return
-        if _compat.DISTRIBUTION == "tilelang":
-            from . import tilelang as tilelang_switch
+        try:
+            _artifacts.install_on_module()
+            if _compat.DISTRIBUTION == "tilelang":
+                from . import tilelang as tilelang_switch
 
-            tilelang_switch.enable()
-            _state["tilelang"] = True
-        else:
-            _patch_attributes()
-            _route_globals()
-            install_hooks()
+                tilelang_switch.enable()
+                _state["tilelang"] = True
+            else:
+                _patch_attributes()
+                _route_globals()
+                install_hooks()
+        except BaseException:
+            disable()  # never half enabled: what was replaced before the failure is put back
+            raise
         _state["on"] = True
         logger.debug("codegen cache: enabled for every TVM compile in this process")
 
@@ -118,9 +129,11 @@ def disable() -> None:
 
             tilelang_switch.disable()
             _state["tilelang"] = False
+        _state["on"] = False  # first: a router someone captured steps aside from here on
         uninstall_hooks()
         _restore_attributes()
         _unroute_globals()
+        _artifacts.uninstall_from_module()
         for name, before in _state["environ"].items():
             if before is None:
                 os.environ.pop(name, None)
@@ -128,18 +141,21 @@ def disable() -> None:
                 os.environ[name] = before
         _state["environ"] = {}
         _context.pin_default(None, unpin=True)
-        _state["on"] = False
 
 
 def enable_from_environment() -> bool:
     """enable() when CODEGEN_CACHE_ENABLE says so and CODEGEN_CACHE_DISABLE does not; True when enabled.
 
-    Run by the startup hook once `tvm` is imported; a value that is no boolean raises the
-    ConfigError every CODEGEN_CACHE_* variable gives.
+    Run by the start-up hook once `tvm` is imported. Every CODEGEN_CACHE_* value is parsed
+    first and a cache directory that is a file is refused (the ConfigError every variable
+    gives; the hook turns it into one warning): a setting the default cache would refuse at
+    the first compile keeps the switch off instead of failing that compile. Nothing else is
+    done here that `import codegen_cache` does not do: the cache's stores open at first use.
     """
     settings = settings_from_env()
     if not settings.enable or settings.disable:
         return False
+    refuse_file_as_directory(settings.directory)
     enable(children=False)  # the variable is set already: children inherit it as it is
     return True
 
@@ -154,6 +170,8 @@ def _export(name: str, value: str) -> None:
 
 
 def _active() -> CodegenCache | None:
+    if not _state["on"]:
+        return None  # a router captured while enabled (`from tvm.relax import build`, a wrapper) after disable()
     cache = _context.active_cache()
     if isinstance(cache, CodegenCache) and not cache.settings.disable and cache.trusted:
         return cache
@@ -166,17 +184,19 @@ def _relax_router(original: Callable[..., Any]) -> Callable[..., Any]:
         cache = _active()
         if cache is None:
             return original(mod, target, params, relax_pipeline, tir_pipeline, exec_mode, system_lib=system_lib)
-        return relax_build(original, cache, mod, target, params, relax_pipeline, tir_pipeline, exec_mode,
-                           system_lib=system_lib)
+        return as_built_root(relax_build(original, cache, mod, target, params, relax_pipeline, tir_pipeline,
+                                         exec_mode, system_lib=system_lib))
 
     return _wraps(build, original)
 
 
 def _tirx_router(original: Callable[..., Any]) -> Callable[..., Any]:
     def build(mod, target=None, pipeline="default"):
-        if _active() is None or not _tir_only(mod) or not isinstance(pipeline, (str, type(None))):
+        if _active() is None:
             return original(mod, target, pipeline)
-        return cached_tirx_build(mod, target, pipeline)
+        if not _tir_only(mod) or not isinstance(pipeline, (str, type(None))):
+            return as_built_root(original(mod, target, pipeline))  # its codegen calls still reach the cache
+        return as_built_root(cached_tirx_build(mod, target, pipeline))
 
     return _wraps(build, original)
 

@@ -1,8 +1,8 @@
 """Artifact bytes: the frame, one codec per module kind, the CUDA payload; nothing here pickles.
 
 The frame (`_frame`) and the scratch-name rule (`_private`) are imported with the package; the
-codecs and the module classes (`_codecs`, `_cuda`, `_llvm`: they import TVM) on the first use of
-one of their names, so that reading a cache directory's frames (codegen-cache ls, stats) needs
+codecs and the module classes (`_codecs`, `_cuda`, `_llvm`, `_module_methods`: they import TVM)
+on the first use of one of their names, so that reading a cache directory's frames (codegen-cache ls, stats) needs
 no TVM. Modules that are imported without TVM call them as `_artifacts.<name>(...)`.
 """
 
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
                           prepare, symbol_names, upgradable, upgrade)
     from ._cuda import CudaPayload
     from ._llvm import CachedIRModule, CachedLibraryModule, compiler_command, keep_answering
+    from ._module_methods import as_built_root, install_on_module, installed_on_module, uninstall_from_module
 
 __all__ = [
     "CODECS",
@@ -27,6 +28,7 @@ __all__ = [
     "HOT_META",
     "SCRATCH_PREFIX",
     "Artifact",
+    "as_built_root",
     "CachedIRModule",
     "CachedLibraryModule",
     "CudaPayload",
@@ -37,6 +39,8 @@ __all__ = [
     "encode_cuda_binary",
     "frame",
     "function_names",
+    "install_on_module",
+    "installed_on_module",
     "keep_answering",
     "needs_upgrade",
     "portable",
@@ -44,6 +48,7 @@ __all__ = [
     "read_meta",
     "symbol_names",
     "unframe",
+    "uninstall_from_module",
     "upgradable",
     "upgrade",
 ]
@@ -54,11 +59,13 @@ _LAZY = {
                      "prepare", "symbol_names", "upgradable", "upgrade"), "._codecs"),
     "CudaPayload": "._cuda",
     **dict.fromkeys(("CachedIRModule", "CachedLibraryModule", "compiler_command", "keep_answering"), "._llvm"),
+    **dict.fromkeys(("as_built_root", "install_on_module", "installed_on_module", "uninstall_from_module"),
+                    "._module_methods"),
 }
 
 
 def __getattr__(name: str) -> Any:
-    """A name of `_codecs`, `_cuda` or `_llvm`: imported now, a module attribute afterwards."""
+    """A name of `_codecs`, `_cuda`, `_llvm` or `_module_methods`: imported now, an attribute afterwards."""
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

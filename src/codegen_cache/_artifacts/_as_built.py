@@ -6,15 +6,17 @@ in name (SaveToBytes fails), so `export_library` fails on it and on every tree t
 (a Relax executable built from a hit). A Python subclass cannot help there: TVM hands back the
 modules of an import tree as plain `tvm.runtime.Module` objects.
 
-So the library modules the cache hands out are kept in a process-wide registry, by handle
-(`__chandle__()`), and a few methods of tvm.runtime.Module (`_module_methods`) answer for a
-registered handle as the built llvm module does: `kind`, the property mask, `inspect_source`,
-`write_to_file`, the functions only an llvm module has (`_get_target_string`, `__tvm_is_system_module`, ...) and
+So the module the cache hands out is of its own subclass, which answers as the built llvm
+module does (`_module_methods`): `kind`, the property mask, `inspect_source`, `write_to_file`,
+the functions only an llvm module has (`_get_target_string`, `__tvm_is_system_module`, ...) and
 `export_library`, which exports a copy of the tree in which each registered library is the llvm
 module parsed again from the stored IR (other nodes on the way are copied, never changed: another
-thread may be using the caller's tree). Every other module gets TVM's own method after one
-dictionary lookup. Modules parsed from IR (CachedIRModule, cross-target hits) are real llvm
-modules; they are registered for what parsing loses: the function names and the IR text.
+thread may be using the caller's tree). Those modules are also kept in a process-wide registry,
+by handle (`__chandle__()`): export finds them in a tree through it, and while the switch is on
+the same methods on tvm.runtime.Module answer for every registered handle (every other module
+gets TVM's own method after one dictionary lookup). Modules parsed from IR (CachedIRModule,
+cross-target hits) are real llvm modules; they answer as built for what parsing loses: the
+function names and the IR text.
 
 The registry holds each module (so its handle is never another object's while registered), at
 most MAX_MODULES of them and MAX_BYTES of their stored bytes: older ones drop out, least recently

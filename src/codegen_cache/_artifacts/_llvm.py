@@ -24,7 +24,7 @@ from typing import Any
 from .. import _compat
 from .._compat import Module
 from ._as_built import LLVM_QUERIES, SCRATCH_PREFIX, Record, parse_ir
-from ._module_methods import answer_as_built
+from ._module_methods import AnswersAsBuilt, answer_as_built
 from ._private import fd_path, load_private_copy
 
 __all__ = [
@@ -170,12 +170,12 @@ def shared_library_from_ir(llvm_ir: str, scratch: str, *, compiler: list[str] | 
             return f.read()
 
 
-class CachedIRModule(Module):
+class CachedIRModule(AnswersAsBuilt):
     """An llvm module parsed from cached LLVM IR: it runs (JIT-compiled on first use) and exports.
 
     TVM's module from IR text does not know its functions' names until it compiles them, and
-    prints the IR it parsed with another module name: registered (`_as_built`), every handle of
-    it answers `implements_function`, `get_func_names` and `inspect_source("ll")` as built.
+    prints the IR it parsed with another module name: it answers `implements_function`,
+    `get_func_names` and `inspect_source("ll")` as built (_module_methods).
     """
 
 
@@ -184,17 +184,16 @@ def load_ir(llvm_ir: str, scratch: str, func_names: Sequence[str] = (),
     """An llvm module from cached IR text (TVM parses it again), answering as the built one."""
     cached = CachedIRModule.__new__(CachedIRModule)
     cached.__move_handle_from__(parse_ir(llvm_ir, scratch))
-    cached._cgc_record = Record(llvm_ir, None, tuple(func_names), dict(queries or {}))
-    answer_as_built(cached, cached._cgc_record)
+    answer_as_built(cached, Record(llvm_ir, None, tuple(func_names), dict(queries or {})))
     return cached
 
 
-class CachedLibraryModule(Module):
+class CachedLibraryModule(AnswersAsBuilt):
     """A module mapped from a cached shared library: runs like the built llvm module, and exports.
 
-    Registered (`_as_built`): it, and every handle of it inside another module's import tree
-    (a Relax executable), reports kind `llvm` and the built module's properties, and exports as
-    the built module does (from its stored IR; alone with default options, the stored library).
+    It reports kind `llvm` and the built module's properties, and exports as the built module
+    does (from its stored IR; alone with default options, the stored library); so does every
+    handle of it inside another module's import tree while the switch is on (_module_methods).
     """
 
 
@@ -214,12 +213,11 @@ def load_library(library: bytes | memoryview, llvm_ir: str | bytes | memoryview,
     record = Record(llvm_ir, library, tuple(func_names), dict(queries or {}))
     if mask is not None:
         record.mask = mask
-    cached._cgc_record = record
     answer_as_built(cached, record)
     return cached
 
 
 def keep_answering(module: Any) -> None:
     """A cached llvm module handed out again (a memory hit): registered again, as the newest."""
-    if type(module) in (CachedLibraryModule, CachedIRModule):
+    if isinstance(module, AnswersAsBuilt) and module._cgc_record is not None:
         answer_as_built(module, module._cgc_record)

@@ -31,7 +31,6 @@ import dataclasses
 import difflib
 import logging
 import os
-import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -42,12 +41,13 @@ from .. import _context
 from .. import _artifacts
 from .._artifacts import FORMAT_VERSION, frame
 from .. import _compat
-from .._config import ENV_VARS, Settings, disabled_by_env, own_env_vars, settings_from_env, unknown_env_vars
-from .._errors import ConfigError, ReentrantLoweringError, UncacheableError
+from .._config import (ENV_VARS, Settings, disabled_by_env, own_env_vars, refuse_file_as_directory, settings_from_env,
+                       unknown_env_vars)
+from .._errors import ReentrantLoweringError, UncacheableError
 from .._log import warn_once
 from .._key import CacheKey, compute_key, ir_hash
 from .._outcome import emit, run_uncached
-from .._registry import DeviceCodegen, DeviceCodegenRegistry, default_registry
+from .._registry import DeviceCodegen, DeviceCodegenRegistry, check_prepared, default_registry
 from .._storage._disk import ArtifactStore
 from .._storage._faults import ensure_dir
 from .._storage._fsprobe import scratch_dir as _usable_scratch_dir
@@ -148,14 +148,6 @@ class _made_once:  # noqa: N801 - used as a decorator, as functools.cached_prope
         return found
 
 
-def _is_other_than_a_directory(path: Path) -> bool:
-    """Whether `path` exists and is not a directory (one stat, following links as exists() does)."""
-    try:
-        return not stat.S_ISDIR(os.stat(path).st_mode)
-    except (OSError, ValueError):
-        return False
-
-
 def _mode_function(codegen: Any, compile_device: bool):
     return codegen.build if compile_device else codegen.build_without_compile
 
@@ -215,9 +207,7 @@ class CodegenCache:
         self.settings = settings_from_env(own, base=settings, **overrides)
         directory = self.settings.directory
         self.directory = directory if isinstance(directory, Path) else Path(directory)
-        if _is_other_than_a_directory(self.directory):
-            raise ConfigError("directory (CODEGEN_CACHE_DIR)", str(self.directory),
-                              "a directory (this path is a file)")
+        refuse_file_as_directory(self.directory)
         self.registry = default_registry if registry is None else registry
         self.write_behind = write_behind
         # The stores, tiers, counters and locks are made at their first use (_made_once, below).
@@ -403,6 +393,7 @@ class CodegenCache:
                 codegen: DeviceCodegen | str | None = None, structural_hash: int | None = None) -> CacheKey:
         """The cache key of this lowering (its parts say what went into it)."""
         if not isinstance(mod, _compat.IRModule):
+            check_prepared("CodegenCache.key_for", mod)
             raise TypeError(f"key_for expects a tvm.IRModule, got {type(mod).__name__}")
         _check_mode(compile_device)
         target = as_target(target)
@@ -600,6 +591,8 @@ class CodegenCache:
     def _lower(self, mod: IRModule, target: TargetLike, compile_device: bool, codegen: Any) -> Module:
         start = time.perf_counter()
         _check_mode(compile_device)
+        if type(mod) is not _compat.IRModule:
+            check_prepared("CodegenCache.lower", mod)
         if type(target) is not _compat.Target:
             target = as_target(target)
         if type(codegen) is not DeviceCodegen:
@@ -745,6 +738,8 @@ class CodegenCache:
             promote()
         return module
 
+    # ---- a hit, and what it asks of the writer ---------------------------------------------
+
     def _served(self, hit: Hit, codegen: str, mode: str, digest: str, key_seconds: float, start: float) -> Module:
         saved = float(hit.entry.meta.get("build_seconds", 0.0))
         self._stats.add_hit(codegen, mode, hit.tier, saved)
@@ -794,6 +789,8 @@ class CodegenCache:
         if digest not in self._upgrades_asked:
             self._upgrades_asked.add(digest)
             writer.submit(lambda: _upgrade.request(self.directory, mode, digest))
+
+    # ---- a miss: the codegen, then the entry staged or kept -----------------------------
 
     def _run_codegen(self, codegen: Any, digest: str, mod: IRModule, target: Target, compile_device: bool,
                      probe: Probe, *, remember: bool = True) -> tuple[Module, float]:
@@ -881,7 +878,7 @@ class CodegenCache:
         found = self._chain.lookup(probe, start=2)
         return found if isinstance(found, Hit) else None
 
-    # ---- scratch files --------------------------------------------------------------------
+    # ---- what killed processes left --------------------------------------------------------
 
     def _sweep_once(self) -> None:
         """At this process's first store, the writer sweeps what killed processes left in tmp/ and

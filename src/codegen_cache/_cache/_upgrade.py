@@ -5,7 +5,9 @@ disk) and may leave C++ threads that abort at exit; linking runs a compiler that
 terminal or a Jupyter interrupt would kill with the rest of the process group. So neither
 runs in the user's process: lower() stores the LLVM IR at once, drops a marker file in
 `<dir>/upgrade/`, and makes sure an upgrader is running. The upgrader is this module run as a
-program, in a session of its own, detached (a grandchild: nobody has to wait for it). It holds
+program, in a session of its own, detached (a grandchild: nobody has to wait for it), with the
+package's own import path and nothing from the caller's working directory or PYTHON* variables
+(_helper.py). It holds
 `<dir>/upgrade/.lock` (an flock: at most one per directory and host), upgrades every marked
 entry, and exits after IDLE_SECONDS without work. Whoever starts it takes that lock first and
 hands the locked descriptor down: when many processes ask at once, one wins the lock and starts
@@ -28,6 +30,7 @@ import time
 from pathlib import Path
 
 from .._forksafe import on_fork_child
+from .._helper import helper_argv, helper_env
 from .._log import warn_once
 from .._storage._faults import FILE_MODE, ensure_dir, real_dir
 from .._storage._layout import STAGED_DIR
@@ -104,14 +107,14 @@ def _ensure_running(directory: Path) -> bool:
 def _spawn(directory: Path, lock_fd: int) -> bool:
     if not sys.executable:
         return False
-    # The upgrader compiles nothing through TVM's entry points: the switch stays off there.
-    env = {name: value for name, value in os.environ.items() if name != "CODEGEN_CACHE_ENABLE"}
     try:
-        # The launcher forks the upgrader and exits at once; waiting for it reaps it.
+        # The launcher forks the upgrader and exits at once; waiting for it reaps it. It runs
+        # isolated from the caller's directory and PYTHON* variables (_helper), and the switch
+        # stays off there: the upgrader compiles nothing through TVM's entry points.
         launcher = subprocess.run(
-            [sys.executable, "-c", _BOOTSTRAP, str(directory), str(lock_fd)],
+            helper_argv(_BOOTSTRAP, str(directory), str(lock_fd)),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, close_fds=True, pass_fds=(lock_fd,), timeout=60, check=False, env=env,
+            start_new_session=True, close_fds=True, pass_fds=(lock_fd,), timeout=60, check=False, env=helper_env(),
         )
     except (OSError, subprocess.SubprocessError) as err:
         warn_once(logger, ("upgrader", str(directory)), "codegen cache: cannot start the llvm upgrader "

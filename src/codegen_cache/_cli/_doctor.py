@@ -1,9 +1,12 @@
-"""`codegen-cache doctor`: is the key deterministic here, and is the cache directory a safe place?
+"""`codegen-cache doctor`: is the key deterministic here, is the cache directory a safe place, does the switch work?
 
 Key determinism: several fresh processes, each with its own PYTHONHASHSEED, compute the key
 of the same sample lowerings (every built-in codegen's input, both modes, each lowered twice);
 any key part that differs between processes or between the two lowerings is reported, since
-such a part makes every run miss. Filesystem: `_fsprobe.probe` on the cache directory.
+such a part makes every run miss. Filesystem: `_fsprobe.probe` on the cache directory (and a
+path that is a file). Switch: where CODEGEN_CACHE_ENABLE is set, whether this interpreter reads
+the start-up hook's .pth file and a fresh process's `import tvm` turns the switch on, and if not
+why. Remote: one round trip to CODEGEN_CACHE_REMOTE.
 """
 
 from __future__ import annotations
@@ -11,13 +14,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import site
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["check_determinism", "check_filesystem", "check_toolchain", "doctor", "render"]
+from .._helper import helper_argv, helper_env
+
+__all__ = ["check_determinism", "check_filesystem", "check_remote", "check_switch", "check_toolchain", "doctor",
+           "render"]
 
 # (kernel in _demo_kernels, target, modes): the input of every built-in codegen family.
 SAMPLES: tuple[tuple[str, Any, tuple[bool, ...]], ...] = (
@@ -28,6 +35,7 @@ SAMPLES: tuple[tuple[str, Any, tuple[bool, ...]], ...] = (
     ("matmul_16x16_k4", "llvm", (True,)),
 )
 SEEDS = ("0", "1", "4242", "65535", "123456789")
+_CHILD = "import json, sys\nfrom codegen_cache._cli._doctor import _child\nprint(json.dumps(_child(json.loads(sys.argv[1]))))\n"
 
 
 def _sample_kernel(name: str, target):
@@ -79,10 +87,10 @@ def check_determinism(processes: int = 3, *, kernels: str | None = None, targets
         spec["directory"] = tmp
         procs = {}
         for seed in seeds:
-            env = {**os.environ, "PYTHONHASHSEED": seed}
+            # Each its own PYTHONHASHSEED, and the package's own code only (_helper.py).
             procs[seed] = subprocess.Popen(
-                [sys.executable, "-m", "codegen_cache._cli._doctor", json.dumps(spec)],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                helper_argv(_CHILD, json.dumps(spec), hash_seed=True),
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=helper_env(hash_seed=seed),
             )
         for seed, proc in procs.items():
             try:
@@ -120,6 +128,11 @@ def check_filesystem(directory: Path, settings) -> dict[str, Any]:
 
     report = probe(directory)
     problems = list(report.warnings)
+    is_file = directory.exists() and not directory.is_dir()
+    if is_file:
+        problems.append(f"{directory} is a file, not a directory: no cache can open there (CodegenCache raises "
+                        "ConfigError) and CODEGEN_CACHE_ENABLE leaves the switch off with a warning; point "
+                        "CODEGEN_CACHE_DIR (or --dir) at a directory, or move the file away")
     limits = settings.compiled_size_limit + settings.source_size_limit
     if report.free_bytes is not None and report.free_bytes < limits and not report.read_only:
         problems.append(
@@ -133,7 +146,103 @@ def check_filesystem(directory: Path, settings) -> dict[str, Any]:
         problems.append(f"not trusted: {distrust}, so another user could make you run their code; lowerings run "
                         "uncached there (docs/reliability.md; CODEGEN_CACHE_TRUSTED_DIRS trusts it explicitly)")
     return {**dataclasses.asdict(report), "directory": str(directory), "exists": directory.is_dir(),
-            "trusted": distrust is None, "problems": problems}
+            "is_file": is_file, "trusted": distrust is None, "problems": problems}
+
+
+HOOK_FILE = "codegen_cache_enable.pth"
+_OFF = ("", "0", "false", "no", "off")  # the values the .pth file reads as "not set", as it reads them
+# In a fresh process with this environment: what `import tvm` did with the switch.
+_SWITCH_PROBE = """
+import json, sys, warnings
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import tvm
+cc = sys.modules.get("codegen_cache")
+print(json.dumps({"hook": "_codegen_cache_startup" in sys.modules, "enabled": bool(cc is not None and cc.is_enabled()),
+                  "runtime_only": getattr(tvm, "_RUNTIME_ONLY", None) is True,
+                  "warnings": [str(w.message) for w in caught if str(w.message).startswith("codegen-cache:")]}))
+"""
+
+
+def site_dirs() -> list[str]:
+    """The directories whose .pth files this interpreter reads at start-up."""
+    dirs = list(site.getsitepackages())
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    return dirs
+
+
+def check_switch(timeout: float = 600) -> dict[str, Any]:
+    """Where CODEGEN_CACHE_ENABLE is set: can the switch work here, and does it (a fresh process imports tvm)?"""
+    value = os.environ.get("CODEGEN_CACHE_ENABLE")
+    dirs = site_dirs()
+    hook = next((os.path.join(d, HOOK_FILE) for d in dirs if os.path.isfile(os.path.join(d, HOOK_FILE))), None)
+    found: dict[str, Any] = {"variable": value, "hook_file": hook, "site_dirs": dirs, "probe": None,
+                             "notes": [], "problems": []}
+    if (value or "").strip().lower() in _OFF:
+        found["notes"].append("CODEGEN_CACHE_ENABLE is not set: the switch is on only where a process calls "
+                              "codegen_cache.enable()")
+        return found
+    problem = found["problems"].append
+    if hook is None:
+        problem(f"CODEGEN_CACHE_ENABLE is set but this interpreter reads no {HOOK_FILE} (looked in "
+                f"{', '.join(dirs)}), so `import tvm` never turns the switch on; reinstall the package "
+                "(pip install . or pip install -e ., docs/tvm.md), or call codegen_cache.enable()")
+        return found
+    if os.environ.get("TVM_USE_RUNTIME_LIB") == "1":
+        problem("CODEGEN_CACHE_ENABLE is set but TVM_USE_RUNTIME_LIB=1 makes TVM runtime-only: nothing compiles "
+                "here, so the switch steps aside (models load and run as without the cache)")
+        return found
+    # The probe is a process as the user starts them (the environment as it is: that is what it
+    # checks), in an empty directory, so that nothing the working directory holds is imported.
+    try:
+        with tempfile.TemporaryDirectory(prefix="codegen-cache-doctor-") as empty:
+            done = subprocess.run([sys.executable, "-c", _SWITCH_PROBE], capture_output=True, text=True,
+                                  timeout=timeout, check=False, cwd=empty)
+    except (OSError, subprocess.SubprocessError) as err:
+        problem(f"the switch check could not start a fresh process: {err}")
+        return found
+    if done.returncode != 0:
+        tail = done.stderr.strip().splitlines()[-1:] or ["(no output)"]
+        problem(f"`import tvm` fails in a fresh process: {tail[0]}")
+        return found
+    probe = found["probe"] = json.loads(done.stdout.strip().splitlines()[-1])
+    if probe["enabled"]:
+        found["notes"].append("CODEGEN_CACHE_ENABLE: a fresh process's `import tvm` turned the switch on")
+    elif probe["runtime_only"]:
+        problem("CODEGEN_CACHE_ENABLE is set but TVM is runtime-only here (its compiler library did not load): "
+                "nothing compiles, so the switch steps aside")
+    elif probe["warnings"]:
+        problem(f"CODEGEN_CACHE_ENABLE is set but `import tvm` leaves the switch off: {probe['warnings'][0]}")
+    elif not probe["hook"]:
+        problem(f"CODEGEN_CACHE_ENABLE is set but {hook} did not load the start-up hook in a fresh process "
+                "(is `_codegen_cache_startup` importable from there?); reinstall the package")
+    else:
+        problem("CODEGEN_CACHE_ENABLE is set but a fresh process's `import tvm` did not turn the switch on "
+                "(CODEGEN_CACHE_DISABLE=1?)")
+    return found
+
+
+def check_remote(settings) -> dict[str, Any]:
+    """Where a remote is set: one round trip to it, and what a failure means."""
+    from .._config import redact_url
+    from .._errors import ConfigError
+    from .._storage._remote import RedisTier
+
+    if settings.remote is None:
+        return {"url": None, "reached": None, "problems": []}
+    url = redact_url(settings.remote)
+    tier = RedisTier(settings.remote, secret=settings.remote_secret, timeout=settings.remote_timeout, read_only=True)
+    try:
+        tier.check()
+    except (OSError, ConfigError) as err:
+        return {"url": url, "reached": False, "problems": [
+            f"the remote {url} cannot be reached ({type(err).__name__}: {err}): every lookup there is a miss and "
+            "nothing is shared (the cache works from this host's disk); start or reach the server, or correct "
+            "CODEGEN_CACHE_REMOTE (CODEGEN_CACHE_REMOTE_TIMEOUT is the deadline of each call)"]}
+    finally:
+        tier.close()
+    return {"url": url, "reached": True, "problems": []}
 
 
 def check_toolchain() -> dict[str, Any]:
@@ -219,6 +328,12 @@ def doctor(settings, *, processes: int = 3, kernels: str | None = None,
     fs = check_filesystem(Path(settings.directory), settings)
     report["filesystem"] = fs
     problems += fs["problems"]
+    switch = check_switch()
+    report["switch"] = switch
+    problems += switch["problems"]
+    remote = check_remote(settings)
+    report["remote"] = remote
+    problems += remote["problems"]
     tool = check_toolchain()
     notes, tool_problems = toolchain_notes(tool)
     report["toolchain"] = {**tool, "notes": notes, "problems": tool_problems}
@@ -249,7 +364,8 @@ def render(report: dict[str, Any]) -> list[str]:
             out(f"  ERROR: {e}")
     fs = report["filesystem"]
     free = format_size(fs["free_bytes"]) if fs["free_bytes"] is not None else "unknown"
-    out(f"filesystem: {fs['directory']}" + ("" if fs["exists"] else " (not created yet)"))
+    out(f"filesystem: {fs['directory']}" + ("" if fs["exists"] else " (a file)" if fs.get("is_file")
+                                            else " (not created yet)"))
     out(f"  {fs['fs_type']} mounted at {fs['mount_point']}: {'network' if fs['is_network'] else 'local'}, "
         f"{'read-only' if fs['read_only'] else 'writable'}, {'noexec' if fs['noexec'] else 'exec'}, {free} free")
     for p in fs["problems"]:
@@ -262,12 +378,22 @@ def render(report: dict[str, Any]) -> list[str]:
         out(f"  {note}")
     for problem in tool.get("problems", ()):
         out(f"  WARNING: {problem}")
+    switch = report.get("switch")
+    if switch is not None:
+        out(f"switch: CODEGEN_CACHE_ENABLE={switch['variable'] or '(unset)'}, start-up hook "
+            f"{switch['hook_file'] or 'not installed for this interpreter'}")
+        for note in switch["notes"]:
+            out(f"  {note}")
+        for problem in switch["problems"]:
+            out(f"  WARNING: {problem}")
+    remote = report.get("remote")
+    if remote is not None and remote["url"] is not None:
+        out(f"remote: {remote['url']}" + (": reached" if remote["reached"] else ""))
+        for problem in remote["problems"]:
+            out(f"  WARNING: {problem}")
     for var in report["unknown_env_vars"]:
         out(f"configuration: WARNING: {var} is set but is not a codegen-cache setting (a typo?)")
     problems = report["problems"]
     out(f"{len(problems)} problem{'s' if len(problems) != 1 else ''} found" if problems else "no problems found")
     return lines
 
-
-if __name__ == "__main__":
-    print(json.dumps(_child(json.loads(sys.argv[1]))))

@@ -28,11 +28,23 @@ _KERNEL_ATTRS = ("kernels", "variants")
 
 
 def parse_target(text: str):
-    """A Target from JSON ('{"kind": "cuda", "arch": "sm_90"}'), a tag/kind, or 'kind -k=v ...'."""
+    """A Target from JSON, a tag/kind, or 'kind -attr=value ...' (e.g. 'cuda -arch=sm_90'); else a ValueError naming it."""
+    from .._compat import cuda_compute_version
+
+    target = _target_of(text.strip())
+    try:
+        cuda_compute_version(target)  # TVM reads the arch only deep in the pipeline, with a 40-line traceback
+    except ValueError as err:
+        raise ValueError(f"Invalid target {text.strip()!r}: {err}") from None
+    return target
+
+
+def _target_of(text: str):
     from .._compat import Target
     from .._targets import as_target
 
-    text = text.strip()
+    if not text:
+        raise ValueError("Invalid target '': expected a kind such as 'llvm', 'kind -attr=value ...', JSON, or a tag")
     if text.startswith("{"):
         try:
             spec = json.loads(text)
@@ -51,7 +63,13 @@ def parse_target(text: str):
         if not sep or not attr.startswith("-"):
             raise ValueError(f"Invalid target {text!r}: expected 'kind -attr=value ...', JSON, or a tag")
         spec[name] = value
-    return as_target(spec)
+    try:
+        return Target(spec)
+    except (ValueError, TypeError, RuntimeError) as err:
+        reason = str(err).strip().splitlines()
+        raise ValueError(f"Invalid target {text!r}: {reason[0] if reason else type(err).__name__}; expected a "
+                         "kind or tag such as 'llvm', 'kind -attr=value ...' such as 'cuda -arch=sm_90', or JSON") \
+            from None
 
 
 def load_source(spec: str):
@@ -208,4 +226,7 @@ def load_module(path: str, target_text: str | None, *, kernel: str | None = None
         return mod, codegen_target(target), None
     if target is None:
         raise KernelSourceError("a target is needed to lower the kernel (--target)")
-    return (*prepare_for_codegen(mod, target), mod)
+    try:
+        return (*prepare_for_codegen(mod, target), mod)
+    except RuntimeError as err:  # TVM's pipeline rejecting the kernel for this target (TVMError is one)
+        raise KernelSourceError(f"cannot prepare the kernel for target {target_text!r}: {last_line(err)}") from None

@@ -134,6 +134,14 @@ def cmd_doctor(args: argparse.Namespace, settings: Settings) -> int:
     """Key determinism across fresh processes, the cache filesystem, the toolchain."""
     from ._doctor import doctor, render
 
+    if args.target:
+        from ._kernel_files import parse_target
+
+        try:
+            for text in args.target:  # checked here: in the determinism check's processes it would be a traceback
+                parse_target(text)
+        except (ValueError, TypeError) as err:
+            raise CommandError(str(err), EXIT_INPUT) from None
     report = doctor(settings, processes=args.processes, kernels=args.kernels, targets=args.target)
     if args.json:
         print_json(report)

@@ -36,6 +36,7 @@ __all__ = [
     "Target",
     "Tensor",
     "builtin_func",
+    "cuda_compute_version",
     "cuda_runtime_available",
     "current_database",
     "error_class",
@@ -99,37 +100,3 @@ def require_installed() -> None:
 def module_property_mask(*, runnable: bool, exportable: bool, serializable: bool) -> int:
     """A runtime module property mask (tvm-ffi's ModulePropertyMask bits)."""
     return (1 if serializable else 0) | (2 if runnable else 0) | (4 if exportable else 0)
-
-
-class ModuleMethods:
-    """The methods of tvm.runtime.Module the cache answers for its own llvm hits.
-
-    `install(replacements)` sets each named attribute once, keeping the original (TVM's own)
-    in `original`; names this TVM does not have are left out (`missing` lists them), so a TVM
-    without one degrades to its own behaviour for that method.
-    """
-
-    NAMES = ("kind", "get_property_mask", "is_binary_serializable", "is_runnable", "is_compilation_exportable",
-             "inspect_source", "write_to_file", "get_function", "implements_function", "export_library")
-
-    def __init__(self) -> None:
-        self.original: dict[str, Any] = {}
-        self.missing: list[str] = []
-
-    def install(self, replacements: dict[str, Any]) -> None:
-        """Put `replacements` (name -> function taking the original) on tvm.runtime.Module, once."""
-        if self.original or self.missing:
-            return
-        from ._tvm import Module
-
-        for name in self.NAMES:
-            current = None
-            for klass in Module.__mro__:  # the class that defines it (tvm's Module or tvm-ffi's)
-                if name in vars(klass):
-                    current = vars(klass)[name]
-                    break
-            if current is None or name not in replacements:
-                self.missing.append(name)
-                continue
-            self.original[name] = current
-            setattr(Module, name, replacements[name](current))

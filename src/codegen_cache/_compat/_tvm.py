@@ -19,11 +19,13 @@ __all__ = [
     "DLDeviceType",
     "IRModule",
     "Module",
+    "ModuleMethods",
     "PrimFunc",
     "REGISTRATION_POINTS",
     "Target",
     "Tensor",
     "builtin_func",
+    "cuda_compute_version",
     "cuda_runtime_available",
     "current_database",
     "error_class",
@@ -244,6 +246,20 @@ def error_class(identity: object) -> type | None:
 # ---- runtime modules: what the cache's llvm hits need to answer as built modules --------------
 
 
+def cuda_compute_version(target: Target) -> tuple[int, int] | None:
+    """(major, minor) of a CUDA target's `arch` as TVM reads it; None without one; ValueError naming a bad one."""
+    arch = target.attrs.get("arch") if target.kind.name == "cuda" else None
+    if arch is None or not str(arch):
+        return None
+    try:
+        from tvm.support import nvcc
+
+        return nvcc.parse_compute_version(nvcc.get_target_compute_version(target))
+    except (IndexError, RuntimeError, ValueError):
+        raise ValueError(f"arch {str(arch)!r} is not a CUDA architecture TVM can read: expected "
+                         "sm_<major><minor>[suffix], e.g. sm_80 or sm_90a") from None
+
+
 @functools.lru_cache(maxsize=1)
 def host_llvm_triple() -> str:
     """The triple LLVM builds for on this host by default (what `Target("llvm")` gets), or ''."""
@@ -256,6 +272,72 @@ def host_llvm_triple() -> str:
 def ffi_function(func):
     """A Python callable as a TVM packed function (what Module.get_function returns)."""
     return tvm_ffi.convert(func)
+
+
+class ModuleMethods:
+    """The methods of tvm.runtime.Module the cache answers for its own llvm hits, while the switch is on.
+
+    `install(replacements)` puts `replacements[name](TVM's own)` on tvm.runtime.Module for each
+    name this TVM has (`missing` lists the others: that method stays TVM's); `uninstall()` leaves
+    the class exactly as it was (an attribute inherited from tvm-ffi's Module is removed again,
+    not copied down), except where someone else has replaced one of ours since.
+    """
+
+    NAMES = ("kind", "get_property_mask", "is_binary_serializable", "is_runnable", "is_compilation_exportable",
+             "inspect_source", "write_to_file", "get_function", "implements_function", "export_library")
+    _ABSENT = object()
+
+    def __init__(self) -> None:
+        # While installed: name -> (Module's own attribute before, or _ABSENT; ours).
+        self._saved: dict[str, tuple[Any, Any]] | None = None
+        self.missing: list[str] = []
+
+    @staticmethod
+    def _current(name: str) -> Any:
+        for klass in Module.__mro__:  # the class that defines it (tvm's Module or tvm-ffi's)
+            if name in vars(klass):
+                return vars(klass)[name]
+        return None
+
+    def originals(self) -> dict[str, Any]:
+        """TVM's own attribute for each name this TVM's Module has (call it before install)."""
+        if self._saved is not None:
+            raise RuntimeError("ModuleMethods.originals() while the replacements are installed")
+        return {name: found for name in self.NAMES if (found := self._current(name)) is not None}
+
+    @property
+    def installed(self) -> bool:
+        """Whether the replacements are on tvm.runtime.Module now."""
+        return self._saved is not None
+
+    def install(self, replacements: dict[str, Any]) -> None:
+        """Put `replacements` (name -> function taking the original) on tvm.runtime.Module (idempotent)."""
+        if self._saved is not None:
+            return
+        saved: dict[str, tuple[Any, Any]] = {}
+        self.missing = []
+        for name in self.NAMES:
+            current = self._current(name)
+            if current is None or name not in replacements:
+                self.missing.append(name)
+                continue
+            ours = replacements[name](current)
+            saved[name] = (vars(Module).get(name, self._ABSENT), ours)
+            setattr(Module, name, ours)
+        self._saved = saved
+
+    def uninstall(self) -> None:
+        """Put back what tvm.runtime.Module had before install() (idempotent)."""
+        if self._saved is None:
+            return
+        for name, (before, ours) in self._saved.items():
+            if vars(Module).get(name) is not ours:
+                continue  # replaced again since install(): that one stays
+            if before is self._ABSENT:
+                delattr(Module, name)
+            else:
+                setattr(Module, name, before)
+        self._saved = None
 
 
 # ---- what a Relax compile reads besides its input (_build/_reads.py) --------------------------

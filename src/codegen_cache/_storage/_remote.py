@@ -300,6 +300,13 @@ class RedisTier:
                                    lambda: self._client.run(REFRESH, name.encode(), args, _read_int)) == 1:
                 self.health.event("remote_refreshed")
 
+    def check(self) -> None:
+        """One round trip to Redis (a GET of a key nobody writes), raising what it raised: `codegen-cache doctor`.
+
+        OSError: not reached, or no answer within the timeout; ConfigError: the handshake was refused.
+        """
+        self._client.get(f"{self.prefix}doctor-check".encode(), 64)
+
     def connect_early(self) -> None:
         """Start connecting now, in the background, so that the first call finds a connection (see _client)."""
         if not self.health.reads.offline():

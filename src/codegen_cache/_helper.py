@@ -1,0 +1,65 @@
+"""How the package starts a Python helper process: it runs the package's own code, nothing the caller's directory holds.
+
+`python -c ...` and `python -m ...` put the working directory first on sys.path, and PYTHONPATH,
+PYTHONSTARTUP or PYTHONHOME in the environment decide what a new interpreter imports: an
+`xxhash.py` or `numpy.py` in the directory where the user runs a script would be imported and run
+by the helper (and the helper would then fail at its work). So a helper starts isolated
+(`python -I`: no working directory, no user site, no PYTHON* variable; and no start-up hook of
+this package, which reads CODEGEN_CACHE_ENABLE only outside isolated mode) and its first line sets
+sys.path to an explicit list: this package's own root, then the entries this interpreter imports
+from (its sys.path as set up at its start, PYTHONPATH's entries included), without the one that
+stands for the script's directory or the working directory.
+
+A helper that must see PYTHONHASHSEED (doctor's determinism check starts one per seed) cannot
+run under -I, which ignores it: it starts with -s and an environment without any other PYTHON*
+variable, and sets the same path before it imports anything (the working directory joins
+sys.path only after start-up, where the first line replaces it).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+__all__ = ["helper_argv", "helper_env", "import_path"]
+
+# The directory that holds the codegen_cache package (site-packages, or src/ of a checkout).
+_OWN_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+def import_path() -> list[str]:
+    """The sys.path a helper gets: the package's root, then this interpreter's absolute entries but the first.
+
+    The first entry of sys.path is the script's directory, or the working directory ('' for
+    `-c` and the prompt, its path for `-m`), unless Python runs with -P or -I.
+    """
+    entries = list(sys.path)
+    if entries and not (getattr(sys.flags, "safe_path", False) or sys.flags.isolated):
+        entries = entries[1:]
+    path = [_OWN_ROOT]
+    for entry in entries:
+        if entry and os.path.isabs(entry) and entry not in path:
+            path.append(entry)
+    return path
+
+
+def helper_argv(code: str, *args: str, hash_seed: bool = False) -> list[str]:
+    """The command line of a helper that runs `code` (its argv[1:] are `args`).
+
+    hash_seed=True: the helper keeps PYTHONHASHSEED (start it with helper_env(..., hash_seed=...)).
+    """
+    prelude = f"import sys; sys.path[:] = {import_path()!r}\n"
+    flags = ["-s"] if hash_seed else ["-I"]
+    return [sys.executable, *flags, "-c", prelude + code, *args]
+
+
+def helper_env(environ: Mapping[str, str] | None = None, *, hash_seed: str | None = None) -> dict[str, str]:
+    """`environ` (os.environ) without PYTHON* variables and CODEGEN_CACHE_ENABLE; PYTHONHASHSEED=hash_seed if given."""
+    environ = os.environ if environ is None else environ
+    env = {name: value for name, value in environ.items()
+           if not name.startswith("PYTHON") and name != "CODEGEN_CACHE_ENABLE"}
+    if hash_seed is not None:
+        env["PYTHONHASHSEED"] = hash_seed
+    return env
