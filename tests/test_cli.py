@@ -415,6 +415,7 @@ def test_warm_in_process_then_all_hits(capsys, tmp_path):
     assert code == 0 and data["hit"] == 4
 
 
+@pytest.mark.slow
 def test_warm_in_spawned_workers(capsys, tmp_path):
     root = tmp_path / "cache"
     code, out, _err = run(capsys, "--dir", str(root), "warm", KERNELS, "-t", "cuda -arch=sm_90", "--mode", "source",

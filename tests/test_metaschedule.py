@@ -92,6 +92,7 @@ def test_without_a_directory_workers_use_codegen_cache_dir(tmp_path):
     assert (stats.codegen_runs, stats.misses) == (1, 1)
 
 
+@pytest.mark.smoke
 def test_local_builder_second_batch_is_all_hits_and_its_artifacts_run(tmp_path):
     cache_dir = tmp_path / "cache"
     inputs = [BuilderInput(_vadd_main(), LLVM), BuilderInput(tvm.IRModule({"main": matmul}), LLVM)]
@@ -225,6 +226,7 @@ def _tune(cache_dir, work_dir):
 # ~3 minutes on 2 busy cores, most of it TuneContext importing tvm.s_tir.tensor_intrin (over a
 # minute of parsing, once per process). It runs in the default test run, so in CI.
 @pytest.mark.timeout(900)
+@pytest.mark.slow
 def test_tune_tir_twice_second_run_is_all_hits_with_the_same_best_schedule(tmp_path):
     cache_dir = tmp_path / "cache"
     traces1, best1 = _tune(cache_dir, tmp_path / "run1")

@@ -126,19 +126,59 @@ def test_a_redefined_helper_of_a_registered_function_changes_the_key(enabled):
     exec("def helper():\n    return 1\ndef f(x):\n    return helper() + x\n", scope)
     tvm.register_global_func("cgc_test_reads.uses_helper", scope["f"], override=True)
     try:
-        before = _reads.registered_part()
+        before = _reads.registered_part(frozenset({"llvm"}))
         exec("def helper():\n    return 2\n", scope)  # a notebook cell run again
-        assert _reads.registered_part() != before
-        assert _reads.registered_part() == _reads.registered_part()
+        assert _reads.registered_part(frozenset({"llvm"})) != before
+        assert _reads.registered_part(frozenset({"llvm"})) == _reads.registered_part(frozenset({"llvm"}))
     finally:
         tvm_ffi.remove_global_func("cgc_test_reads.uses_helper")
 
 
+def test_a_lowering_rule_is_keyed_for_the_target_kinds_that_read_it(enabled):
+    op = tvm.ir.Op.get("tirx.exp")
+    original = op.get_attr("llvm.FLowerIntrinsic")
+    llvm, cuda = frozenset({"llvm"}), frozenset({"cuda"})
+    before = (_reads.registered_part(llvm), _reads.registered_part(cuda))
+
+    def exp_rule(call):
+        return call
+
+    try:
+        tvm.ir.register_op_attr("tirx.exp", "llvm.FLowerIntrinsic", exp_rule, level=99)
+        assert _reads.registered_part(llvm) != before[0]
+        assert _reads.registered_part(cuda) == before[1]  # a cuda compile does not read llvm's rules
+    finally:
+        op.reset_attr("llvm.FLowerIntrinsic")
+        if original is not None:
+            op.set_attr("llvm.FLowerIntrinsic", original, 10)
+    assert _reads.registered_part(llvm) == before[0]
+
+
 def test_importing_more_of_tvm_does_not_change_the_key(enabled):
-    before = _reads.registered_part()
+    before = _reads.registered_part(frozenset({"llvm"}))
     import tvm.relax.frontend.nn.llm  # noqa: F401  registers TVM's own functions and op attributes
     import tvm.contrib.cblas  # noqa: F401
-    assert _reads.registered_part() == before
+    assert _reads.registered_part(frozenset({"llvm"})) == before
+
+
+def test_enabled_as_tvm_is_imported_the_key_is_the_one_a_scan_finds(tmp_path, monkeypatch):
+    # CODEGEN_CACHE_ENABLE enables as `import tvm` completes, so nothing is scanned then; the key
+    # must still be the one an explicit enable() (which scans) computes, or the two kinds of
+    # process sharing a directory would never hit each other's models.
+    monkeypatch.setenv("CODEGEN_CACHE_ENABLE", "1")
+    monkeypatch.setenv("CODEGEN_CACHE_DIR", str(tmp_path / "cache"))
+    assert cc._switch.enable_from_environment()
+    try:
+        at_import = _reads.registered_part(frozenset({"llvm"}))
+    finally:
+        cc.disable()
+    cache = cc.CodegenCache(tmp_path / "cache", write_behind=False)
+    cc.enable(cache, children=False)
+    try:
+        assert _reads.registered_part(frozenset({"llvm"})) == at_import
+    finally:
+        cc.disable()
+        cache.close()
 
 
 class _Opaque:

@@ -307,6 +307,7 @@ def test_entries_of_a_process_that_ended_at_once_reach_the_remote_with_the_next_
     assert other["tiers"] == ["remote"] * lowered and other["wrong"] == []
 
 
+@pytest.mark.slow
 def test_entries_of_terminated_pool_workers_reach_the_remote(tmp_path, url, server):
     import fleet_host
 

@@ -62,8 +62,10 @@ _ROUTED_KINDS = ("llvm", "c", "cuda", "nvptx", "opencl", "metal", "rocm", "vulka
 _lock = threading.RLock()
 # While enabled: the replaced attributes ((module, name) -> TVM's function), the routed global
 # functions (name -> (router Function, TVM's Function)), the environment values enable() set
-# (name -> the value before), and whether tilelang's switch is the one on.
-_state: dict[str, Any] = {"on": False, "attributes": {}, "globals": {}, "environ": {}, "tilelang": False}
+# (name -> the value before), whether tilelang's switch is the one on, and whether enable() runs
+# from the start-up hook as `import tvm` completes (at_import).
+_state: dict[str, Any] = {"on": False, "attributes": {}, "globals": {}, "environ": {}, "tilelang": False,
+                          "at_import": False}
 
 
 def _after_fork() -> None:
@@ -113,7 +115,8 @@ def enable(cache: CodegenCache | None = None, *, children: bool = True) -> None:
             else:
                 _patch_attributes()
                 _route_globals()
-                install_hooks()
+                # Enabled as `import tvm` completes: nothing but TVM's own was registered before.
+                install_hooks(registered_before=not _state["at_import"])
         except BaseException:
             disable()  # never half enabled: what was replaced before the failure is put back
             raise
@@ -156,7 +159,11 @@ def enable_from_environment() -> bool:
     if not settings.enable or settings.disable:
         return False
     refuse_file_as_directory(settings.directory)
-    enable(children=False)  # the variable is set already: children inherit it as it is
+    _state["at_import"] = True
+    try:
+        enable(children=False)  # the variable is set already: children inherit it as it is
+    finally:
+        _state["at_import"] = False
     return True
 
 

@@ -3,7 +3,8 @@
 `identity(obj)` answers, for a function, a class, a partial, a bound method or a tvm-ffi
 Function backed by one:
 - None: TVM's own (code defined in the installed tvm or tvm_ffi package, holding nothing of a
-  user's): keyed by TVM's version, a static salt of every key;
+  user's), keyed by TVM's version, a static salt of every key; or this package's own (the
+  switch's routers), keyed by the package version, a part of the model key;
 - a digest: a salt its author declared (`declare_salt`), else a digest of its code — the code
   object recursively (bytecode, constants including nested code, names), defaults, what its
   closure cells hold, and the functions, classes, modules and simple constants it names through
@@ -91,7 +92,7 @@ def _declared_salt(obj: Any) -> bytes | None:
 
 
 def identity(obj: Any, what: str) -> str | None:
-    """None for TVM's own; else the hex digest of `obj` (see the module docstring); UncacheableError when unidentifiable.
+    """None for TVM's own; else the hex digest of `obj` (module docstring); UncacheableError when unidentifiable.
 
     `what` names the registration in the error (e.g. "global function 'my.pass'").
     """
@@ -209,7 +210,7 @@ class _Walk:
             self.put(__version__)
         elif owner == "library":
             self.put(_library_version(func.__module__))
-        self.users += owner != "tvm"
+        self.users += owner not in ("tvm", "own")
         if owner != "user" or depth > _MAX_DEPTH or len(self.seen) > _MAX_OBJECTS:
             # Keyed by a version (and, past the bounds, by name); a user's function may still be in its closure.
             for cell in func.__closure__ or ():
@@ -248,7 +249,7 @@ class _Walk:
         self.put("class", owner, klass.__module__, klass.__qualname__)
         if owner == "library":
             self.put(_library_version(klass.__module__))
-        self.users += owner != "tvm"
+        self.users += owner not in ("tvm", "own")
         if owner != "user" or depth > _MAX_DEPTH or len(self.seen) > _MAX_OBJECTS:
             return
         for base in klass.__bases__:

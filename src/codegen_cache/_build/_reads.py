@@ -4,18 +4,21 @@ Two parts of the model key (_relax.py):
 
     registered   every Python object registered into TVM that is not TVM's own, by its identity
                  (_identity.py: a declared salt, else a digest of its code): global functions
-                 (tvm_ffi.register_global_func), operator attributes (FLegalize, the
-                 FLowerIntrinsic rules, ...: OP_ATTRS), pipelines registered by name (Relax's and
-                 TIR's PIPELINE_MAP). TVM's own are keyed by TVM's version, a static salt: which
-                 of TVM's modules a process imported does not change the key. Functions of C++
-                 code (TVM's libraries, a library the user loaded) are not seen.
+                 (tvm_ffi.register_global_func), the operator attributes the compile reads
+                 (RELAX_ATTRS of Relax operators; the lowering rules of the compile's target
+                 kinds, lowering_attrs, of the others), pipelines registered by name (Relax's
+                 and TIR's PIPELINE_MAP). TVM's own are keyed by TVM's version, a static salt:
+                 which of TVM's modules a process imported does not change the key. Functions
+                 of C++ code (TVM's libraries, a library the user loaded) are not seen.
     database     the MetaSchedule database in context (`with database:`): a digest of all its
                  records (a superset of those that apply), memoized per (database, record count).
 
 Something unidentifiable (UncacheableError) makes that compile skip the model-level cache.
 
-Finding the registrations is a scan of TVM's registries (every global function, every
-operator attribute of OP_ATTRS), done once per process at the first model key. Afterwards
+Finding the registrations is a scan of TVM's registries (every global function, those operator
+attributes), done once per process at the first model key (the lowering rules once per target
+kind), and not at all where enable() ran as `import tvm` completed (nothing else can have
+registered before). Afterwards
 registrations are tracked through wrappers that enable() installs over the module attributes
 TVM's Python registration functions call (_compat.REGISTRATION_POINTS) and disable() removes;
 enable() marks the scan stale, so what was registered while not enabled is found again. Where
@@ -36,37 +39,66 @@ import xxhash
 from .. import _compat
 from .._compat import tvm_ffi
 from .._errors import UncacheableError
+from .._forksafe import on_fork_child
 from ..codegens._pyfunc import python_callable
 from ._identity import identity, in_tvm
 
-__all__ = ["OP_ATTRS", "database_part", "install_hooks", "registered_part", "uninstall_hooks"]
+__all__ = ["RELAX_ATTRS", "database_part", "install_hooks", "lowering_attrs", "registered_part", "uninstall_hooks"]
 
-# Operator attributes TVM 0.27's passes and codegens read whose value may be a Python function
-# (the attribute names in its compiler library); one no operator has is skipped by the scan.
-OP_ATTRS = (
-    "FLegalize", "FPrimalGradient", "FCallPacked", "FDataDependent", "FInferMixedPrecision", "FLowerBuiltin",
-    "FNormalize", "FPurity", "FRelaxInferLayout", "FValidate", "FInferStructInfo",
-    *(f"{kind}.{rule}" for kind in ("default", "llvm", "c", "cuda", "nvptx", "rocm", "metal", "opencl", "webgpu",
-                                    "vulkan", "hexagon") for rule in ("FLowerIntrinsic", "FLegalize")),
-    "cuda.fastmath.FLowerIntrinsic", "fastmath.FLegalize",
-)
+# Operator attributes TVM 0.27's Relax passes read whose value may be a Python function (the
+# attribute names in its compiler library), on Relax operators (`relax.*`). FCallPacked (a
+# string), FPurity and FDataDependent (booleans) hold no function: a plain value set from outside
+# TVM is found through the wrapped registration points only.
+RELAX_ATTRS = ("FLegalize", "FPrimalGradient", "FInferMixedPrecision", "FLowerBuiltin", "FNormalize",
+               "FRelaxInferLayout", "FValidate", "FInferStructInfo")
+RELAX_OPS = "relax."
+
+
+def lowering_attrs(kind: str) -> tuple[str, ...]:
+    """The TIR lowering rules a compile for target kind `kind` reads (on the other operators)."""
+    return (f"{kind}.FLowerIntrinsic", f"{kind}.FLegalize", f"{kind}.fastmath.FLowerIntrinsic",
+            f"{kind}.fastmath.FLegalize")
+
+
+# Read by a compile for any target kind.
+DEFAULT_KINDS = ("default", "fastmath")
 
 _lock = threading.RLock()
-# scanned: the scan holds (False: scan at the next model key); hooked: every registration point
-# is wrapped; globals / attrs: the registrations found not to be TVM's (name, (op, attr)).
-_state: dict[str, Any] = {"scanned": False, "hooked": False, "globals": set(), "attrs": set(),
+
+
+def _after_fork() -> None:
+    # Another thread of the parent may have held the lock at the fork; the state itself holds.
+    global _lock
+    _lock = threading.RLock()
+
+
+on_fork_child(_after_fork)
+# scanned: the global functions and Relax attributes were scanned (False: at the next model key);
+# kinds: the target kinds whose lowering rules were (None: all, nothing was registered before
+# the wrappers); hooked: every registration point is
+# wrapped; globals / attrs: the registrations found not to be TVM's (name, (op, attr)).
+_state: dict[str, Any] = {"scanned": False, "kinds": set(), "hooked": False, "globals": set(), "attrs": set(),
                           "dirty_globals": set(), "dirty_attrs": {}, "wrapped": []}
 _database_memo: dict[str, Any] = {"held": None, "size": -1, "digest": ""}
 
 
-def registered_part() -> str:
-    """The `registered` key part: '' where only TVM's own is registered; UncacheableError where unidentifiable."""
+def registered_part(kinds: frozenset[str]) -> str:
+    """The `registered` key part of a compile for target kinds `kinds`: '' where only TVM's own is
+    registered; UncacheableError where something is unidentifiable."""
+    read = {*DEFAULT_KINDS, *kinds}
     with _lock:
-        if not (_state["scanned"] and _state["hooked"]):
+        fresh = _state["scanned"] and _state["hooked"]
+        if not fresh:
             _scan()
-            _state["scanned"] = True
+            _state["scanned"], _state["kinds"] = True, set()
+        new = set() if _state["kinds"] is None else read - _state["kinds"]
+        if new:
+            _scan_lowering(new)
+            if _state["hooked"]:
+                _state["kinds"] |= new
         _recheck()
-        names, attrs = sorted(_state["globals"]), sorted(_state["attrs"])
+        names = sorted(_state["globals"])
+        attrs = sorted(slot for slot in _state["attrs"] if _reads_attr(slot[1], read))
     found: list[tuple[str, str]] = []
     for name in names:
         func = _compat.global_func(name, missing_ok=True)
@@ -118,19 +150,34 @@ def _tvms(value: Any) -> bool:
         return False  # a user's: the model key says so when it is taken
 
 
+def _reads_attr(attr: str, kinds: set[str]) -> bool:
+    """Whether a compile for `kinds` reads attribute `attr` (Relax attributes, its kinds' lowering rules)."""
+    return "." not in attr or attr.split(".", 1)[0] in kinds
+
+
 def _scan() -> None:
     users = set()
     for name in _compat.global_func_names():
         func = _compat.global_func(name, missing_ok=True)
         if func is not None and not _tvms(func):
             users.add(name)
-    attrs = set()
-    for op, attr, value in _compat.op_attr_values(OP_ATTRS):
-        if isinstance(value, tvm_ffi.Function) and not _tvms(value):
-            attrs.add((op, attr))
     # A plain value a user set (found through a wrapped point only) stays until it is reset.
     plain = {slot for slot in _state["attrs"] if not isinstance(_compat.op_attr(*slot), (tvm_ffi.Function, type(None)))}
-    _state["globals"], _state["attrs"] = users, attrs | plain
+    _state["globals"], _state["attrs"] = users, _users_attrs(RELAX_ATTRS, relax=True) | plain
+
+
+def _scan_lowering(kinds: set[str]) -> None:
+    """Add the users' lowering rules of `kinds` (scanned once per kind while the wrappers hold)."""
+    attrs = tuple(attr for kind in sorted(kinds) for attr in lowering_attrs(kind))
+    _state["attrs"] |= _users_attrs(attrs, relax=False)
+
+
+def _users_attrs(attrs: tuple[str, ...], *, relax: bool) -> set[tuple[str, str]]:
+    found = set()
+    for op, attr, value in _compat.op_attr_values(attrs, lambda name: name.startswith(RELAX_OPS) == relax):
+        if isinstance(value, tvm_ffi.Function) and not _tvms(value):
+            found.add((op, attr))
+    return found
 
 
 def _recheck() -> None:
@@ -148,8 +195,12 @@ def _recheck() -> None:
 # ---- the registration points ------------------------------------------------------------------
 
 
-def install_hooks() -> None:
-    """Wrap TVM's registration points (enable()); the scan is stale: what was registered meanwhile is found."""
+def install_hooks(*, registered_before: bool = True) -> None:
+    """Wrap TVM's registration points (enable()); the scan is stale: what was registered meanwhile is found.
+
+    registered_before=False: the wrappers go in as `import tvm` completes (CODEGEN_CACHE_ENABLE),
+    before any other code can register; what is registered then is TVM's own, so no scan is needed.
+    """
     with _lock:
         _state["scanned"] = False
         if _state["wrapped"]:
@@ -165,6 +216,9 @@ def install_hooks() -> None:
             _state["wrapped"].append((module, attribute, original, wrapper))
         _state["hooked"] = hooked
         _state["dirty_globals"], _state["dirty_attrs"] = set(), {}
+        if hooked and not registered_before:
+            _state["scanned"], _state["globals"], _state["attrs"] = True, set(), set()
+            _state["kinds"] = None  # every kind: nothing to scan for any
 
 
 def uninstall_hooks() -> None:
@@ -232,8 +286,8 @@ def database_part() -> str:
         return ""
     size = len(database)
     with _lock:
-        memo = _database_memo
-        if memo["held"] is database and memo["size"] == size:
+        memo = _database_memo  # Database.current() gives a new wrapper per call: compared by handle
+        if memo["held"] is not None and memo["held"].same_as(database) and memo["size"] == size:
             return memo["digest"]
     digest = xxhash.xxh3_128()
     digest.update(f"{type(database).__module__}.{type(database).__qualname__}".encode())

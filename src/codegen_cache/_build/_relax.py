@@ -13,6 +13,7 @@ comes here. The *model key* is computed from what relax.build is given, before a
     registered     what the pipeline reads that Python registered into TVM and is not TVM's own:
                    global functions, op attributes, pipelines by name (_reads.py, _identity.py)
     database       the records of the MetaSchedule database in context
+    codegen_cache  the package version (its own functions registered into TVM: the switch's routers)
     tvm, tvm_ffi, llvm    the static salts
     codegens       name, mode, toolchain and salt of each codegen the build may call
     model_format
@@ -65,6 +66,7 @@ from .._outcome import emit
 from .._registry import DeviceCodegenRegistry
 from .._storage._layout import MODEL_CODEC
 from .._targets import canonical_target
+from .._version import __version__
 from ._build import BuildPart, BuildRecord, capture_builds, serve_parts
 from ._identity import DECLARE_HINT
 from ._index import codegen_seconds_of, codegens_json, pass_context_part, parse_part, read_entry, write_entry
@@ -98,8 +100,9 @@ def model_key(mod: IRModule, target: Target | None, params: Mapping[str, Any] | 
         return None
     scope = target if target is not None else Target.current()
     try:
-        codegens = _codegens_part(scope, _vdevice_targets(mod), registry)
-        registered = registered_part()
+        targets = _targets_read(scope, _vdevice_targets(mod))
+        codegens = codegens_json(targets, registry)
+        registered = registered_part(frozenset(t.kind.name for t in targets))
         database = database_part()
         structural = _compat.structural_hash(mod)
     except UncacheableError as err:
@@ -122,6 +125,7 @@ def model_key(mod: IRModule, target: Target | None, params: Mapping[str, Any] | 
         ("pass_context", context),
         ("registered", registered),
         ("database", database),
+        ("codegen_cache", __version__),
         *static_salts(),
         ("codegens", codegens),
         ("model_format", MODEL_FORMAT),
@@ -146,8 +150,8 @@ def _params_part(params: Mapping[str, Any] | None) -> str | None:
     return digest.hexdigest()
 
 
-def _codegens_part(target: Target | None, vdevices: list[Target], registry: DeviceCodegenRegistry) -> str:
-    """The codegens this compile may call: for the target, its host (llvm when none) and the module's vdevices."""
+def _targets_read(target: Target | None, vdevices: list[Target]) -> list[Target]:
+    """The targets this compile may build for: the target, its host (llvm when none) and the module's vdevices."""
     host = "llvm" if _compat.runtime_enabled("llvm") else "c"
     targets = [_host_target(host), *vdevices]
     if target is not None:
@@ -155,7 +159,7 @@ def _codegens_part(target: Target | None, vdevices: list[Target], registry: Devi
     for found in list(targets):
         if found.host is not None:
             targets.append(found.host)
-    return codegens_json(targets, registry)
+    return targets
 
 
 def _vdevice_targets(mod: IRModule) -> list[Target]:

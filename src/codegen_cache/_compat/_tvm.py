@@ -10,6 +10,7 @@ import builtins
 import functools
 import importlib.util
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from . import _INSTALL_HINT
@@ -368,10 +369,10 @@ def op_attr(op_name: str, key: str) -> Any:
         return None
 
 
-def op_attr_values(keys: tuple[str, ...]) -> list[tuple[str, str, Any]]:
-    """(operator name, key, value) of every operator that sets one of `keys`."""
+def op_attr_values(keys: tuple[str, ...], which: Callable[[str], bool]) -> list[tuple[str, str, Any]]:
+    """(operator name, key, value) of every operator whose name `which` accepts that sets one of `keys`."""
     get = tvm.ir._ffi_api.OpGetAttr
-    ops = [(name, tvm.ir._ffi_api.GetOp(name)) for name in list(tvm.ir.Op.list_op_names())]
+    ops = [(name, tvm.ir._ffi_api.GetOp(name)) for name in list(tvm.ir.Op.list_op_names()) if which(name)]
     found = []
     for key in keys:
         try:
