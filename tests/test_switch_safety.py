@@ -365,3 +365,14 @@ def test_warm_workers_never_import_a_standard_module_planted_in_the_working_dire
     assert code == 0 and "2 ran the codegen" in out, out
     assert not marker.exists(), marker.read_text()
     assert "PYTHONSAFEPATH" not in os.environ
+
+
+@needs_hook
+@pytest.mark.slow
+def test_doctor_runs_and_tells_in_a_runtime_only_environment(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "codegen_cache", "doctor", "--processes", "0"], capture_output=True,
+                          text=True, timeout=600, env=environ(CODEGEN_CACHE_ENABLE="1", TVM_USE_RUNTIME_LIB="1",
+                                                              CODEGEN_CACHE_DIR=str(tmp_path / "cache")))
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "TVM_USE_RUNTIME_LIB=1 makes TVM runtime-only" in done.stdout
+    assert "toolchain: TVM not usable here" in done.stdout
