@@ -53,11 +53,17 @@ def test_python_in_isolated_mode_starts_without_the_hook():
 
 @needs_hook
 @pytest.mark.slow
-def test_import_tvm_with_the_variable_imports_what_import_tvm_and_codegen_cache_import(tmp_path):
+def test_import_tvm_with_the_variable_imports_what_import_tvm_and_enable_import(tmp_path):
     env = {"CODEGEN_CACHE_DIR": str(tmp_path / "cache")}
     switched = set(python_json(f"import tvm\n{MODULES}", env={**env, "CODEGEN_CACHE_ENABLE": "1"}))
+    enabled = set(python_json(f"import tvm, codegen_cache\ncodegen_cache.enable(children=False)\n{MODULES}",
+                              env={**env, "CODEGEN_CACHE_ENABLE": None}))
     plain = set(python_json(f"import tvm, codegen_cache\n{MODULES}", env={**env, "CODEGEN_CACHE_ENABLE": None}))
-    assert switched - plain == {"_codegen_cache_startup", "_codegen_cache_turn_on"}  # the hook's two modules only
+    assert switched - enabled == {"_codegen_cache_startup", "_codegen_cache_turn_on"}  # the hook's two modules only
+    # Beyond `import tvm; import codegen_cache`: the switch's own modules (and standard ones), no other package's.
+    assert {m for m in switched - plain if not m.startswith("codegen_cache.")
+            and m.split(".")[0] not in sys.stdlib_module_names and not m.startswith("_sysconfigdata")} == {
+        "_codegen_cache_startup", "_codegen_cache_turn_on"}
     assert not (tmp_path / "cache").exists()  # enabling opens no store: the first compile does
 
 
