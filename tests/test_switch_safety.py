@@ -349,3 +349,30 @@ def test_a_helpers_import_path_keeps_what_the_program_added_and_leaves_out_the_w
     assert path[0] == str(Path(cc.__file__).resolve().parent.parent)  # the package's own root first
     assert str(tvm_from_source) in path
     assert "" not in path and str(tmp_path) not in path and "relative/dir" not in path
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="PYTHONSAFEPATH (-P) is Python 3.11's")
+def test_warm_workers_never_import_a_standard_module_planted_in_the_working_directory(tmp_path, monkeypatch, capsys):
+    marker = tmp_path / "ran"
+    _plant(tmp_path / "cwd", marker, ("pickle", "runpy", "struct"))
+    monkeypatch.chdir(tmp_path / "cwd")
+    kernels = str(ROOT / "tests" / "kernels.py")
+    code = main(["--dir", str(tmp_path / "cache"), "warm", kernels, "-t", "c", "--kernel", "vadd", "--kernel", "vmul",
+                 "-j", "2", "--no-progress"])
+    out = capsys.readouterr().out
+    assert code == 0 and "2 ran the codegen" in out, out
+    assert not marker.exists(), marker.read_text()
+    assert "PYTHONSAFEPATH" not in os.environ
+
+
+@needs_hook
+@pytest.mark.slow
+def test_doctor_runs_and_tells_in_a_runtime_only_environment(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "codegen_cache", "doctor", "--processes", "0"], capture_output=True,
+                          text=True, timeout=600, env=environ(CODEGEN_CACHE_ENABLE="1", TVM_USE_RUNTIME_LIB="1",
+                                                              CODEGEN_CACHE_DIR=str(tmp_path / "cache")))
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "TVM_USE_RUNTIME_LIB=1 makes TVM runtime-only" in done.stdout
+    assert "toolchain: TVM not usable here" in done.stdout

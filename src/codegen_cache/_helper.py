@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+import contextlib
+import threading
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-__all__ = ["helper_argv", "helper_env", "import_path"]
+__all__ = ["helper_argv", "helper_env", "import_path", "spawned_without_working_directory"]
 
 # The directory that holds the codegen_cache package (site-packages, or src/ of a checkout).
 _OWN_ROOT = str(Path(__file__).resolve().parent.parent)
@@ -69,3 +71,31 @@ def helper_env(environ: Mapping[str, str] | None = None, *, hash_seed: str | Non
     if hash_seed is not None:
         env["PYTHONHASHSEED"] = hash_seed
     return env
+
+
+_SAFE_PATH = "PYTHONSAFEPATH"
+_safe_path_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def spawned_without_working_directory() -> Iterator[None]:
+    """Processes multiprocessing spawns inside the block do not put the working directory on sys.path.
+
+    A spawned worker runs `python -c "from multiprocessing.spawn import spawn_main; ..."`: until
+    multiprocessing hands it the parent's sys.path it imports the standard modules that bootstrap
+    it with the working directory first (a `pickle.py` there would run). PYTHONSAFEPATH=1 (Python
+    3.11 and later; -P) keeps it off. Set in os.environ for the block, as spawn passes no
+    environment of its own; the `codegen-cache` commands that spawn workers run in a process of
+    their own.
+    """
+    with _safe_path_lock:
+        before = os.environ.get(_SAFE_PATH)
+        os.environ[_SAFE_PATH] = "1"
+    try:
+        yield
+    finally:
+        with _safe_path_lock:
+            if before is None:
+                os.environ.pop(_SAFE_PATH, None)
+            else:
+                os.environ[_SAFE_PATH] = before
