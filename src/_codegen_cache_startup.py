@@ -10,14 +10,17 @@ imported is in _codegen_cache_turn_on.py.
 
 The hook is a meta-path finder that waits for the `tvm` package to finish importing, then
 calls codegen_cache's enable_from_environment(). Where tvm is imported from inside another
-watched package's import (tilelang imports its own TVM first; codegen_cache imports TVM), it
-waits for the outermost of them to finish. Nothing is imported before that: a Python process
-that never imports TVM never imports codegen_cache.
+watched package's import (tilelang imports its own TVM first; a module of codegen_cache imports
+TVM), it waits for the outermost of them to finish. Nothing is imported before that: a Python
+process that never imports TVM never imports codegen_cache.
 """
 
 import sys  # no `from __future__ import annotations`: that is a module import too
 
 _WATCHED = ("tvm", "tilelang", "codegen_cache")
+# codegen_cache imports TVM on first use, from whichever of its modules needs it first (one that
+# enable() itself imports, too): TVM imported while any of them runs waits for it to finish.
+_WATCHED_PREFIX = "codegen_cache."
 
 
 class _EnableAfterImport:
@@ -33,7 +36,7 @@ class _EnableAfterImport:
         self.running: set[str] = set()  # the watched packages whose import is under way
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname not in _WATCHED or self.busy:
+        if (fullname not in _WATCHED and not fullname.startswith(_WATCHED_PREFIX)) or self.busy:
             return None
         self.busy = True  # the other finders are asked below; they must not find this one again
         try:

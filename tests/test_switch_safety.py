@@ -57,7 +57,7 @@ def test_import_tvm_with_the_variable_imports_what_import_tvm_and_codegen_cache_
     env = {"CODEGEN_CACHE_DIR": str(tmp_path / "cache")}
     switched = set(python_json(f"import tvm\n{MODULES}", env={**env, "CODEGEN_CACHE_ENABLE": "1"}))
     plain = set(python_json(f"import tvm, codegen_cache\n{MODULES}", env={**env, "CODEGEN_CACHE_ENABLE": None}))
-    assert switched - plain == {"_codegen_cache_startup"}
+    assert switched - plain == {"_codegen_cache_startup", "_codegen_cache_turn_on"}  # the hook's two modules only
     assert not (tmp_path / "cache").exists()  # enabling opens no store: the first compile does
 
 
@@ -335,3 +335,44 @@ def test_the_start_up_benchmark_measures_each_pair_side_by_side():
     for pair in found["pairs"].values():
         assert len(pair["samples"]["switched"]) == len(pair["samples"]["plain"]) == 2
         assert pair["cpu"]["median_ratio"] > 0 and pair["wall"]["median_ratio"] > 0
+
+
+def test_a_helpers_import_path_keeps_what_the_program_added_and_leaves_out_the_working_directory(tmp_path,
+                                                                                                 monkeypatch):
+    from codegen_cache._helper import import_path
+
+    tvm_from_source = tmp_path / "tvm" / "python"
+    tvm_from_source.mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", ["", str(tmp_path), str(tvm_from_source), "relative/dir", *sys.path])
+    path = import_path()
+    assert path[0] == str(Path(cc.__file__).resolve().parent.parent)  # the package's own root first
+    assert str(tvm_from_source) in path
+    assert "" not in path and str(tmp_path) not in path and "relative/dir" not in path
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="PYTHONSAFEPATH (-P) is Python 3.11's")
+def test_warm_workers_never_import_a_standard_module_planted_in_the_working_directory(tmp_path, monkeypatch, capsys):
+    marker = tmp_path / "ran"
+    _plant(tmp_path / "cwd", marker, ("pickle", "runpy", "struct"))
+    monkeypatch.chdir(tmp_path / "cwd")
+    kernels = str(ROOT / "tests" / "kernels.py")
+    code = main(["--dir", str(tmp_path / "cache"), "warm", kernels, "-t", "c", "--kernel", "vadd", "--kernel", "vmul",
+                 "-j", "2", "--no-progress"])
+    out = capsys.readouterr().out
+    assert code == 0 and "2 ran the codegen" in out, out
+    assert not marker.exists(), marker.read_text()
+    assert "PYTHONSAFEPATH" not in os.environ
+
+
+@needs_hook
+@pytest.mark.slow
+def test_doctor_runs_and_tells_in_a_runtime_only_environment(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "codegen_cache", "doctor", "--processes", "0"], capture_output=True,
+                          text=True, timeout=600, env=environ(CODEGEN_CACHE_ENABLE="1", TVM_USE_RUNTIME_LIB="1",
+                                                              CODEGEN_CACHE_DIR=str(tmp_path / "cache")))
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "TVM_USE_RUNTIME_LIB=1 makes TVM runtime-only" in done.stdout
+    assert "toolchain: TVM not usable here" in done.stdout

@@ -1,21 +1,17 @@
-"""tvm-codegen-cache: a device-codegen registry for Apache TVM under a content-addressed cache."""
+"""tvm-codegen-cache: a device-codegen registry for Apache TVM under a content-addressed cache.
 
-from ._build import (
-    BuildPart,
-    BuildRecord,
-    CachedBuild,
-    PreparedKernel,
-    build,
-    build_key,
-    build_with_record,
-    cached_export,
-    declare_salt,
-    metaschedule_builder,
-    prepare_for_codegen,
-    prepare_kernel,
-)
+Importing the package imports no TVM: the registry, the cache and its stores read TVM names
+through `_compat`, which imports TVM on first use, so `codegen-cache stats` and the other
+commands that only read a cache directory start without it. The names whose modules need TVM
+at import (the build driver, the switch, the CLI) are imported on their first use, from
+`_LAZY` (a module attribute afterwards). Importing this package still raises ImportError
+naming both extras where no TVM is installed.
+"""
+
+import importlib as _importlib
+
+from . import _compat
 from ._cache import CacheStats, CodegenCache
-from ._cli import main
 from ._config import Settings, settings_from_env
 from ._context import get_cache, use_cache
 from ._errors import (
@@ -41,15 +37,37 @@ from ._registry import (
     register_lazy_device_codegen,
     resolve_device_codegen,
 )
-from ._storage._fsprobe import FsReport
-from ._storage._fsprobe import probe as probe_filesystem
-from ._storage._remote import RedisTier
-from ._switch import disable, enable, is_enabled
 from ._version import __version__ as __version__
 from .codegens import install_builtins as _install_builtin_codegens
-from .codegens._callbacks import callback_salts, declare_callback_salt
 
+_compat.require_installed()
 _install_builtin_codegens(default_registry)
+
+# name -> (module, attribute; None: the module itself), imported on first use.
+_LAZY = {
+    "BuildPart": ("._build", "BuildPart"),
+    "BuildRecord": ("._build", "BuildRecord"),
+    "CachedBuild": ("._build", "CachedBuild"),
+    "PreparedKernel": ("._build", "PreparedKernel"),
+    "build": ("._build", "build"),
+    "build_key": ("._build", "build_key"),
+    "build_with_record": ("._build", "build_with_record"),
+    "cached_export": ("._build", "cached_export"),
+    "declare_salt": ("._build", "declare_salt"),
+    "metaschedule_builder": ("._build", "metaschedule_builder"),
+    "prepare_for_codegen": ("._build", "prepare_for_codegen"),
+    "prepare_kernel": ("._build", "prepare_kernel"),
+    "main": ("._cli", "main"),
+    "FsReport": ("._storage._fsprobe", "FsReport"),
+    "probe_filesystem": ("._storage._fsprobe", "probe"),
+    "RedisTier": ("._storage._remote", "RedisTier"),
+    "disable": ("._switch", "disable"),
+    "enable": ("._switch", "enable"),
+    "is_enabled": ("._switch", "is_enabled"),
+    "callback_salts": (".codegens._callbacks", "callback_salts"),
+    "declare_callback_salt": (".codegens._callbacks", "declare_callback_salt"),
+    "tilelang": (".tilelang", None),
+}
 
 
 __all__ = [
@@ -102,3 +120,14 @@ __all__ = [
     "settings_from_env",
     "use_cache",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """A name of `_LAZY`, imported now and kept as a module attribute."""
+    lazy = _LAZY.get(name)
+    if lazy is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = _importlib.import_module(lazy[0], __name__)
+    value = module if lazy[1] is None else getattr(module, lazy[1])
+    globals()[name] = value
+    return value

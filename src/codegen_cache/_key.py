@@ -22,12 +22,15 @@ import json
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from functools import lru_cache, partial
+from typing import TYPE_CHECKING
 
 import xxhash
 
 from . import _compat
-from ._compat import IRModule, Target
 from ._targets import canonical_target
+
+if TYPE_CHECKING:
+    from ._compat import IRModule, Target
 
 __all__ = ["PART_NAMES", "CacheKey", "ToolchainParts", "compute_key", "ir_hash", "static_salts"]
 

@@ -27,14 +27,14 @@ from dataclasses import dataclass
 from importlib import import_module  # module-level name: tilelang's own tests patch it
 from typing import TYPE_CHECKING, Any
 
-from ._compat import IRModule, PrimFunc, Target, tvm_ffi
+from . import _compat
 from ._context import active_cache
 from ._log import warn_once
 from ._outcome import run_uncached
 from ._targets import TargetLike, as_target
 
 if TYPE_CHECKING:
-    from ._compat import Module
+    from ._compat import IRModule, Module, Target
 
 __all__ = [
     "DeviceCodegen",
@@ -57,10 +57,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-DeviceCodegenFunc = Callable[[IRModule, Target], "Module"]
-TargetPredicate = Callable[[Target], bool]
+DeviceCodegenFunc = Callable[["IRModule", "Target"], "Module"]
+TargetPredicate = Callable[["Target"], bool]
 # What a codegen adds to its cache key: toolchain versions, env vars it reads, its own salt.
-ToolchainFunc = Callable[[Target, bool], Mapping[str, str]]
+ToolchainFunc = Callable[["Target", bool], Mapping[str, str]]
 
 
 def _add_note(err: BaseException, note: str) -> None:
@@ -99,7 +99,8 @@ def codegen_function(name: str, *, missing_ok: bool = False) -> Any:
     A function registered over the router (a user's own target.build.llvm) is called as registered.
     """
     # Called as the original module calls it (tilelang's own tests patch tvm_ffi.get_global_func).
-    func = tvm_ffi.get_global_func(name, allow_missing=True) if missing_ok else tvm_ffi.get_global_func(name)
+    get = _compat.tvm_ffi.get_global_func
+    func = get(name, allow_missing=True) if missing_ok else get(name)
     routed = _routed.get(name)
     if routed is not None and func is not None and func.__chandle__() == routed[0].__chandle__():
         return routed[1]
@@ -118,7 +119,7 @@ def global_func_device_codegen(global_func_name: str) -> DeviceCodegenFunc:
         try:
             func = codegen_function(global_func_name)
         except ValueError as err:
-            names = sorted(n for n in tvm_ffi.registry.list_global_func_names() if n.startswith("target.build."))
+            names = sorted(n for n in _compat.tvm_ffi.registry.list_global_func_names() if n.startswith("target.build."))
             _add_note(err, f"Registered codegen functions in this TVM build: {names}.")
             raise
         return call_codegen_function(global_func_name, func, mod, target)
@@ -131,7 +132,7 @@ def check_prepared(where: str, mod: Any) -> None:
 
     Any other input goes on to the codegen as it is (the cache cannot key it), as in the original.
     """
-    if isinstance(mod, PrimFunc):
+    if isinstance(mod, _compat.PrimFunc):
         attrs = mod.attrs
         symbol = attrs.get("global_symbol") if attrs is not None else None
         named = f" {str(symbol)!r}" if symbol is not None else ""

@@ -5,22 +5,25 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from functools import lru_cache
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
-from ._compat import Target
+from . import _compat
+
+if TYPE_CHECKING:
+    from ._compat import Target
 
 __all__ = ["TargetLike", "as_target", "canonical_target"]
 
-TargetLike = Union[Target, Mapping[str, Any], str]
+TargetLike = Union["Target", Mapping[str, Any], str]
 
 
 def as_target(target: TargetLike) -> Target:
     """Accept a Target, a target dict, or a kind/tag string; raise ValueError naming the value."""
-    if isinstance(target, Target):
+    if isinstance(target, _compat.Target):
         return target
     if isinstance(target, (str, Mapping)):
         try:
-            return Target(dict(target) if isinstance(target, Mapping) else target)
+            return _compat.Target(dict(target) if isinstance(target, Mapping) else target)
         except (ValueError, TypeError, RuntimeError) as err:
             raise ValueError(
                 f"Invalid target {target!r}: expected a tvm.target.Target, a target dict such as "
@@ -33,7 +36,7 @@ def as_target(target: TargetLike) -> Target:
 
 
 def _jsonable(value: Any) -> Any:
-    if isinstance(value, Target):
+    if isinstance(value, _compat.Target):
         return _jsonable(value.export())
     if isinstance(value, Mapping):
         return {str(k): _jsonable(v) for k, v in value.items()}

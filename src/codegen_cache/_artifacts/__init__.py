@@ -1,14 +1,29 @@
-"""Artifact bytes: the frame, one codec per module kind, the CUDA payload; nothing here pickles."""
+"""Artifact bytes: the frame, one codec per module kind, the CUDA payload; nothing here pickles.
 
-from ._codecs import (CODECS, check, decode, encode_cuda_binary, function_names, needs_upgrade, portable, prepare,
-                      symbol_names, upgradable, upgrade)
-from ._cuda import CudaPayload
-from ._frame import FORMAT_VERSION, HOT_META, Artifact, frame, read_meta, unframe
-from ._llvm import SCRATCH_PREFIX, CachedIRModule, CachedLibraryModule, compiler_command, keep_answering
-from ._module_methods import as_built_root, install_on_module, installed_on_module, uninstall_from_module
+The frame (`_frame`) and the scratch-name rule (`_private`) are imported with the package; the
+codecs and the module classes (`_codecs`, `_cuda`, `_llvm`, `_module_methods`: they import TVM)
+on the first use of one of their names, so that reading a cache directory's frames (codegen-cache ls, stats) needs
+no TVM. Modules that are imported without TVM call them as `_artifacts.<name>(...)`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from ._frame import CODEC_FIELDS, FORMAT_VERSION, HOT_META, Artifact, frame, read_meta, unframe
+from ._private import SCRATCH_PREFIX
+
+if TYPE_CHECKING:
+    from ._codecs import (CODECS, check, decode, encode_cuda_binary, function_names, needs_upgrade, portable,
+                          prepare, symbol_names, upgradable, upgrade)
+    from ._cuda import CudaPayload
+    from ._llvm import CachedIRModule, CachedLibraryModule, compiler_command, keep_answering
+    from ._module_methods import as_built_root, install_on_module, installed_on_module, uninstall_from_module
 
 __all__ = [
     "CODECS",
+    "CODEC_FIELDS",
     "FORMAT_VERSION",
     "HOT_META",
     "SCRATCH_PREFIX",
@@ -38,7 +53,29 @@ __all__ = [
     "upgrade",
 ]
 
+# name -> the module that defines it, imported on the first use of the name.
+_LAZY = {
+    **dict.fromkeys(("CODECS", "check", "decode", "encode_cuda_binary", "function_names", "needs_upgrade", "portable",
+                     "prepare", "symbol_names", "upgradable", "upgrade"), "._codecs"),
+    "CudaPayload": "._cuda",
+    **dict.fromkeys(("CachedIRModule", "CachedLibraryModule", "compiler_command", "keep_answering"), "._llvm"),
+    **dict.fromkeys(("as_built_root", "install_on_module", "installed_on_module", "uninstall_from_module"),
+                    "._module_methods"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """A name of `_codecs`, `_cuda`, `_llvm` or `_module_methods`: imported now, an attribute afterwards."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
 
 def encode(module, meta, *, func_names) -> bytes:
     """Frame a built module in its raw form (what the cache stores first)."""
+    from ._codecs import prepare
+
     return frame(*prepare(module, meta, func_names=func_names))

@@ -12,8 +12,8 @@
 | c         | C source                                | a C source module with the function names    |
 | source    | source text (CUDA, OpenCL, Metal, ...)  | runtime.SourceModuleCreate(text, format)     |
 
-`prepare` runs on the caller's thread and only copies what the module holds (microseconds to a
-millisecond), and for llvm what the built module answers (target string, system-lib flag and
+`prepare` runs on the caller's thread and only copies what the module holds, and for llvm
+what the built module answers (target string, system-lib flag and
 prefix, function names, property mask) and the IR's target triple; `upgrade` turns an llvm-ir
 entry into llvm-so in a helper process, for this host's CPU and OS only (LLVM IR for another
 target stays IR: no compiler here can link it), and `portable` back (what a host of another
@@ -32,13 +32,13 @@ from .. import _compat
 from .._compat import Module
 from .._errors import ArtifactError, CudaRuntimeUnavailableError, EntryKeyError
 from . import _cuda, _llvm
-from ._frame import Artifact, frame, unframe
+from ._frame import CODEC_FIELDS, Artifact, frame, unframe
 
 __all__ = ["CODECS", "check", "decode", "encode_cuda_binary", "function_names", "needs_upgrade", "portable",
            "prepare", "symbol_names", "upgradable", "upgrade"]
 
 # The JSON type of each metadata field a hit reads; a checksum is not authentication, so a
-# well-framed entry may still hold anything there (a null codegen_seconds made lower() raise).
+# well-framed entry may still hold anything there (a null number must not make lower() raise).
 _HOT_TYPES = {"key": str, "build_seconds": (int, float), "source_format": str, "c_func_names": list,
               "func_names": list, "module_kind": str, "ir_digest": str, "llvm_queries": dict, "property_mask": int,
               "triple": str}
@@ -201,15 +201,16 @@ def _source(fields, meta, path, scratch) -> Module:
 
 Decoder = Callable[[tuple[bytes, ...], dict, "str | None", str], Module]
 # codec -> (number of payload fields, decoder)
-CODECS: dict[str, tuple[int, Decoder]] = {
-    "llvm-ir": (1, _llvm_ir),
-    "llvm-so": (2, _llvm_so),
-    "cuda-bin": (4, _cuda_bin),
-    "cuda-module": (4, _cuda_module),
-    "cuda-fallback": (2, _cuda_fallback),
-    "c": (1, _c_source),
-    "source": (1, _source),
+_DECODERS: dict[str, Decoder] = {
+    "llvm-ir": _llvm_ir,
+    "llvm-so": _llvm_so,
+    "cuda-bin": _cuda_bin,
+    "cuda-module": _cuda_module,
+    "cuda-fallback": _cuda_fallback,
+    "c": _c_source,
+    "source": _source,
 }
+CODECS: dict[str, tuple[int, Decoder]] = {codec: (CODEC_FIELDS[codec], decode) for codec, decode in _DECODERS.items()}
 
 
 def check(art: Artifact) -> None:

@@ -311,8 +311,9 @@ def _empty_kernels(infos: dict[str, dict]) -> IRModule:
     """Kernels with nothing in their bodies whose function map is `infos` (function_infos' form).
 
     Kernels of one signature share one PrimFunc but for their attributes: making the
-    parameters and the function per kernel cost 25 us each, most of a 64-kernel hit
-    (docs/cache.md); the module target.build.cuda makes from them is checked by the caller.
+    parameters and the function per kernel would be most of a many-kernel hit
+    (docs/benchmarks.md, "Figures behind code comments"); the module target.build.cuda makes
+    from them is checked by the caller.
     """
     tirx, ir = _compat.tvm.tirx, _compat.tvm.ir
     functions, bases = {}, {}

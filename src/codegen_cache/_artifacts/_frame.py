@@ -27,17 +27,20 @@ import xxhash
 
 from .._errors import ArtifactError
 
-__all__ = ["FORMAT_VERSION", "HOT_META", "MAGIC", "Artifact", "frame", "read_meta", "unframe"]
+__all__ = ["CODEC_FIELDS", "FORMAT_VERSION", "HOT_META", "MAGIC", "Artifact", "frame", "read_meta", "unframe"]
 
 # Bump when the frame or a codec's payload changes: the version is also a key part, so entries
 # of another layout are never looked up, and the remote tier's key prefix.
 FORMAT_VERSION = 4  # 4: source-only CUDA entries keep their function map (codec cuda-fallback)
+# codec -> the number of payload fields its decoder takes (_codecs.CODECS); kept here, without
+# the decoders, so that listing and checking entries needs no TVM.
+CODEC_FIELDS = {"llvm-ir": 1, "llvm-so": 2, "cuda-bin": 4, "cuda-module": 4, "cuda-fallback": 2, "c": 1, "source": 1}
 MAGIC = b"CGCA"
 _FOOTER = struct.Struct("<QIIHBBHQ4s")
 _U64 = struct.Struct("<Q")
 # Metadata a hit reads; everything else goes to the info section, parsed only by tools.
 # "build_seconds" holds a codegen run's seconds (codegen_seconds everywhere else): the stored
-# name stays, as renaming it would change the format of every entry (issue 26).
+# name stays: renaming it would change the format of every entry.
 HOT_META = frozenset({"key", "build_seconds", "source_format", "c_func_names", "func_names", "module_kind",
                       "ir_digest", "llvm_queries", "property_mask", "triple"})
 

@@ -4,7 +4,7 @@ TVM's LLVM module cannot be saved to bytes. A built module is stored at once as 
 text, in memory (`ir_text`: LLVM prints it into a memfd, else `inspect_source("ll")`), which
 TVM loads back by re-parsing it. A helper process later turns the IR into a shared library, linked the
 way `export_library` links (`$CXX`/`$CC` or g++, `-shared -fPIC`), which a hit maps with
-dlopen in microseconds. LLVM aborts the whole process on an I/O error while it emits an
+dlopen (no compile). LLVM aborts the whole process on an I/O error while it emits an
 object file, so that step never runs in the user's process.
 """
 
@@ -58,10 +58,9 @@ _memfd_create = getattr(os, "memfd_create", None)
 def ir_text(module: Module) -> bytes:
     """A built llvm module's LLVM IR text, byte for byte what `inspect_source("ll")` returns.
 
-    LLVM prints it into a memfd (anonymous memory, no file system), read back once: about two
-    thirds of the time `inspect_source` takes, which turns the text into a str that a store
-    encodes back (benchmarks/bench_ir_text.py: 0.44 against 0.68 ms for a vector add, 5.6 against
-    8.8 ms for 2048 statements). LLVM ends the process on a failed write, so the memfd is used
+    LLVM prints it into a memfd (anonymous memory, no file system), read back once as bytes:
+    `inspect_source` turns the text into a str that a store encodes back (what the memfd saves:
+    docs/benchmarks.md, benchmarks/bench_ir_text.py). LLVM ends the process on a failed write, so the memfd is used
     only where a write can fail no other way than the process's memory running out: not under a
     file size limit (RLIMIT_FSIZE, which applies to memfds too). Elsewhere, and where no memfd
     can be made, `inspect_source`.

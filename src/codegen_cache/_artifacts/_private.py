@@ -199,8 +199,8 @@ def private_file(data: bytes | memoryview, scratch: str, name: str) -> str:
     return path
 
 
-# No directory of the process's own, as before: making one was a third of a millisecond of a
-# fresh process's tilelang hit (its first mkdir), and a file in it another sixth.
+# No directory of the process's own: its first mkdir would be paid by a fresh process's first
+# hit (docs/benchmarks.md, "Figures behind code comments").
 _own_files = itertools.count()
 _own_paths: list[str] = []  # this process's private files, removed at its exit
 _own_pid: list[tuple[int, str]] = []  # [(pid, the names' prefix)]: drawn anew in a child of fork

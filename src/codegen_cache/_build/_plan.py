@@ -89,7 +89,7 @@ def plan(mod: PrimFunc | IRModule, target: str | Target | None, pipeline: str | 
     return Plan(irmod, original, func_targets, hashed, _with_host(bind, host), chosen, host, pipeline)
 
 
-# Target construction and with_host cost tens of microseconds; the warm path is about that size.
+# Memoized: Target construction and with_host cost about as much as the rest of a warm build.
 @lru_cache(maxsize=256)
 def _target_from_str(text: str) -> Target:
     return Target(text)

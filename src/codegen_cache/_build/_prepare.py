@@ -2,7 +2,7 @@
 
 Follows tvm/tirx/build.py: BindTarget with a host, the default TIR pipeline,
 split_host_device_mods and the finalize passes. TVM calls this lowering; here "lower" is
-the codegen's (DeviceCodegen.lower), so this step is "prepare" (issue 26).
+the codegen's (DeviceCodegen.lower), so this step is "prepare" (one meaning per word).
 """
 
 from __future__ import annotations

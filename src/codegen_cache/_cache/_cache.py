@@ -35,11 +35,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import _context
-from .._artifacts import FORMAT_VERSION, frame, keep_answering, prepare, symbol_names
-from .._compat import IRModule, Module, Target
+from .. import _artifacts
+from .._artifacts import FORMAT_VERSION, frame
+from .. import _compat
 from .._config import (ENV_VARS, Settings, disabled_by_env, own_env_vars, refuse_file_as_directory, settings_from_env,
                        unknown_env_vars)
 from .._errors import ReentrantLoweringError, UncacheableError
@@ -73,6 +74,9 @@ from .._storage._plain import PlainFiles
 from .._validate import check_bool, check_timeout
 from . import _upgrade
 from ._stats import CacheStats
+
+if TYPE_CHECKING:
+    from .._compat import IRModule, Module, Target
 
 __all__ = ["STORE_NAMES", "CodegenCache", "fresh_results_are_the_callers", "store_in_every_tier"]
 
@@ -226,7 +230,7 @@ class CodegenCache:
 
     # ---- the parts, each made at its first use -----------------------------------------------
     # A process that never looks into a store does not make them: a tilelang hit reads a plain
-    # file, and making every part in the constructor was a fifth of a fresh process's hit.
+    # file, and a fresh process's first hit would pay for parts it never uses.
 
     @_made_once
     def _stats(self) -> StatsRecorder:
@@ -388,7 +392,7 @@ class CodegenCache:
     def key_for(self, mod: IRModule, target: TargetLike, *, compile_device: bool = True,
                 codegen: DeviceCodegen | str | None = None, structural_hash: int | None = None) -> CacheKey:
         """The cache key of this lowering (its parts say what went into it)."""
-        if not isinstance(mod, IRModule):
+        if not isinstance(mod, _compat.IRModule):
             check_prepared("CodegenCache.key_for", mod)
             raise TypeError(f"key_for expects a tvm.IRModule, got {type(mod).__name__}")
         _check_mode(compile_device)
@@ -587,9 +591,9 @@ class CodegenCache:
     def _lower(self, mod: IRModule, target: TargetLike, compile_device: bool, codegen: Any) -> Module:
         start = time.perf_counter()
         _check_mode(compile_device)
-        if type(mod) is not IRModule:
+        if type(mod) is not _compat.IRModule:
             check_prepared("CodegenCache.lower", mod)
-        if type(target) is not Target:
+        if type(target) is not _compat.Target:
             target = as_target(target)
         if type(codegen) is not DeviceCodegen:
             codegen = self.resolve(target, codegen)  # a name or None: the DeviceCodegen it means
@@ -618,7 +622,7 @@ class CodegenCache:
                 self._stats.add_hit(codegen.name, mode, "memory", saved)
                 emit(tier="memory", key=key.digest, codegen=codegen.name, mode=mode, key_seconds=key_seconds,
                      load_seconds=0.0, codegen_seconds=saved, total_seconds=time.perf_counter() - start)
-                keep_answering(kept.module)
+                _artifacts.keep_answering(kept.module)
                 return kept.module
         probe = Probe(key.digest, mode, mod, self.settings.verify, library=compile_device and target.kind.name == "llvm")
         # The tiers that do not pay for this codegen are not asked either (_budget.py).
@@ -636,7 +640,7 @@ class CodegenCache:
             return None
         if _mode_function(codegen, compile_device) is None:
             codegen._func_for(target, compile_device)  # noqa: SLF001 - raises the seed's ValueError
-        if not isinstance(mod, IRModule):
+        if not isinstance(mod, _compat.IRModule):
             return None  # nothing to key (tilelang's own tests pass placeholders)
         try:
             return self._key(mod, target, codegen, compile_device, ir_hash(mod))
@@ -695,7 +699,7 @@ class CodegenCache:
             held, found = self._flight.begin(key.digest, lambda: self._chain.lookup(probe, start=1, stop=2),
                                                codegen=codegen.name)
             if not isinstance(found, Hit) and self._fleet is not None:
-                # This machine's builder: now one per fleet. A waiter polls the remote for the entry.
+                # This machine's builder, one per fleet: a waiter polls the remote for the entry.
                 lease, found = self._fleet.begin(key.digest, lambda: self._recheck_remote(probe))
                 if isinstance(found, Hit):
                     self._flight.release(held)
@@ -744,7 +748,7 @@ class CodegenCache:
         emit(tier=hit.tier, key=digest, codegen=codegen, mode=mode, key_seconds=key_seconds,
              load_seconds=hit.load_seconds, codegen_seconds=saved, total_seconds=time.perf_counter() - start)
         if hit.tier == "memory":
-            keep_answering(hit.entry.module)  # registered again as the newest (a decoded one is already)
+            _artifacts.keep_answering(hit.entry.module)  # registered again as the newest (a decoded one is already)
         return hit.entry.module
 
     def _fetch(self, digest: str, mode: str | None, *, ir: Any, fresh: bool, count: bool,
@@ -770,7 +774,7 @@ class CodegenCache:
             # A call of its own: one hit in its row (the codegen's, else "fetch"), so totals stay the rows' sum.
             saved = float(hit.entry.meta.get("build_seconds", 0.0))
             self._stats.add_hit(codegen or "fetch", mode or "kept", hit.tier, saved)
-        keep_answering(hit.entry.module)
+        _artifacts.keep_answering(hit.entry.module)
         return hit.entry.module, hit.entry.meta
 
     def _refresh_later(self, digest: str, blob: bytes | memoryview | None) -> None:
@@ -823,7 +827,7 @@ class CodegenCache:
         if self.settings.verify:
             meta["ir_digest"] = Probe(key.digest, mode, mod).ir_digest
         try:
-            codec, meta, fields = prepare(module, meta, func_names=symbol_names(before[2]))
+            codec, meta, fields = _artifacts.prepare(module, meta, func_names=_artifacts.symbol_names(before[2]))
             blob = frame(codec, meta, fields)
         except _ENCODE_ERRORS as err:
             self._stats.add("stores_skipped")

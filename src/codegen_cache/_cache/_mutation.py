@@ -6,9 +6,11 @@ A codegen must not change its input; one that does gets its result returned but 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .._compat import IRModule
+
+if TYPE_CHECKING:
+    from .._compat import IRModule
 
 __all__ = ["changed", "parts_of"]
 

@@ -11,7 +11,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .._artifacts import encode_cuda_binary, function_names, read_meta
+from .. import _artifacts
+from .._artifacts import read_meta
 from .._errors import ArtifactError
 from .._compat import IRModule
 from .._targets import TargetLike, as_target
@@ -75,7 +76,7 @@ def precompile_cuda(cache: CodegenCache, mod: IRModule, target: TargetLike, code
                 "target_kind": target.kind.name, "build_seconds": seconds, "created": time.time()}
         if cache.settings.verify:
             meta["ir_digest"] = Probe(digest, "compiled", mod).ir_digest
-        blob = encode_cuda_binary(payload, source, meta, func_names=function_names(mod))
+        blob = _artifacts.encode_cuda_binary(payload, source, meta, func_names=_artifacts.function_names(mod))
         promote = stage(codegen.name, "compiled", digest, blob)
     finally:
         flight.release(held)

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from .._artifacts import read_meta, upgradable
+from .. import _artifacts
+from .._artifacts import read_meta
 from .._errors import ArtifactError
 from .._storage._disk import ArtifactStore
 from .._storage._pending import PendingFiles
@@ -134,6 +135,6 @@ class Promoter:
 
 def _native_llvm(blob: bytes) -> bool:
     try:
-        return upgradable(*read_meta(blob))
+        return _artifacts.upgradable(*read_meta(blob))
     except ArtifactError:
         return False

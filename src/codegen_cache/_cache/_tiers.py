@@ -12,25 +12,28 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import xxhash
 
 from .. import _compat
-from .._artifacts import Artifact, decode, needs_upgrade
-from .._compat import IRModule, Module
+from .. import _artifacts
+from .._artifacts import Artifact
 from .._errors import ArtifactError, CudaRuntimeUnavailableError, EntryKeyError
 from .._storage._disk import STORAGE_ERRORS, ArtifactStore
 from .._storage._memory import MemoryEntry, ModuleLRU
 from .._storage._pending import PendingFiles
 from ._guard import StorageGuard
 
+if TYPE_CHECKING:
+    from .._compat import IRModule, Module
+
 __all__ = ["COLLISION", "DiskTier", "Entry", "Hit", "MemoryTier", "Probe", "RemoteTierView", "Tier", "TierChain",
            "ir_digest"]
 
 
 def ir_digest(mod: IRModule) -> str:
-    """Exact content digest of an IRModule (20x the structural hash: verify=True only)."""
+    """Exact content digest of an IRModule (a serialization of the whole module: verify=True only)."""
     return xxhash.xxh3_128_hexdigest(_compat.save_json(mod).encode())
 
 
@@ -151,7 +154,7 @@ class DiskTier:
             return found
         if staged:
             self.on_staged_hit(probe.mode, probe.digest, blob)
-        if needs_upgrade(found.module, found.meta):
+        if _artifacts.needs_upgrade(found.module, found.meta):
             self.on_raw_hit(probe.mode, probe.digest)  # served from LLVM IR: not upgraded yet
         found.blob = blob
         return Hit("disk", found, time.perf_counter() - t0)
@@ -218,7 +221,7 @@ def decode_entry(guard: StorageGuard, probe: Probe, blob: bytes | memoryview, sc
     `unframed`: `blob` already unframed and checksummed (the remote tier's check did it).
     """
     try:
-        module, meta = decode(blob, scratch=scratch, key=probe.digest, unframed=unframed)
+        module, meta = _artifacts.decode(blob, scratch=scratch, key=probe.digest, unframed=unframed)
     except EntryKeyError as err:
         guard.count("corrupt")
         guard.warn("mismatch", "codegen cache: entry %s holds key %s; ignored", probe.digest[:16],

@@ -108,9 +108,9 @@ class Writer:
         deadline = None if timeout is None else time.monotonic() + timeout
         # The caller never takes the lock: it looks at the queue (the thread counts a job as
         # running before it takes it off the queue) and sleeps. A KeyboardInterrupt (Ctrl-C, a
-        # Jupyter interrupt) raised in Condition.wait can come after the lock was given up and
-        # before it was taken again, and the waiter's release then freed the lock the thread
-        # held: the thread died at its own release, with every queued job (stores, upgrade
+        # Jupyter interrupt) raised in Condition.wait can come after the lock is given up and
+        # before it is taken again, and the waiter's release would then free the lock the thread
+        # holds: the thread would die at its own release, with every queued job (stores, upgrade
         # requests) left undone. One raised between an acquire and its `try` would leave the lock
         # held for good, and the exit (which waits here) must end within EXIT_SECONDS whatever
         # the lock's state.

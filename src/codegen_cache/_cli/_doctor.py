@@ -334,10 +334,19 @@ def doctor(settings, *, processes: int = 3, kernels: str | None = None,
     remote = check_remote(settings)
     report["remote"] = remote
     problems += remote["problems"]
-    tool = check_toolchain()
-    notes, tool_problems = toolchain_notes(tool)
-    report["toolchain"] = {**tool, "notes": notes, "problems": tool_problems}
-    problems += tool_problems
+    try:
+        tool = check_toolchain()
+    except ImportError as err:
+        # A TVM this package cannot use (runtime-only, another version): the other checks still report.
+        problem = (f"TVM cannot be used by this package here ({type(err).__name__}: {err}): nothing is compiled "
+                   "through the cache in this environment; install apache-tvm 0.27 (pip install "
+                   "'tvm-codegen-cache[tvm]') or unset TVM_USE_RUNTIME_LIB where compiles should be cached")
+        report["toolchain"] = {"error": str(err), "notes": [], "problems": [problem]}
+        problems.append(problem)
+    else:
+        notes, tool_problems = toolchain_notes(tool)
+        report["toolchain"] = {**tool, "notes": notes, "problems": tool_problems}
+        problems += tool_problems
     unknown = unknown_env_vars()
     report["unknown_env_vars"] = unknown
     problems += [f"{v} is set but is not a codegen-cache setting (a typo?)" for v in unknown]
@@ -373,7 +382,8 @@ def render(report: dict[str, Any]) -> list[str]:
     if not fs["problems"]:
         out("  ok: a local, writable filesystem with room for the size limits")
     tool = report["toolchain"]
-    out(f"toolchain: tvm {tool['tvm']}, tvm-ffi {tool['tvm_ffi']}, LLVM {tool['llvm']}")
+    out("toolchain: TVM not usable here" if "error" in tool else
+        f"toolchain: tvm {tool['tvm']}, tvm-ffi {tool['tvm_ffi']}, LLVM {tool['llvm']}")
     for note in tool["notes"]:
         out(f"  {note}")
     for problem in tool.get("problems", ()):

@@ -14,13 +14,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._artifacts import CODECS, read_meta, unframe
+from .._artifacts import CODEC_FIELDS, read_meta, unframe
 from .._errors import ArtifactError
 from .._key import PART_NAMES
 from .._storage._disk import STORAGE_ERRORS, ArtifactStore
 from .._storage._layout import ALL_STORES, INDEX_CODECS, ENTRY_STORES, FRONTEND_DIR
 from .._storage._plain import PlainFiles
-from ..tilelang._frontend import ENTRY_CODEC, entry_problem
+from ..tilelang._entry import ENTRY_CODEC, entry_problem
 
 __all__ = ["ALL_STORES", "ENTRY_STORES", "LISTED_STORES", "StoredItem", "find_entries", "iter_entries",
            "open_store", "prune", "read_entry", "target_summary", "verify_entries"]
@@ -31,7 +31,7 @@ _FFI_PREFIX = "__tvm_ffi_"
 LISTED_STORES = (*ENTRY_STORES, FRONTEND_DIR)
 # The order of the key's parts (_key.compute_key); entry metadata is sorted JSON, so restore it.
 # Payload fields per codec, as the decoder expects them (checked without decoding).
-_CODEC_FIELDS = {**{codec: fields for codec, (fields, _decoder) in CODECS.items()}, "failure": 0,
+_CODEC_FIELDS = {**CODEC_FIELDS, "failure": 0,
                  **INDEX_CODECS, ENTRY_CODEC: 3}
 
 

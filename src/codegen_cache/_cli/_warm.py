@@ -15,6 +15,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from .._helper import spawned_without_working_directory
 from ._kernel_files import KernelSourceError, codegen_target, is_lowered, last_line, load_kernels, parse_target
 
 __all__ = ["default_workers", "plan", "warm", "warm_lowered", "warm_one"]
@@ -145,8 +146,9 @@ def warm(spec: str, targets: list[str], directory: str, *, workers: int, mode: s
                 _worker.pop("cache").close()
         else:
             ctx = multiprocessing.get_context("spawn")
-            with cf.ProcessPoolExecutor(max_workers=min(workers, max(1, len(tasks))), mp_context=ctx,
-                                        initializer=_init_worker, initargs=(spec, directory, names)) as pool:
+            with spawned_without_working_directory(), \
+                    cf.ProcessPoolExecutor(max_workers=min(workers, max(1, len(tasks))), mp_context=ctx,
+                                           initializer=_init_worker, initargs=(spec, directory, names)) as pool:
                 futures = [pool.submit(_run_task, *task) for task in tasks]
                 try:
                     for future in cf.as_completed(futures):

@@ -213,17 +213,17 @@ class ArtifactStore:
     def _read_row(self, key: str) -> tuple | None:
         """The row of `key`, read through a plain SQLite connection of this store's own.
 
-        Opening a diskcache store costs a process milliseconds (it writes its settings, closes
-        and reopens its connection: docs/benchmarks.md), and the first lookup of a process pays
-        it. A lookup needs none of that: a plain SQLite connection reads the same table, and
-        opens nothing that is not there (a store not made yet is a miss, not made here). It is
-        used also once diskcache's store is open: as fast as diskcache's private `_sql`
-        (docs/benchmarks.md, "Private internals"), and one way to read.
+        Opening a diskcache store writes its settings, closes and reopens its connection
+        (docs/benchmarks.md), and the first lookup of a process would pay for it. A lookup needs
+        none of that: a plain SQLite connection reads the same table, and opens nothing that is
+        not there (a store not made yet is a miss, not made here). It is used also once
+        diskcache's store is open: as fast as diskcache's private `_sql` (docs/maintaining.md,
+        "What each one buys"), and one way to read.
         """
         found = self._plain_row(key)
         if found is not self._DAMAGED:
             return found
-        # A damaged index: diskcache's open starts the store afresh (as before there was a reader).
+        # A damaged index: diskcache's open starts the store afresh.
         if isinstance(self._open(), ReadOnlyView):
             return self._UNREADABLE
         found = self._plain_row(key)

@@ -6,10 +6,12 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .._compat import IRModule, Module
 from .._forksafe import on_fork_child
+
+if TYPE_CHECKING:
+    from .._compat import IRModule, Module
 
 __all__ = ["MemoryEntry", "ModuleLRU"]
 

@@ -1,7 +1,7 @@
 """Entries written before lower() returns: one file per entry, renamed into place atomically.
 
-A fresh module's entry is written here on the caller's thread (tens of microseconds: one
-write and a rename into the page cache), so it survives whatever happens to the process
+A fresh module's entry is written here on the caller's thread (one write and a rename into
+the page cache), so it survives whatever happens to the process
 next: exit, os._exit, SIGTERM from Pool.terminate, garbage collection of the cache object.
 Moving it into the diskcache store (`promote`) comes later, on a background thread, or from
 any process that finds the file: every step is idempotent and the file is complete once it

@@ -45,8 +45,8 @@ class PlainFiles:
         return self.directory / f"{key}{self.suffix}"
 
     def _names_an_entry(self, name: str) -> bool:
-        # Not a regular expression per store: compiling one is a tenth of a millisecond in a
-        # fresh process, paid by every first hit (a store is made per lookup).
+        # Not a regular expression per store: a store is made per lookup, so every first hit of
+        # a process would compile one.
         stem = name[: len(name) - len(self.suffix)] if self.suffix else name
         return name.endswith(self.suffix) and _KEY.match(stem) is not None
 

@@ -28,8 +28,8 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
+from .. import _artifacts
 from .._artifacts import FORMAT_VERSION, read_meta, unframe
-from .._artifacts import portable as portable_form
 from .._config import REMOTE_ACCEPTED, Settings, check_remote_url, redact_url
 from .._errors import ArtifactError, ConfigError, RemoteValueTooLargeError
 from ._client import RespClient
@@ -177,7 +177,7 @@ class RedisTier:
             return None
         if found.codec == "llvm-so":
             # A library where any host reads: loaded only from its platform's key; its IR is served.
-            portable = portable_form(found.frame)
+            portable = _artifacts.portable(found.frame)
             return Opened(memoryview(portable).toreadonly(), "llvm-ir", unframe(portable, info=False, views=True))
         if found.codec == "llvm-ir" and not library:
             return self._library(digest) or found
@@ -250,7 +250,7 @@ class RedisTier:
         if codec != "llvm-so":
             return self._store(self.redis_key(digest), blob)
         outcome = self._store(self.library_key(digest), blob)
-        if portable and self._store(self.redis_key(digest), portable_form(blob)) == "failed":
+        if portable and self._store(self.redis_key(digest), _artifacts.portable(blob)) == "failed":
             return "failed"  # the IR is what every other host needs: worth another try
         return outcome
 

@@ -10,7 +10,7 @@ __all__ = ["EXCLUDED_ENV", "env_salts", "env_values"]
 
 # The dict os.environ wraps (CPython keeps it in _data, keyed by encoded names): a lookup there
 # skips os.environ's per-name encode and decode, and env_values runs on every compiled CUDA key
-# (what it saves: docs/benchmarks.md, "Private internals"). Where the dict is not there, the
+# (what it saves: docs/maintaining.md, "What each one buys"). Where the dict is not there, the
 # public os.environ.get; tests/test_private_internals.py fails if it goes or stops mirroring.
 _RAW = getattr(os.environ, "_data", None)
 _ENCODE = getattr(os.environ, "encodekey", None)

@@ -52,7 +52,7 @@ _intrinsics_memo: dict[str, tuple] = {}
 
 def _intrinsic_table() -> dict | None:
     # The dict get_codegen itself reads, from its module's globals (the module object TVM
-    # exposes is a lazy proxy whose attribute access costs a microsecond).
+    # exposes is a lazy proxy, slow on every attribute access).
     scope = _intrinsic_scope[0] if _intrinsic_scope else _find_intrinsic_scope()
     return None if scope is None else scope.get("CODEGEN_REGISTRY")
 

@@ -38,8 +38,8 @@ def owner_name(func: Any, package_dir: str, homes: Iterable[str] = (), *, closur
 
     `homes`: modules of that package that may hold it as an attribute (checked first, by handle).
     closures=True: a closure made by the package's code counts as the package's too (for
-    tilelang, whose callbacks were keyed so before; TVM registers none, so there a closure is
-    a wrapper around a user's function).
+    tilelang, which registers its callbacks as closures; TVM registers none, so there a closure
+    is a wrapper around a user's function).
     """
     handle = func.__chandle__()
     for home in homes:

@@ -51,7 +51,7 @@ def _layout() -> tuple[int, bool, tuple[tuple[int, int], ...]] | None:
         return "b"
 
     # tvm_ffi.convert_func wraps a callable without convert's isinstance walk over TVM's types
-    # (docs/benchmarks.md, "Private internals"); tvm-ffi before 0.1.14 has only convert.
+    # (docs/maintaining.md, "What each one buys"); tvm-ffi before 0.1.14 has only convert.
     wrap = getattr(_compat.tvm_ffi, "convert_func", None) or _compat.tvm_ffi.convert
     fa, fb = wrap(probe_a), wrap(probe_b)
     wa, wb = _words(fa.__chandle__()), _words(fb.__chandle__())

@@ -10,7 +10,6 @@ What is cached at each level, and the limits, are in docs/tilelang.md.
 from __future__ import annotations
 
 from .. import _compat
-from . import _device, _frontend
 
 __all__ = ["disable", "enable", "is_enabled"]
 
@@ -29,6 +28,8 @@ def enable(*, frontend: bool = True) -> None:
     codegen (every tilelang version with the registry, 0.1.12 on).
     """
     _require_tilelang()
+    from . import _device, _frontend
+
     _device.install()
     if frontend:
         _frontend.install()
@@ -37,10 +38,14 @@ def enable(*, frontend: bool = True) -> None:
 
 def disable() -> None:
     """Undo enable(): tilelang compiles as it does without this package."""
+    from . import _device, _frontend
+
     _frontend.uninstall()
     _device.uninstall()
 
 
 def is_enabled() -> bool:
     """True between enable() and disable()."""
+    from . import _device
+
     return bool(_device._saved)  # noqa: SLF001

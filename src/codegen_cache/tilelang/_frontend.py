@@ -21,7 +21,7 @@ field 0 is the kernel library; a hit gives tilelang a private copy of those chec
 load (never the entry's file, which another process may change meanwhile); fields 1 and 2 are
 the device and host sources; kernel parameters are tilelang's JSON (dump_kernel_params), and
 where every dimension is a number also plain JSON (`static_params`: dtype and shape, read
-without TVM's JSON loader, which costs a fresh process's hit a fifth of a millisecond). A hit
+without TVM's JSON loader, a cost of a fresh process's hit: docs/tilelang.md). A hit
 checks the frame's checksum, then rebuilds the kernel with the execution backend's own
 `_build_kernel` (JITKernel.from_database), as tilelang's KernelCache does: no lowering, no
 codegen, no compile. A hit in memory is the same JITKernel object, after an exact comparison
@@ -61,13 +61,13 @@ from .._storage._faults import ensure_dir, freeze_file_mode
 from .._storage._plain import PlainFiles
 from .._targets import canonical_target
 from . import _salts
+from ._entry import ENTRY_CODEC, entry_problem
 
 __all__ = ["ENTRY_CODEC", "FRONTEND_FORMAT", "entry_problem", "install", "uninstall"]
 
 logger = logging.getLogger(__name__)
 
 FRONTEND_FORMAT = "1"
-ENTRY_CODEC = "tilelang-kernel"
 _MAX_ENTRY = 512 << 20
 _MEMORY_MAX = 256
 _saved: dict[str, Any] = {}
@@ -162,19 +162,6 @@ def _func_digest(func: Any) -> str:
     return xxhash.xxh3_128_hexdigest(_compat.save_json(func).encode())
 
 
-def entry_problem(art: Artifact, digest: str) -> str | None:
-    """Why an unframed entry cannot serve key `digest` (None: it can). The hit path and verify use it."""
-    if art.codec != ENTRY_CODEC:
-        return f"codec {art.codec!r}, expected {ENTRY_CODEC!r}"
-    if art.meta.get("key") != digest:
-        return f"entry is stored under {digest[:16]} but its metadata names key {str(art.meta.get('key'))[:16]}"
-    if len(art.fields) != 3:
-        return f"{ENTRY_CODEC} entry has {len(art.fields)} payload fields, expected 3"
-    if not isinstance(art.meta.get("params"), str):
-        return "its kernel parameters (params) are not a string"
-    return None
-
-
 def _read_entry(path: Path, key: CacheKey):
     """The entry's artifact, or None (missing, another key's, or corrupt: then removed)."""
     store = PlainFiles(path.parent, max_bytes=_MAX_ENTRY)
@@ -216,8 +203,8 @@ def _write_entry(path: Path, blob: bytes) -> None:
 def _takes_target_host(resolve: Any) -> bool:
     """Whether tilelang's _resolve_cache_dispatch takes target_host (0.1.14+).
 
-    Read from its code object's argument names where it has one: inspect.signature costs
-    enable() a tenth of a millisecond.
+    Read from its code object's argument names where it has one, cheaper for enable() than
+    inspect.signature.
     """
     code = getattr(resolve, "__code__", None)
     if code is not None:

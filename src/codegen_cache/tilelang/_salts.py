@@ -66,7 +66,7 @@ def tilelang_version() -> str:
 
 def env_part() -> str:
     """The environment variables tilelang's compile path may read, as sorted JSON."""
-    environ = os.environ  # names first: decoding every value costs a fresh process's hit ~0.1 ms
+    environ = os.environ  # names first: decoding every value would cost a fresh process's hit
     found = {k: environ[k] for k in list(environ)
              if (k.startswith(_ENV_PREFIXES) and k not in EXCLUDED_ENV and not k.startswith(_EXCLUDED_PREFIXES))
              or k in _CUDA_ENV}
@@ -283,7 +283,8 @@ def _declare_if_tilelangs_own(name: str) -> None:
     # address is not another function's) is compared by handle, not by identity.
     if held is not None and held.__chandle__() == handle:
         return
-    own = owner_name(func, _package_dir(), closures=True)  # as before issue 23: tilelang's code is tilelang's
+    # tilelang's own code, closures included: keyed by tilelang's version.
+    own = owner_name(func, _package_dir(), closures=True)
     if own is not None:
         declare_salt_of(name, f"tilelang {tilelang_version()}: {own}")
     if len(_checked) >= 64:

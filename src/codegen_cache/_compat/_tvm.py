@@ -1,14 +1,7 @@
-"""Every TVM access the package makes, in one place, for both TVM distributions it runs on.
+"""The TVM names of `codegen_cache._compat`, imported with TVM itself.
 
-- apache-tvm 0.27 from PyPI (`pip install 'tvm-codegen-cache[tvm]'`);
-- the TVM that tilelang bundles under `tilelang/3rdparty/tvm` (`[tilelang]`: TVM 0.25.dev,
-  apache-tvm-ffi < 0.1.13). It is importable only once `import tilelang` has put it on
-  sys.path and loaded its libraries, so where tilelang is installed it is imported first.
-  That TVM has no `tvm._version`, and its `get_tir_pipeline` returns one pass (the finalize
-  passes live in `tvm.tirx.pipeline`) where apache-tvm 0.27 returns three.
-
-Names that moved between TVMs are resolved here once; the rest of the package imports TVM
-names from this module (tests/test_compat.py checks that no other module imports tvm).
+Only `codegen_cache._compat` imports this module, on the first use of one of its names (see
+there); everything else reads these names as `_compat.<name>`.
 """
 
 from __future__ import annotations
@@ -20,12 +13,14 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from . import _INSTALL_HINT
+
 __all__ = [
     "DISTRIBUTION",
     "DLDeviceType",
-    "ModuleMethods",
     "IRModule",
     "Module",
+    "ModuleMethods",
     "PrimFunc",
     "REGISTRATION_POINTS",
     "Target",
@@ -36,13 +31,12 @@ __all__ = [
     "current_database",
     "error_class",
     "error_identity",
-    "host_llvm_triple",
+    "ffi_function",
     "ffi_version",
     "global_func",
     "global_func_names",
+    "host_llvm_triple",
     "llvm_version_major",
-    "ffi_function",
-    "module_property_mask",
     "named_pipelines",
     "op_attr",
     "op_attr_values",
@@ -58,12 +52,6 @@ __all__ = [
     "tvm_ffi",
     "tvm_version",
 ]
-
-_INSTALL_HINT = (
-    "tvm-codegen-cache needs a TVM and none is importable here. Install one of its extras: "
-    "pip install 'tvm-codegen-cache[tvm]' (apache-tvm 0.27) or "
-    "pip install 'tvm-codegen-cache[tilelang]' (the TVM that tilelang bundles)."
-)
 
 
 def _import_tvm() -> str:
@@ -183,7 +171,7 @@ def runtime_enabled(kind: str) -> bool:
 def tvm_version() -> str:
     """TVM's version, its commit id where recorded, and the distribution it came with."""
     commit = None
-    if DISTRIBUTION != "tilelang":  # tilelang's bundled TVM has no _version (a failed import costs ms)
+    if DISTRIBUTION != "tilelang":  # tilelang's bundled TVM has no _version: no failed import to pay for
         try:
             from tvm import _version
 
@@ -215,7 +203,7 @@ def llvm_version_major() -> str:
 
 
 def save_json(obj: Any) -> str:
-    """TVM's JSON serialization of an object (exact, slow: 20x the structural hash)."""
+    """TVM's JSON serialization of an object (exact; slow: it writes the whole object out)."""
     return tvm.ir.save_json(obj)
 
 
@@ -280,11 +268,6 @@ def host_llvm_triple() -> str:
         return str(tvm.target.codegen.llvm_get_system_triple())
     except (AttributeError, RuntimeError, ValueError):
         return ""
-
-
-def module_property_mask(*, runnable: bool, exportable: bool, serializable: bool) -> int:
-    """A runtime module property mask (tvm-ffi's ModulePropertyMask bits)."""
-    return (1 if serializable else 0) | (2 if runnable else 0) | (4 if exportable else 0)
 
 
 def ffi_function(func):
