@@ -32,7 +32,8 @@ HAS_NVCC = shutil.which("nvcc") is not None
 def pytest_addoption(parser):
     parser.addoption("--stress", action="store_true", default=False, help="run the long stress and fault tests")
     parser.addoption("--slow", action="store_true", default=False,
-                     help="also run the tests marked slow (fresh interpreters that import TVM; CI runs them)")
+                     help="also run the tests marked slow (fresh interpreters that import TVM; CI runs them; "
+                          "--stress does too)")
 
 
 def pytest_configure(config):
@@ -76,8 +77,9 @@ _FRESH_TVM_SECONDS = 2.0
 
 
 def _runs_slow_tests(config) -> bool:
-    """--slow, a -m expression that names the marker, or a test named on the command line."""
-    return (config.getoption("--slow") or "slow" in (config.option.markexpr or "")
+    """--slow or --stress (the longest run), a -m expression that names the marker, or a test named
+    on the command line."""
+    return (config.getoption("--slow") or config.getoption("--stress") or "slow" in (config.option.markexpr or "")
             or any("::" in arg for arg in config.args))
 
 

@@ -15,7 +15,7 @@ of a byte also marks it with its process id (`_holders.py`); a waiter looks at t
 times a second, says whom it waits for, and passes over one seen stopped for STOPPED_GRACE
 seconds as it would a dead one (`acquire` answers that `Holder`; the caller builds under
 another lock). Where no holder can be named (another pid namespace, another user's process,
-the per-key files below) the waiter waits as before, up to its bound.
+the per-key files below) the waiter waits as for a running holder, up to its bound.
 
 Elsewhere, or where the file system refuses those locks, a builder holds `flock(LOCK_EX)` on
 `<dir>/locks/<key>` from its miss until its entry is written. The kernel drops the lock when the holder dies (kill -9, SIGTERM, os._exit), so no
