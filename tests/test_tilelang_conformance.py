@@ -104,7 +104,7 @@ def test_device_codegen_invokes_registered_global_func(monkeypatch):
 
         return build
 
-    monkeypatch.setattr(registry.tvm_ffi, "get_global_func", fake_get_global_func)
+    monkeypatch.setattr(registry._compat.tvm_ffi, "get_global_func", fake_get_global_func)
 
     cuda_target = Target("cuda")
     cutedsl_target = _cutedsl_target()
@@ -244,7 +244,7 @@ def test_backend_codegen_uses_explicit_session_hook(monkeypatch, tmp_path):
 
     result_module = _MockCodegenModule("// explicit hook output\n")
     monkeypatch.setattr(
-        device_codegen_registry.tvm_ffi,
+        device_codegen_registry._compat.tvm_ffi,
         "get_global_func",
         lambda _name: lambda _mod, _target: result_module,
     )
