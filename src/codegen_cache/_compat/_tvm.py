@@ -14,44 +14,10 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _INSTALL_HINT
+from . import __all__ as _PACKAGE_NAMES
 
-__all__ = [
-    "DISTRIBUTION",
-    "DLDeviceType",
-    "IRModule",
-    "Module",
-    "ModuleMethods",
-    "PrimFunc",
-    "REGISTRATION_POINTS",
-    "Target",
-    "Tensor",
-    "builtin_func",
-    "cuda_compute_version",
-    "cuda_runtime_available",
-    "current_database",
-    "error_class",
-    "error_identity",
-    "ffi_function",
-    "ffi_version",
-    "global_func",
-    "global_func_names",
-    "host_llvm_triple",
-    "llvm_version_major",
-    "named_pipelines",
-    "op_attr",
-    "op_attr_values",
-    "runtime_enabled",
-    "save_json",
-    "script_tirx",
-    "split_host_device_mods",
-    "structural_equal",
-    "structural_hash",
-    "target_from_json",
-    "tir_pipeline",
-    "tvm",
-    "tvm_ffi",
-    "tvm_version",
-]
+# The package's names less the two it defines without TVM: one list, kept in __init__.
+__all__ = [name for name in _PACKAGE_NAMES if name not in ("module_property_mask", "require_installed")]
 
 
 def _import_tvm() -> str:
