@@ -207,7 +207,9 @@ def test_the_variable_turns_the_switch_on_in_every_install_mode(tmp_path, mode):
     if mode == "a wheel":
         _run(scratch, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "dist"), str(project), env=env)
         (wheel,) = (tmp_path / "dist").glob("*.whl")
-        _run(scratch, "-m", "pip", "install", "-q", "--no-deps", str(wheel), env=env)
+        # --force-reinstall: the same version is already installed in this environment (seen through the
+        # path line above), and pip would otherwise leave the scratch venv without it.
+        _run(scratch, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(wheel), env=env)
     else:
         _run(scratch, "-m", "pip", "install", "-q", "--no-deps", *mode.split()[2:-1], str(project), env=env)
     assert (site_packages / HOOK_FILE).is_file()
