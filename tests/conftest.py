@@ -205,3 +205,13 @@ def llvm_vadd():
 def cuda_vadd():
     """(device module, target) of a vector add for CUDA sm_90."""
     return cc.prepare_for_codegen(kernels.vadd_gpu, CUDA_TARGET)
+
+
+@pytest.fixture
+def enabled(tmp_path):
+    """enable() with a cache of its own (synchronous writes); undone after the test."""
+    cache = cc.CodegenCache(tmp_path / "cache", write_behind=False)
+    cc.enable(cache, children=False)
+    yield cache
+    cc.disable()
+    cache.close()

@@ -19,16 +19,6 @@ from processes import python_json
 SEQ, WIDTH = 8, 64
 
 
-@pytest.fixture
-def enabled(tmp_path):
-    """enable() with a cache of its own (synchronous writes); undone after the test."""
-    cache = cc.CodegenCache(tmp_path / "cache", write_behind=False)
-    cc.enable(cache, children=False)
-    yield cache
-    cc.disable()
-    cache.close()
-
-
 def _decoder():
     return relax_models.llama(layers=1, seq=SEQ, width=WIDTH, hidden=128, heads=2)
 

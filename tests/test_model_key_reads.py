@@ -27,16 +27,6 @@ from codegen_cache._build import _reads
 from processes import python_json
 
 
-@pytest.fixture
-def enabled(tmp_path):
-    """enable() with a cache of its own (synchronous writes); undone after the test."""
-    cache = cc.CodegenCache(tmp_path / "cache", write_behind=False)
-    cc.enable(cache, children=False)
-    yield cache
-    cc.disable()
-    cache.close()
-
-
 def _compile(mod=None, **kwargs):
     """(executable, the model-level outcome's tier or None where the model cache stepped aside)."""
     with cc.record_outcomes() as outcomes:
