@@ -12,6 +12,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from ._frame import CODEC_FIELDS, FORMAT_VERSION, HOT_META, Artifact, frame, read_meta, unframe
+from ._packed import compact
 from ._private import SCRATCH_PREFIX
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ __all__ = [
     "CachedLibraryModule",
     "CudaPayload",
     "check",
+    "compact",
     "compiler_command",
     "decode",
     "encode",

@@ -2,8 +2,8 @@
 
 | codec     | fields                                  | a hit returns                                |
 | --------- | --------------------------------------- | -------------------------------------------- |
-| llvm-ir   | LLVM IR text (the raw form)             | an llvm module parsed from it                |
-| llvm-so   | shared library, LLVM IR text            | the library, loaded from a private copy, answering |
+| llvm-ir   | LLVM IR (the raw form; packed, _packed) | an llvm module parsed from it                |
+| llvm-so   | shared library, packed LLVM IR          | the library, loaded from a private copy, answering |
 |           |                                         | as the built llvm module (_module_methods)   |
 | cuda-bin  | fmt, function map, binary, CUDA source  | TVM's CUDA module (needs TVM's CUDA runtime) |
 | cuda-module | fmt, function map, data, sources (JSON) | the same CUDA module, sources included (ffi.Module.create.cuda) |
@@ -31,7 +31,7 @@ from typing import Any
 from .. import _compat
 from .._compat import Module
 from .._errors import ArtifactError, CudaRuntimeUnavailableError, EntryKeyError
-from . import _cuda, _llvm
+from . import _cuda, _llvm, _packed
 from ._frame import CODEC_FIELDS, Artifact, frame, unframe
 
 __all__ = ["CODECS", "check", "decode", "encode_cuda_binary", "function_names", "needs_upgrade", "portable",
@@ -131,13 +131,13 @@ def _queries(meta) -> dict:
 
 
 def _llvm_ir(fields, meta, path, scratch) -> Module:
-    return _llvm.load_ir(str(fields[0], "utf-8"), scratch, meta.get("func_names", ()), _queries(meta))
+    return _llvm.load_ir(str(_packed.unpack(fields[0]), "utf-8"), scratch, meta.get("func_names", ()), _queries(meta))
 
 
 def _llvm_so(fields, meta, path, scratch) -> Module:
     if not _llvm.runs_here(meta.get("triple")):
         # Linked on a host of another kind (a shared remote): this one parses its IR instead.
-        return _llvm.load_ir(str(fields[1], "utf-8"), scratch, meta.get("func_names", ()), _queries(meta))
+        return _llvm.load_ir(str(_packed.unpack(fields[1]), "utf-8"), scratch, meta.get("func_names", ()), _queries(meta))
     return _llvm.load_library(fields[0], fields[1], path=path, scratch=scratch, func_names=meta.get("func_names", ()),
                               queries=_queries(meta), mask=meta.get("property_mask"))
 
@@ -276,17 +276,18 @@ def upgrade(blob: bytes, scratch: str) -> bytes | None:
     check(art)
     if art.codec != "llvm-ir":
         return None
-    ir = art.fields[0]
+    ir = _packed.unpack(art.fields[0])
     if not _llvm.runs_here(art.meta.get("triple", _llvm.ir_triple(bytes(ir[:4096]).decode("utf-8", "replace")))):
         return None  # another target's code (an entry stored before its triple was recorded)
-    return frame("llvm-so", art.meta, [_llvm.shared_library_from_ir(ir.decode(), scratch), ir])
+    library = _llvm.shared_library_from_ir(str(ir, "utf-8"), scratch)
+    return frame("llvm-so", art.meta, [library, _packed.pack(ir, _packed.SMALL_LEVEL)])
 
 
 def portable(blob: bytes | memoryview) -> bytes:
     """The entry in a form every host can load: an llvm-so entry as the llvm-ir entry it was upgraded from.
 
-    The IR and the metadata are the upgrade's input, kept whole, so this gives that entry back
-    byte for byte; other entries are returned as they are.
+    The metadata is the upgrade's input, kept whole, and the IR its input's text, packed
+    smaller (_packed.py); other entries are returned as they are.
     """
     art = unframe(blob)
     if art.codec != "llvm-so":

@@ -31,7 +31,7 @@ __all__ = ["CODEC_FIELDS", "FORMAT_VERSION", "HOT_META", "MAGIC", "Artifact", "f
 
 # Bump when the frame or a codec's payload changes: the version is also a key part, so entries
 # of another layout are never looked up, and the remote tier's key prefix.
-FORMAT_VERSION = 4  # 4: source-only CUDA entries keep their function map (codec cuda-fallback)
+FORMAT_VERSION = 5  # 5: llvm entries keep their LLVM IR packed (zstd, _packed.py)
 # codec -> the number of payload fields its decoder takes (_codecs.CODECS); kept here, without
 # the decoders, so that listing and checking entries needs no TVM.
 CODEC_FIELDS = {"llvm-ir": 1, "llvm-so": 2, "cuda-bin": 4, "cuda-module": 4, "cuda-fallback": 2, "c": 1, "source": 1}
