@@ -12,11 +12,11 @@ CUDA driver (these machines) TVM makes source-only CUDA, and the reference packs
 
 The parent then counts, after the child exited, every row of every store of the directory: the
 key, and the value (inline in SQLite, or its value file), split by what it holds: the llvm
-shared library, the packed LLVM IR, the model entry (relax-executable: the VM bytecode and the
+shared library, its LLVM IR (zstd-packed), the model entry (relax-executable: the VM bytecode and the
 constants), the build index entries, source and other entries. Entry bytes / reference bytes is
-checked against 1.5 (PASS/FAIL). Besides, the directory's files as a whole: SQLite's own files
-(database pages, write-ahead log, shared memory: fixed costs per store, not per entry), the
-counter files of stats/, and anything else left.
+checked against 1.5 (PASS/FAIL). Besides, the directory's files as a whole once the upgrader
+has exited: SQLite's own files (database pages, write-ahead log, shared memory: fixed costs per
+store, not per entry), stats.sqlite and any counter file left in stats/, and anything else.
 
 --levels times zstd at each level on the LLVM IR of a stored llvm entry (pack and unpack,
 best of 5), and prints the sizes: the writer thread pays the packing once per miss.
@@ -71,7 +71,7 @@ def _entry_parts(blob: bytes) -> dict[str, int]:
         return {"unreadable": len(blob)}
     frame_bytes = len(blob) - sum(len(f) for f in art.fields)
     if art.codec == "llvm-so":
-        parts = {"llvm library": len(art.fields[0]), "llvm IR (packed)": len(art.fields[1])}
+        parts = {"llvm library": len(art.fields[0]), "llvm IR": len(art.fields[1])}
     elif art.codec == "llvm-ir":
         parts = {"llvm IR (not linked)": len(art.fields[0])}
     elif art.codec == "relax-executable":
@@ -112,13 +112,23 @@ def count_files(directory: Path) -> dict[str, int]:
                 kind = "SQLite files"
             elif name.endswith(".val"):
                 kind = "value files"
-            elif rel.parts[0] == "stats":
-                kind = "stats/ files"
+            elif len(rel.parts) == 1:
+                kind = name
             else:
                 kind = f"{rel.parts[0]}/ files"
             kinds[kind] = kinds.get(kind, 0) + path.stat().st_size
             kinds[kind + " (count)"] = kinds.get(kind + " (count)", 0) + 1
     return kinds
+
+
+def _settle(directory: Path, timeout: float = 60.0) -> None:
+    """Until the llvm upgrader the child started has exited (it counts, and folds its counts as it exits)."""
+    from codegen_cache._cache._upgrade import wait_exited
+
+    wait_exited(directory, timeout)
+    deadline = time.monotonic() + 5.0
+    while any((directory / "stats").glob("*.cnt")) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def measure(layers: int, target: str) -> dict:
@@ -131,6 +141,7 @@ def measure(layers: int, target: str) -> dict:
         done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=1800)
         if done.returncode != 0:
             raise RuntimeError(f"child failed for {layers} layers on {target}:\n{done.stderr[-2000:]}")
+        _settle(directory)
         entries, files = count_entries(directory), count_files(directory)
         return {"layers": layers, "target": target, "reference": ref.stat().st_size, "entries": entries,
                 "entry_bytes": sum(entries.values()), "files": files}
