@@ -2,17 +2,19 @@
 
 Importing the package imports no TVM: the registry, the cache and its stores read TVM names
 through `_compat`, which imports TVM on first use, so `codegen-cache stats` and the other
-commands that only read a cache directory start without it. The names whose modules need TVM
-at import (the build driver, the switch, the CLI) are imported on their first use, from
-`_LAZY` (a module attribute afterwards). Importing this package still raises ImportError
+commands that only read a cache directory start without it. Importing it brings in the
+registry and its built-in codegens only: the cache and its stores (SQLite, diskcache), the
+settings, the build driver, the switch and the CLI are imported on the first use of one of
+their names, from `_LAZY` (a module attribute afterwards), and the default cache of
+DeviceCodegen.lower on its first lowering. Importing this package still raises ImportError
 naming both extras where no TVM is installed.
 """
 
 import importlib as _importlib
 
-from . import _compat
-from ._cache import CacheStats, CodegenCache
-from ._config import Settings, settings_from_env
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+
+from . import _compat, _context
 from ._context import get_cache, use_cache
 from ._errors import (
     ArtifactError,
@@ -40,8 +42,22 @@ from ._registry import (
 from ._version import __version__ as __version__
 from .codegens import install_builtins as _install_builtin_codegens
 
+if _TYPE_CHECKING:
+    from ._cache import CacheStats, CodegenCache
+    from ._config import Settings, settings_from_env
+
 _compat.require_installed()
 _install_builtin_codegens(default_registry)
+
+
+def _default_cache() -> object:
+    # The cache layer registers its own factory when it is imported; this one imports it first.
+    from ._cache._cache import _default_cache as made_by_the_cache_layer
+
+    return made_by_the_cache_layer()
+
+
+_context.set_default_factory(_default_cache)
 
 # name -> (module, attribute; None: the module itself), imported on first use.
 _LAZY = {
@@ -53,6 +69,10 @@ _LAZY = {
     "build_key": ("._build", "build_key"),
     "build_with_record": ("._build", "build_with_record"),
     "cached_export": ("._build", "cached_export"),
+    "CacheStats": ("._cache", "CacheStats"),
+    "CodegenCache": ("._cache", "CodegenCache"),
+    "Settings": ("._config", "Settings"),
+    "settings_from_env": ("._config", "settings_from_env"),
     "declare_salt": ("._build", "declare_salt"),
     "metaschedule_builder": ("._build", "metaschedule_builder"),
     "prepare_for_codegen": ("._build", "prepare_for_codegen"),

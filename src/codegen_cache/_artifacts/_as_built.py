@@ -118,6 +118,10 @@ def register(module: Module, record: Record) -> None:
     """Have `module` (and every handle of it TVM gives out) answer as the built module."""
     handle = module.__chandle__()
     with _lock:
+        found = _registered.get(handle)
+        if found is not None and found[0] is module and found[1] is record:
+            _registered.move_to_end(handle)  # handed out again (a memory hit): the newest, nothing else changes
+            return
         old = _registered.pop(handle, None)
         if old is not None:
             _held_bytes[0] -= old[1].nbytes

@@ -1,9 +1,20 @@
-"""Whole builds through the cache: codegen_cache.build, its index, preparing kernels, MetaSchedule."""
+"""Whole builds through the cache: codegen_cache.build, its index, preparing kernels, MetaSchedule.
 
-from ._build import BuildPart, BuildRecord, build, build_key, build_with_record
-from ._identity import declare_salt
-from ._prepare import PreparedKernel, prepare_for_codegen, prepare_kernel
-from ._metaschedule import CachedBuild, cached_export, metaschedule_builder
+Each name's module is imported on the first use of the name, so that the switch (which needs
+`_build`, `_index`, `_reads` and `_relax`) does not import kernel preparation and MetaSchedule's
+builder into every process that compiles.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._build import BuildPart, BuildRecord, build, build_key, build_with_record
+    from ._identity import declare_salt
+    from ._metaschedule import CachedBuild, cached_export, metaschedule_builder
+    from ._prepare import PreparedKernel, prepare_for_codegen, prepare_kernel
 
 __all__ = [
     "BuildPart",
@@ -19,3 +30,21 @@ __all__ = [
     "prepare_for_codegen",
     "prepare_kernel",
 ]
+
+# name -> the module that defines it, imported on the first use of the name.
+_LAZY = {
+    **dict.fromkeys(("BuildPart", "BuildRecord", "build", "build_key", "build_with_record"), "._build"),
+    "declare_salt": "._identity",
+    **dict.fromkeys(("CachedBuild", "cached_export", "metaschedule_builder"), "._metaschedule"),
+    **dict.fromkeys(("PreparedKernel", "prepare_for_codegen", "prepare_kernel"), "._prepare"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """A name of one of the package's modules: imported now, an attribute afterwards."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value

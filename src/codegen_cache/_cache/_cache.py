@@ -602,7 +602,7 @@ class CodegenCache:
             # CODEGEN_CACHE_DISABLE=1 turns off every cache, explicit ones too: nothing read,
             # stored or counted, the codegen runs (what a harness timing the codegen wants).
             return self._run_uncached(codegen, mod, target, compile_device, mode, start, count=False)
-        if not self.trusted:
+        if self._trusted is not True and not self.trusted:
             # Another user could change what is stored here: nothing is read, stored or counted.
             return self._run_uncached(codegen, mod, target, compile_device, mode, start, count=False)
         plan = self._budget.plan(codegen.name, mode) if isinstance(codegen, DeviceCodegen) and not _every_tier.get() \

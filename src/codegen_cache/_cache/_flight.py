@@ -29,7 +29,6 @@ from typing import Any, Generic, TypeVar
 
 from .._errors import ReentrantLoweringError
 from .._forksafe import on_fork_child
-from .._storage._leases import new_token
 from .._storage._locks import Held, Holder, KeyLocks
 
 __all__ = ["FleetFlight", "Lease", "SingleFlight", "keeper"]
@@ -221,6 +220,9 @@ class FleetFlight(Generic[T]):
         (None, None): no lease (remote unavailable, or the wait ran out): build without one.
         `recheck` looks the key up in the remote afresh.
         """
+        # Imported here: the remote tier's modules (its client, TLS) load only where a remote is configured.
+        from .._storage._leases import new_token
+
         token = new_token()
         taken = self.leases.take(digest, token)
         if taken is None:

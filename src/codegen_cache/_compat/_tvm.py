@@ -237,8 +237,16 @@ def host_llvm_triple() -> str:
 
 
 def ffi_function(func):
-    """A Python callable as a TVM packed function (what Module.get_function returns)."""
-    return tvm_ffi.convert(func)
+    """A Python callable as a TVM packed function (what Module.get_function returns).
+
+    tvm_ffi.convert_func wraps a callable directly; convert first walks isinstance checks over
+    TVM's abstract types, which fill the ABC caches at a fresh process's first call (the first
+    model hit pays it otherwise). tvm-ffi before 0.1.14 has only convert.
+    """
+    return _convert_func(func)
+
+
+_convert_func = getattr(tvm_ffi, "convert_func", None) or tvm_ffi.convert
 
 
 class ModuleMethods:
@@ -335,10 +343,11 @@ def op_attr(op_name: str, key: str) -> Any:
         return None
 
 
-def op_attr_values(keys: tuple[str, ...], which: Callable[[str], bool]) -> list[tuple[str, str, Any]]:
-    """(operator name, key, value) of every operator whose name `which` accepts that sets one of `keys`."""
+def op_attr_values(keys: tuple[str, ...], prefix: str, *, with_prefix: bool) -> list[tuple[str, str, Any]]:
+    """(operator name, key, value) of every operator that sets one of `keys`, among those whose name
+    starts with `prefix` (with_prefix=True) or does not (False)."""
     get = tvm.ir._ffi_api.OpGetAttr
-    ops = [(name, tvm.ir._ffi_api.GetOp(name)) for name in list(tvm.ir.Op.list_op_names()) if which(name)]
+    ops = _ops(prefix)[0 if with_prefix else 1]
     found = []
     for key in keys:
         try:
@@ -346,6 +355,25 @@ def op_attr_values(keys: tuple[str, ...], which: Callable[[str], bool]) -> list[
         except tvm.error.InternalError:  # "Attribute 'X' is not registered": no operator has it
             continue
     return found
+
+
+# prefix -> (operator count, (ops named with the prefix, the others)): operators are only ever
+# added, so the lists stand while the count does (reading every name costs a call per name).
+_op_lists: dict[str, tuple[int, tuple[list[tuple[str, Any]], list[tuple[str, Any]]]]] = {}
+
+
+def _ops(prefix: str) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
+    names = tvm.ir._ffi_api.ListOpNames()
+    memo = _op_lists.get(prefix)
+    if memo is not None and memo[0] == len(names):
+        return memo[1]
+    get_op = tvm.ir._ffi_api.GetOp
+    inside: list[tuple[str, Any]] = []
+    outside: list[tuple[str, Any]] = []
+    for name in names:
+        (inside if name.startswith(prefix) else outside).append((name, get_op(name)))
+    _op_lists[prefix] = (len(names), (inside, outside))
+    return inside, outside
 
 
 def named_pipelines() -> tuple[tuple[str, dict], ...]:
