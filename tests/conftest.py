@@ -122,6 +122,8 @@ def pytest_sessionstart(session):
                 executable = argv[0] if argv else ""
             if any("codegen_cache._cache._upgrade" in arg for arg in argv):
                 return
+            if "-S" in argv[1:3]:  # no site-packages: it cannot import TVM
+                return
             if _is_python(os.fsdecode(executable)):
                 started[current["nodeid"]] = started.get(current["nodeid"], 0) + 1
 
