@@ -8,6 +8,8 @@ import zstandard
 import codegen_cache as cc
 from codegen_cache._cli import _main as _cli
 from codegen_cache._artifacts import _packed, decode, encode, frame, portable, unframe, upgrade
+from codegen_cache._compat import host_llvm_triple
+from codegen_cache._compat._abi import tvm_libraries
 from codegen_cache._errors import ArtifactError
 from codegen_cache._storage._remote import RedisTier
 from redis_server import RedisServer, _need_redis_server
@@ -56,7 +58,7 @@ def test_compact_packs_an_llvm_ir_entry_and_leaves_everything_else_alone(built, 
 def test_the_linked_entry_keeps_the_ir_packed_smaller_and_gives_it_back_byte_for_byte(built, tmp_path):
     module, text = built
     small = cc._artifacts.compact(encode(module, {"key": "k"}, func_names=["vadd"]))  # noqa: SLF001
-    linked = upgrade(small, str(tmp_path))
+    linked = upgrade(small, str(tmp_path), libraries=tvm_libraries(), host_triple=host_llvm_triple())
     art = unframe(linked)
     assert art.codec == "llvm-so" and _packed.is_packed(art.fields[1])
     assert len(art.fields[1]) <= len(unframe(small).fields[0])

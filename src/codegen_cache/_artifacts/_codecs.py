@@ -32,16 +32,12 @@ from .. import _compat
 from .._compat import Module
 from .._errors import ArtifactError, CudaRuntimeUnavailableError, EntryKeyError
 from . import _cuda, _llvm, _packed
-from ._frame import CODEC_FIELDS, Artifact, frame, unframe
+from ._link import ir_triple
+from ._frame import CODEC_FIELDS, Artifact, check, frame, unframe
 
 __all__ = ["CODECS", "check", "decode", "encode_cuda_binary", "function_names", "needs_upgrade", "portable",
-           "prepare", "symbol_names", "upgradable", "upgrade"]
+           "prepare", "symbol_names", "upgradable"]
 
-# The JSON type of each metadata field a hit reads; a checksum is not authentication, so a
-# well-framed entry may still hold anything there (a null number must not make lower() raise).
-_HOT_TYPES = {"key": str, "build_seconds": (int, float), "source_format": str, "c_func_names": list,
-              "func_names": list, "module_kind": str, "ir_digest": str, "llvm_queries": dict, "property_mask": int,
-              "triple": str}
 # Formats that runtime.SourceModuleCreate is given per fallback module kind.
 _SOURCE_FORMATS = {"cuda": "cu", "opencl": "cl", "metal": "metal", "webgpu": "wgsl", "source": ""}
 
@@ -76,7 +72,7 @@ def prepare(module: Module, meta: Mapping[str, Any], *, func_names: Sequence[str
             except AttributeError:  # a TVM whose llvm module lacks one: the hit asks the parsed IR
                 pass
         meta = {**meta, "llvm_queries": queries, "property_mask": int(module.get_property_mask()),
-                "triple": _llvm.ir_triple(ir)}
+                "triple": ir_triple(ir)}
         return "llvm-ir", meta, [ir]
     if kind == "cuda":
         payload = _cuda.module_payload(module)
@@ -213,21 +209,6 @@ _DECODERS: dict[str, Decoder] = {
 CODECS: dict[str, tuple[int, Decoder]] = {codec: (CODEC_FIELDS[codec], decode) for codec, decode in _DECODERS.items()}
 
 
-def check(art: Artifact) -> None:
-    """ArtifactError unless `art` is an entry a hit can decode: known codec, fields, metadata types."""
-    for name, types in _HOT_TYPES.items():
-        if name in art.meta and not isinstance(art.meta[name], types):
-            raise ArtifactError(f"metadata {name!r} is a {type(art.meta[name]).__name__}", kind=art.codec)
-    for names in ("c_func_names", "func_names"):
-        if not all(isinstance(n, str) for n in art.meta.get(names, ())):
-            raise ArtifactError(f"metadata {names!r} holds a non-string", kind=art.codec)
-    if art.codec not in CODECS:
-        raise ArtifactError(f"unknown codec {art.codec!r}; known: {sorted(CODECS)}")
-    expected = CODECS[art.codec][0]
-    if len(art.fields) != expected:
-        raise ArtifactError(f"{len(art.fields)} payload fields, expected {expected}", kind=art.codec)
-
-
 def decode(blob: bytes | memoryview, *, scratch: str, path: str | None = None,
            key: str | None = None, unframed: Artifact | None = None) -> tuple[Module, dict[str, Any]]:
     """Rebuild the runtime module of a framed artifact; ArtifactError when malformed.
@@ -267,20 +248,7 @@ def needs_upgrade(module: Module, meta: Mapping[str, Any]) -> bool:
     """Whether a hit was served from LLVM IR that this host can link into a shared library."""
     if not isinstance(module, _llvm.CachedIRModule):
         return False
-    return _llvm.runs_here(meta.get("triple") or _llvm.ir_triple(module._cgc_record.ir_text()))
-
-
-def upgrade(blob: bytes, scratch: str) -> bytes | None:
-    """The fast form of an entry (llvm-ir -> llvm-so), or None when it has none here."""
-    art = unframe(blob)
-    check(art)
-    if art.codec != "llvm-ir":
-        return None
-    ir = _packed.unpack(art.fields[0])
-    if not _llvm.runs_here(art.meta.get("triple", _llvm.ir_triple(bytes(ir[:4096]).decode("utf-8", "replace")))):
-        return None  # another target's code (an entry stored before its triple was recorded)
-    library = _llvm.shared_library_from_ir(str(ir, "utf-8"), scratch)
-    return frame("llvm-so", art.meta, [library, _packed.pack(ir, _packed.SMALL_LEVEL)])
+    return _llvm.runs_here(meta.get("triple") or ir_triple(module._cgc_record.ir_text()))
 
 
 def portable(blob: bytes | memoryview) -> bytes:
