@@ -374,6 +374,11 @@ class CodegenCache:
             if memo is not None and memo[0] == version:
                 return memo[1]
             resolved = self.registry.resolve(target)
+            if self.registry.version != version:
+                # Resolving imported a lazy registration (a new version): resolved again under
+                # it, so that the next call finds this answer memoized.
+                version = self.registry.version
+                resolved = self.registry.resolve(target)
             if len(self._resolved) > 1024:
                 self._resolved.clear()
             self._resolved[target] = (version, resolved)
