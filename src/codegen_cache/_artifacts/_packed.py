@@ -12,7 +12,9 @@ A field is packed when it starts with zstd's frame magic, which no LLVM IR text 
 with (0xB5 is not a first byte in UTF-8). A packed field must declare its size, and it is
 unpacked into at most that many bytes; what fails is an ArtifactError (the entry is a miss).
 The levels are chosen from docs/benchmarks.md ("Entry sizes": size and time per level on real
-IR); zstd is imported only where packing or unpacking happens.
+IR); zstd is imported only where packing or unpacking happens. Where the `zstandard` package is
+missing (a dependency left out of an install), entries are stored plain and a packed one is a
+miss: a broken install costs size, never a compile.
 """
 
 from __future__ import annotations
@@ -34,10 +36,19 @@ def is_packed(field: bytes | memoryview) -> bool:
     return bytes(field[:4]) == _MAGIC
 
 
-def pack(text: bytes | memoryview, level: int = FAST_LEVEL) -> bytes:
-    """The IR text (not a packed field) as a zstd frame that declares its size."""
-    import zstandard
+def _zstd():
+    try:
+        import zstandard
+    except ImportError:
+        return None
+    return zstandard
 
+
+def pack(text: bytes | memoryview, level: int = FAST_LEVEL) -> bytes | memoryview:
+    """The IR text (not a packed field) as a zstd frame that declares its size (as it is without zstandard)."""
+    zstandard = _zstd()
+    if zstandard is None:
+        return text
     return zstandard.ZstdCompressor(level=level, write_content_size=True).compress(text)
 
 
@@ -45,8 +56,9 @@ def unpack(field: bytes | memoryview) -> bytes | memoryview:
     """The IR text of a field (the field itself where it is not packed); ArtifactError when malformed."""
     if not is_packed(field):
         return field
-    import zstandard
-
+    zstandard = _zstd()
+    if zstandard is None:
+        raise ArtifactError("packed LLVM IR, and the zstandard package is not installed (pip install zstandard)")
     try:
         size = zstandard.frame_content_size(field)
         if size < 0 or size > _MAX_TEXT:
@@ -71,6 +83,6 @@ def compact(blob: bytes) -> bytes:
         art = unframe(blob)
     except ArtifactError:
         return blob
-    if art.codec != "llvm-ir" or len(art.fields) != 1 or is_packed(art.fields[0]):
+    if art.codec != "llvm-ir" or len(art.fields) != 1 or is_packed(art.fields[0]) or _zstd() is None:
         return blob
     return frame(art.codec, art.meta, [pack(art.fields[0])])
