@@ -208,6 +208,12 @@ def llvm_vadd():
 
 
 @pytest.fixture(scope="session")
+def llvm_vadds():
+    """(device module, target) of eight vector adds for llvm (kernels.vadds): an entry in a value file."""
+    return cc.prepare_for_codegen(kernels.vadds(), "llvm")
+
+
+@pytest.fixture(scope="session")
 def cuda_vadd():
     """(device module, target) of a vector add for CUDA sm_90."""
     return cc.prepare_for_codegen(kernels.vadd_gpu, CUDA_TARGET)

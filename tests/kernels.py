@@ -22,3 +22,9 @@ def vmul_gpu(A: T.Buffer((1024,), "float32"), B: T.Buffer((1024,), "float32"), C
             with T.sblock("C"):
                 vi = T.axis.spatial(1024, i * 128 + j)
                 C[vi] = A[vi] * B[vi]
+
+
+def vadds(count: int = 8):
+    """`count` vector adds in one module (vadd0, vadd1, ...): its llvm entry is over diskcache's
+    32 KiB inline limit, so it lives in a value file (the tests of value files need one)."""
+    return tvm.IRModule({f"vadd{i}": vadd.with_attr("global_symbol", f"vadd{i}") for i in range(count)})

@@ -340,14 +340,14 @@ def test_context_default_is_reset_between_tests():
     assert _context.active_cache is not None
 
 
-def test_a_value_file_deleted_between_its_read_and_its_load_is_still_a_correct_hit(tmp_path, llvm_vadd, monkeypatch):
+def test_a_value_file_deleted_between_its_read_and_its_load_is_still_a_correct_hit(tmp_path, llvm_vadds, monkeypatch):
     # Another process (clear, prune, a size cull) may delete an entry's value file right after
     # this process read it: the bytes read are whole, and they are what is loaded.
     from codegen_cache._storage._disk import ArtifactStore
 
     writer = cc.CodegenCache(tmp_path, write_behind=False)
-    mod, target = llvm_vadd
-    expected = run_binary(writer.lower(mod, target))
+    mod, target = llvm_vadds  # an entry in a value file
+    expected = run_binary(writer.lower(mod, target), "vadd0")
     assert writer.flush(upgrades=True, timeout=180)  # a shared library
     writer.close()
     read, deleted = ArtifactStore.read, []
@@ -363,5 +363,5 @@ def test_a_value_file_deleted_between_its_read_and_its_load_is_still_a_correct_h
     cache = cc.CodegenCache(tmp_path)
     module, outcome = cache.lower_with_outcome(mod, target)
     assert deleted and outcome.tier == "disk"
-    np.testing.assert_array_equal(run_binary(module), expected)
+    np.testing.assert_array_equal(run_binary(module, "vadd0"), expected)
     assert cache.stats(shared=False).corrupt == 0

@@ -57,12 +57,12 @@ def as_another_process(code: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def linked(tmp_path_factory, llvm_vadd):
+def linked(tmp_path_factory, llvm_vadds):
     """A cache directory whose llvm vector add is a linked shared library; its expected output."""
     directory = tmp_path_factory.mktemp("linked") / "cache"
-    mod, target = llvm_vadd
+    mod, target = llvm_vadds
     writer = cc.CodegenCache(directory, write_behind=False)
-    expected = run_binary(writer.lower(mod, target))
+    expected = run_binary(writer.lower(mod, target), "vadd0")
     assert writer.flush(upgrades=True, timeout=240)  # linked into a shared library
     writer.close()
     return directory, expected
@@ -90,8 +90,8 @@ def _value_file(directory: Path, mod, target) -> str:
 
 @pytest.mark.timeout(300)
 def test_a_library_renamed_over_the_value_file_between_its_check_and_its_load_never_runs(
-        tmp_path, linked, llvm_vadd, evil, monkeypatch):
-    mod, target = llvm_vadd
+        tmp_path, linked, llvm_vadds, evil, monkeypatch):
+    mod, target = llvm_vadds
     library, marker = evil
     hits = 5
     for round_ in range(hits):
@@ -111,7 +111,7 @@ def test_a_library_renamed_over_the_value_file_between_its_check_and_its_load_ne
         module, outcome = cc.CodegenCache(directory, memory_entries=0).lower_with_outcome(mod, target)
         monkeypatch.setattr(ArtifactStore, "read", read)
         assert outcome.tier == "disk"
-        np.testing.assert_array_equal(run_binary(module), linked[1])
+        np.testing.assert_array_equal(run_binary(module, "vadd0"), linked[1])
         assert Path(path).read_bytes() == library.read_bytes()  # the swap did happen
         assert not marker.exists(), "the foreign library's constructor ran"
         with open("/proc/self/maps") as maps:
@@ -120,7 +120,7 @@ def test_a_library_renamed_over_the_value_file_between_its_check_and_its_load_ne
     cache = cc.CodegenCache(directory, memory_entries=0, write_behind=False)
     module, outcome = cache.lower_with_outcome(mod, target)
     assert outcome.tier == "codegen"
-    np.testing.assert_array_equal(run_binary(module), linked[1])
+    np.testing.assert_array_equal(run_binary(module, "vadd0"), linked[1])
     assert not marker.exists()
 
 
@@ -130,15 +130,15 @@ HIT_THEN_ATTACK = textwrap.dedent("""
     import numpy as np
     import codegen_cache as cc, kernels
     from conftest import run_binary
-    mod, target = cc.prepare_for_codegen(kernels.vadd, "llvm")
+    mod, target = cc.prepare_for_codegen(kernels.vadds(), "llvm")
     cache = cc.CodegenCache({directory!r}, memory_entries=0)
     module, outcome = cache.lower_with_outcome(mod, target)
     assert outcome.tier == "disk", outcome.tier
-    before = run_binary(module)
+    before = run_binary(module, "vadd0")
     # Another process changes the value file the bytes came from: {attack}.
     subprocess.run([sys.executable, "-c", {attacker!r}], check=True, timeout=60)
     for _ in range(100):  # every page of the loaded library is touched again
-        assert (run_binary(module) == before).all()
+        assert (run_binary(module, "vadd0") == before).all()
     print("ok", before[:3].tolist())
 """)
 ATTACKS = {
@@ -153,8 +153,8 @@ ATTACKS = {
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
 @pytest.mark.slow
 def test_a_value_file_changed_after_the_load_never_changes_or_kills_the_loaded_kernel(
-        tmp_path, linked, llvm_vadd, evil, attack):
-    mod, target = llvm_vadd
+        tmp_path, linked, llvm_vadds, evil, attack):
+    mod, target = llvm_vadds
     library, marker = evil
     for round_ in range(5):
         directory = _copy(linked, tmp_path / str(round_))
@@ -169,7 +169,7 @@ def test_a_value_file_changed_after_the_load_never_changes_or_kills_the_loaded_k
     cache = cc.CodegenCache(directory, memory_entries=0, write_behind=False)
     module, outcome = cache.lower_with_outcome(mod, target)
     assert outcome.tier == "codegen"
-    np.testing.assert_array_equal(run_binary(module), linked[1])
+    np.testing.assert_array_equal(run_binary(module, "vadd0"), linked[1])
 
 
 class _DictRemote:
@@ -189,8 +189,8 @@ class _DictRemote:
 @pytest.mark.parametrize("where", ["disk", "remote"])
 @pytest.mark.parametrize("fault", ["another key in its metadata", "a flipped byte"])
 def test_a_stored_librarys_constructor_never_runs_before_its_checksum_and_key_are_checked(
-        tmp_path, linked, llvm_vadd, evil, where, fault, caplog):
-    mod, target = llvm_vadd
+        tmp_path, linked, llvm_vadds, evil, where, fault, caplog):
+    mod, target = llvm_vadds
     library, marker = evil
     directory = _copy(linked, tmp_path)
     cache = cc.CodegenCache(directory, memory_entries=0, write_behind=False)
@@ -211,28 +211,28 @@ def test_a_stored_librarys_constructor_never_runs_before_its_checksum_and_key_ar
     module, outcome = reader.lower_with_outcome(mod, target)
     assert not marker.exists(), "the constructor of a library that failed its checks ran"
     assert outcome.tier == "codegen" and reader.stats(shared=False).corrupt == 1
-    np.testing.assert_array_equal(run_binary(module), linked[1])
+    np.testing.assert_array_equal(run_binary(module, "vadd0"), linked[1])
     if fault.startswith("another"):
         assert any("holds key ffffffffffffffff" in r.getMessage() for r in caplog.records)
 
 
-def test_an_llvm_hit_maps_a_sealed_private_copy_not_the_value_file(tmp_path, linked, llvm_vadd):
-    mod, target = llvm_vadd
+def test_an_llvm_hit_maps_a_sealed_private_copy_not_the_value_file(tmp_path, linked, llvm_vadds):
+    mod, target = llvm_vadds
     directory = _copy(linked, tmp_path)
     path = _value_file(directory, mod, target)
     module, outcome = cc.CodegenCache(directory, memory_entries=0).lower_with_outcome(mod, target)
-    assert outcome.tier == "disk" and module.implements_function("vadd")
+    assert outcome.tier == "disk" and module.implements_function("vadd0")
     with open("/proc/self/maps") as f:
         maps = f.read()
     assert path not in maps and "/memfd:codegen-cache" in maps
 
 
-def test_entry_files_are_read_only_once_written(tmp_path, llvm_vadd, cuda_vadd):
+def test_entry_files_are_read_only_once_written(tmp_path, llvm_vadds, cuda_vadd):
     from codegen_cache._storage._pending import PendingFiles
 
     cache = cc.CodegenCache(tmp_path / "cache", write_behind=False)
     cache.lower(*cuda_vadd, compile_device=False)
-    mod, target = llvm_vadd
+    mod, target = llvm_vadds
     cache.lower(mod, target)
     assert cache.flush(upgrades=True, timeout=240)
     staged = PendingFiles(tmp_path / "cache" / "staged" / "compiled")

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import codegen_cache as cc
-from codegen_cache._artifacts import frame, read_meta
+from codegen_cache._artifacts import FORMAT_VERSION, frame, read_meta
 from codegen_cache._cache import _upgrade
 from codegen_cache._storage._envelope import open_value, seal
 from codegen_cache._storage._platform import library_platform
@@ -35,6 +35,7 @@ redis = pytest.importorskip("redis", reason="the redis client is not installed (
 
 pytestmark = pytest.mark.timeout(240)
 
+PREFIX = f"codegen-cache:v{FORMAT_VERSION}:"  # the remote tier's keys for this entry format
 SECRET = "team-secret-for-tests"
 HERE = Path(__file__).parent
 HOST = HERE / "fleet_host.py"
@@ -269,7 +270,7 @@ def _in_redis(server, first: int, count: int, tmp_path: Path, *, slow: bool = Tr
     from slow_codegen import SLOW_LLVM
 
     probe = cc.CodegenCache(tmp_path / "keys-only")
-    keys = [f"codegen-cache:v4:{probe.key_for(*variant(i), codegen=SLOW_LLVM if slow else None).digest}"
+    keys = [f"{PREFIX}{probe.key_for(*variant(i), codegen=SLOW_LLVM if slow else None).digest}"
             for i in range(first, first + count)]
     probe.close()
     with server.client() as client:
@@ -346,15 +347,15 @@ def test_a_push_that_failed_is_marked_and_made_by_a_codegen_cache_command(tmp_pa
         assert outbox == [f"compiled.{digest}", f"lib.{digest}"]
         server.proc.send_signal(signal.SIGCONT)
         with server.client() as client:
-            assert not client.exists(f"codegen-cache:v4:{digest}")
+            assert not client.exists(f"{PREFIX}{digest}")
         env = _environ(CODEGEN_CACHE_DIR=str(tmp_path / "host"), CODEGEN_CACHE_REMOTE=server.url,
                        CODEGEN_CACHE_REMOTE_SECRET=SECRET)
         done = subprocess.run([sys.executable, "-m", "codegen_cache", "stats"], capture_output=True, text=True,
                               env=env, timeout=120)
         assert done.returncode == 0, done.stderr
         with server.client() as client:
-            assert client.exists(f"codegen-cache:v4:{digest}")
-            assert client.exists(f"codegen-cache:v4:lib:{library_platform()}:{digest}")
+            assert client.exists(f"{PREFIX}{digest}")
+            assert client.exists(f"{PREFIX}lib:{library_platform()}:{digest}")
         assert not [n for n in os.listdir(tmp_path / "host" / "outbox") if n != ".lock"]
     finally:
         server.close()
@@ -398,7 +399,7 @@ def test_a_host_that_dies_holding_a_lease_delays_the_others_by_its_expiry_only(t
     try:
         deadline = time.monotonic() + 120
         with server.client() as client:
-            while not client.keys("codegen-cache:v4:lease:*"):
+            while not client.keys(f"{PREFIX}lease:*"):
                 assert time.monotonic() < deadline and holder.poll() is None, "the holder never took its lease"
                 time.sleep(0.05)
         # The waiter imports TVM first (seconds): it starts lowering when told, just after the kill.
@@ -425,7 +426,7 @@ def test_a_live_holder_delays_the_others_by_lease_wait_at_most(tmp_path, url):
         time.sleep(0.5)
         deadline = time.monotonic() + 120
         with redis.Redis.from_url(url) as client:
-            while not client.keys("codegen-cache:v4:lease:*"):
+            while not client.keys(f"{PREFIX}lease:*"):
                 assert time.monotonic() < deadline and holder.poll() is None, "the holder never took its lease"
                 time.sleep(0.05)
         waiter = _host(tmp_path / "waiter", 410, 1, url, "--lease-wait", "1", env={"SLOW_CODEGEN_SECONDS": "0"})
@@ -536,7 +537,7 @@ def test_a_fresh_host_is_served_the_library_another_host_linked(tmp_path, url, s
     digests = [a.key_for(*variant(i)).digest for i in range(500, 504)]
     a.close()
     with server.client() as client:
-        libraries = client.keys(f"codegen-cache:v4:lib:{library_platform()}:*")
+        libraries = client.keys(f"{PREFIX}lib:{library_platform()}:*")
         assert sorted(k.decode().rsplit(":", 1)[1] for k in libraries) == sorted(digests)
     b = _result(_host(tmp_path / "b", 500, 4, url, "--codegen", "llvm"))
     assert b["tiers"] == ["remote"] * 4 and b["wrong"] == []
@@ -613,7 +614,7 @@ def test_the_upgrader_pushes_the_library_itself_where_its_environment_names_the_
     assert result["tiers"] == ["codegen", "codegen"]
     deadline = time.monotonic() + 120
     with server.client() as client:
-        while len(client.keys("codegen-cache:v4:lib:*")) < 2:
+        while len(client.keys(f"{PREFIX}lib:*")) < 2:
             assert time.monotonic() < deadline, "the upgrader did not push the libraries"
             time.sleep(0.2)
 
@@ -627,15 +628,15 @@ def test_a_library_is_never_loaded_from_another_platforms_key(hosts, url, server
     assert a.flush(120, upgrades=True)
     digest = a.key_for(mod, target).digest
     with server.client() as client:
-        ours = f"codegen-cache:v4:lib:{library_platform()}:{digest}"
+        ours = f"{PREFIX}lib:{library_platform()}:{digest}"
         opened = open_value(ours, client.get(ours), SECRET.encode())
         frame_bytes = bytes(opened[0])
         assert opened[1] == "llvm-so"
         # Move it: to another platform's key (signed for that key), and over the shared key.
         client.delete(ours)
-        other = f"codegen-cache:v4:lib:linux-riscv64-musl1.2:{digest}"
+        other = f"{PREFIX}lib:linux-riscv64-musl1.2:{digest}"
         client.set(other, seal(other, frame_bytes, SECRET.encode()))
-        shared = f"codegen-cache:v4:{digest}"
+        shared = f"{PREFIX}{digest}"
         client.set(shared, seal(shared, frame_bytes, SECRET.encode()))
     b = hosts("b", url)
     module, outcome = b.lower_with_outcome(mod, target)
