@@ -19,8 +19,16 @@ GOALS = {
     "scaling": 1.2,
     "miss_overhead": 0.10,
     "miss_overhead_abs": 0.3e-3,  # issue 12's budget: max(10% of the bare codegen, 0.3 ms)
-    "no_slower": 10e-6,  # issue 25: a call through the cache costs at most the codegen + a decision and a count
+    # issue 34: a call through the cache that stores nothing costs at most max(1.1x, +20 us) of the bare codegen
+    "no_slower": 0.10,
+    "no_slower_abs": 20e-6,
+    "fresh_disk_vs_floor": 1.3,  # issue 35: a fresh process's first disk hit of a kernel (bench_fresh_hit.py)
 }
+
+
+def no_slower_budget(bare: float) -> float:
+    """What a call that stores nothing may add to the bare codegen: max(10% of it, 20 us)."""
+    return max(GOALS["no_slower"] * bare, GOALS["no_slower_abs"])
 
 
 def auto_row(row: dict) -> dict[str, Any] | None:
@@ -32,7 +40,13 @@ def auto_row(row: dict) -> dict[str, Any] | None:
     warm_diff = row.get("paired", {}).get("auto_minus_bare")
     if warm_diff is None and warm is not None and bare_w:
         warm_diff = warm - bare_w
-    budget = max(GOALS["miss_overhead"] * bare, GOALS["miss_overhead_abs"]) if bare else None
+    # What most new kernels did: a codegen's first calls (before it has run 3 times) store.
+    tiers = row.get("auto_tiers", {})
+    stored = tiers.get("stored", 0) * 2 > sum(tiers.values())
+    # A stored miss has the miss budget; any other call (kept in memory, or run without a key) may
+    # add only what never makes the codegen slower than no cache.
+    budget = (max(GOALS["miss_overhead"] * bare, GOALS["miss_overhead_abs"]) if stored else no_slower_budget(bare)) \
+        if bare else None
     fresh_warm = _m(row, "auto_fresh")
     key, after_key = _m(row, "auto_key"), _m(row, "auto_after")
     fresh_diff = row.get("paired", {}).get("fresh_minus_bare")
@@ -42,6 +56,7 @@ def auto_row(row: dict) -> dict[str, Any] | None:
             "cold_diff": cold - bare if cold and bare else None, "budget": budget,
             "warm": warm, "bare_w": bare_w, "warm_diff": warm_diff, "warm_tier": row.get("auto_warm_tier", "-"),
             "fresh_warm": fresh_warm, "fresh_diff": fresh_diff, "fresh_tier": row.get("auto_fresh_tier", "-"),
+            "no_slower": no_slower_budget(bare_w) if bare_w else None, "stored": stored,
             "every_tier_miss": _m(row, "miss"), "key": key, "after_key": after_key,
             "own": key + after_key if key is not None and after_key is not None else None,
             "encode": _m(row, "encode"), "reps": row.get("cold_reps")}
@@ -145,13 +160,13 @@ def evaluate_goals(results: dict) -> list[dict[str, Any]]:
                 f"{fmt_ratio(d['disk_floor'])} (p10s: {fmt_ratio(d['disk_floor_p10'])})")
         if d["mem_over_hash"] is not None:
             shown = f"hash {_signed(d['mem_over_hash'])} (p10s: {_signed(d['mem_over_hash_p10'])})"
-            if d["mem_resolution"] is not None and d["mem_resolution"] > GOALS["memory_over_hash"]:
-                # A 10 us margin on a hash of milliseconds is below this machine's noise.
-                add(1, f"memory hit <= hash + 10us: {case}", d["mem_over_hash"], GOALS["memory_over_hash"],
-                    None, f"{shown} (noise +-{fmt_time(d['mem_resolution'])})")
-            else:
-                add(1, f"memory hit <= hash + 10us: {case}", d["mem_over_hash"], GOALS["memory_over_hash"],
-                    d["mem_over_hash"] <= GOALS["memory_over_hash"], shown)
+            noise = d["mem_resolution"] or 0.0
+            # A drift check: FAIL only past the goal by more than the rounds' noise (over the goal
+            # within the noise is N/A: a 10 us margin on a hash of milliseconds is below it).
+            value, goal = d["mem_over_hash"], GOALS["memory_over_hash"]
+            ok = True if value <= goal else False if value - noise > goal else None
+            add(1, f"memory hit <= hash + 10us: {case}", value, goal, ok,
+                f"{shown} (noise +-{fmt_time(noise)})" if noise else shown)
         target = None
         if row["codegen"] == "cuda-nvcc":
             target = GOALS["warm_cold_nvcc"]
@@ -171,20 +186,31 @@ def evaluate_goals(results: dict) -> list[dict[str, Any]]:
             ok = a["cold_diff"] <= a["budget"]
             if not ok and a["own"] is not None and a["own"] <= a["budget"]:
                 ok = None  # the cache's own part fits: the difference is the codegen's spread (N/A)
-            add(7, f"auto, cold: miss - bare <= max(10%, 0.3ms): {case}", a["cold_diff"], a["budget"], ok,
+            what = "max(10%, 0.3ms)" if a["stored"] else "max(10%, 20us)"
+            add(7, f"auto, cold: call - bare <= {what}: {case}", a["cold_diff"], a["budget"], ok,
                 f"{_signed(a['cold_diff'])} (budget {fmt_time(a['budget'])}; {_tiers(a['tiers'])}{_caller_part(a)})")
-        if a is not None and a["warm_diff"] is not None:
+        if a is not None and a["warm_diff"] is not None and a["no_slower"] is not None:
             noise = row.get("paired", {}).get("auto_minus_bare_resolution")
-            if a["warm_diff"] > GOALS["no_slower"] and (noise is None or noise > GOALS["no_slower"]):
-                # The codegen's own spread hides a 10 us margin (or it was not in the same rounds).
-                add(7, f"auto, warm in-process: call - bare <= 10us: {case}", a["warm_diff"], GOALS["no_slower"],
+            limit = a["no_slower"]
+            if a["warm_diff"] > limit and (noise is None or noise > limit):
+                # The codegen's own spread hides the margin (or it was not in the same rounds).
+                add(7, f"auto, warm in-process: call - bare <= max(10%, 20us): {case}", a["warm_diff"], limit,
                     None, f"{_signed(a['warm_diff'])} ({a['warm_tier']}; noise +-{fmt_time(noise)})")
             else:
-                add(7, f"auto, warm in-process: call - bare <= 10us: {case}", a["warm_diff"], GOALS["no_slower"],
-                    a["warm_diff"] <= GOALS["no_slower"], f"{_signed(a['warm_diff'])} ({a['warm_tier']})")
-        if a is not None and a["fresh_diff"] is not None and a["budget"] is not None:
-            add(7, f"auto, warm in a new process: call - bare <= max(10%, 0.3ms): {case}", a["fresh_diff"],
-                a["budget"], a["fresh_diff"] <= a["budget"], f"{_signed(a['fresh_diff'])} ({a['fresh_tier']})")
+                add(7, f"auto, warm in-process: call - bare <= max(10%, 20us): {case}", a["warm_diff"], limit,
+                    a["warm_diff"] <= limit, f"{_signed(a['warm_diff'])} ({a['warm_tier']})")
+        if a is not None and a["fresh_diff"] is not None and a["no_slower"] is not None:
+            add(7, f"auto, warm in a new process: call - bare <= max(10%, 20us): {case}", a["fresh_diff"],
+                a["no_slower"], a["fresh_diff"] <= a["no_slower"], f"{_signed(a['fresh_diff'])} ({a['fresh_tier']})")
+    fresh = results.get("fresh_hit")
+    if fresh:
+        c, w = fresh["cpu"], fresh["wall"]
+        value, goal, noise = c["ratio"], GOALS["fresh_disk_vs_floor"], c["noise"]
+        ok = (True if value <= goal else False if value - noise > goal else None) if fresh["tiers"] == ["disk"] \
+            else False
+        add(8, "fresh process, first disk hit of a kernel <= 1.3x floor: vadd / llvm (CPU)", value, goal, ok,
+            f"{fmt_ratio(value)} (noise +-{noise:.2f}; wall {fmt_ratio(w['ratio'])}; served from "
+            f"{'/'.join(fresh['tiers'])})")
     scaling = results.get("scaling", {}).get("store", {})
     for case in scaling.get("cases", []):
         lo, hi = scaling["sizes"][0], scaling["sizes"][-1]
@@ -374,6 +400,19 @@ def tables(results: dict) -> str:
                  "the medians); ours miss is measured.")
     parts.append(_verdict(rows))
 
+    fresh = results.get("fresh_hit")
+    if fresh:
+        parts.append("\n== 8. a fresh process's first disk hit of a kernel against its floor (llvm vadd) ==")
+        body = [[label, fmt_time(fresh[k]["hit"]), fmt_time(fresh[k]["floor"]), fmt_ratio(fresh[k]["ratio"]),
+                 f"+-{fresh[k]['noise']:.2f}"]
+                for label, k in (("first hit of the kernel, CPU", "cpu"), ("same, wall", "wall"),
+                                 ("process's first call, CPU", "cpu_first"), ("same, wall", "wall_first"))]
+        parts.append(_table(["what", "hit", "floor", "hit/floor", "noise"], body))
+        parts.append(f"{fresh['rounds']} rounds of fresh interpreters, hit and floor alternating (bench_fresh_hit.py); "
+                     "first hit of the kernel = after another kernel's hit made what a process makes once (goal "
+                     "<= 1.3x, on the main thread's CPU time); process's first call = the cache object made, its "
+                     "store opened and its modules imported, against a floor that connects to SQLite (no goal). "
+                     "Served from: " + "/".join(fresh["tiers"]) + ".")
     goals = results.get("goals", [])
     parts.append("\n== goals ==")
     parts.append(_table(["status", "section", "goal", "measured"],

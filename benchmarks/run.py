@@ -5,7 +5,8 @@
 Sections: 1 hit vs floor vs cold per kernel and codegen (memory, disk, remote hits; floor;
 cold miss), 2 scaling (store size; key cost vs IR size), 3 contention (1/2/4 processes),
 4 autotuning sweep (2 workers, cold then warm), 5 miss overhead, 6 alternatives (no cache;
-a file-per-entry cache), 7 the cache a user gets (min_codegen_time auto) against no cache.
+a file-per-entry cache), 7 the cache a user gets (min_codegen_time auto) against no cache,
+8 a fresh process's first disk hit of a kernel against its floor (bench_fresh_hit.py).
 Prints the tables and PASS/FAIL per goal; --json writes every measurement, --plot draws a
 summary figure. --quick takes under 2 minutes on 2 cores.
 """
@@ -39,7 +40,7 @@ MODES = {
         "sizes": [100, 1_000, 10_000, 100_000], "files_max": 10_000, "scaling_reps": 31,
         "key_sizes": [128, 256, 512, 1024, 2048], "key_reps": 15,
         "procs": [1, 2, 4], "n_keys": 100, "rounds": 5,
-        "cuda_configs": 54, "llvm_configs": 27, "nvcc_configs": 12, "duplicates": 1 / 3,
+        "cuda_configs": 54, "llvm_configs": 27, "nvcc_configs": 12, "duplicates": 1 / 3, "fresh_rounds": 15,
     },
     "quick": {
         "cold_budget": 1.0, "hit_budget": 0.4, "min_hit_reps": 3, "copy_max_hash": 0.02, "jit_max_build": 0.3,
@@ -47,7 +48,7 @@ MODES = {
         "sizes": [100, 1_000, 10_000], "files_max": 1_000, "scaling_reps": 11,
         "key_sizes": [128, 256, 512, 1024, 2048], "key_reps": 9,
         "procs": [1, 2, 4], "n_keys": 30, "rounds": 3,
-        "cuda_configs": 54, "llvm_configs": 6, "nvcc_configs": 2, "duplicates": 1 / 6,
+        "cuda_configs": 54, "llvm_configs": 6, "nvcc_configs": 2, "duplicates": 1 / 6, "fresh_rounds": 7,
     },
     # Hidden: every section once with tiny counts, for the smoke test.
     "smoke": {
@@ -56,7 +57,7 @@ MODES = {
         "sizes": [100, 1_000], "files_max": 1_000, "scaling_reps": 3,
         "key_sizes": [32, 64], "key_reps": 2,
         "procs": [1, 2], "n_keys": 4, "rounds": 1,
-        "cuda_configs": 4, "llvm_configs": 2, "nvcc_configs": 0, "duplicates": 0.5,
+        "cuda_configs": 4, "llvm_configs": 2, "nvcc_configs": 0, "duplicates": 0.5, "fresh_rounds": 1,
     },
 }
 
@@ -185,7 +186,7 @@ def run(mode: str, workdir: Path, log, only: set[str] | None = None) -> dict:
         except (OSError, RuntimeError) as err:
             reason = f"redis-server did not start ({err})"
     remote_url = server.url if server else None
-    wanted = only or {"hits", "scaling", "parallel"}
+    wanted = only or {"hits", "fresh", "scaling", "parallel"}
     # Started first so that importing TVM in the workers overlaps the (untimed) lowering below.
     pool = Pool(max(cfg["procs"] + [2])) if "parallel" in wanted else None
     try:
@@ -200,6 +201,13 @@ def run(mode: str, workdir: Path, log, only: set[str] | None = None) -> dict:
                                    "(loopback), disk tier emptied before each remote hit")
             results["hits"] = hits
             results["seconds"]["hits"] = time.perf_counter() - t0
+        if "fresh" in wanted:
+            from bench_fresh_hit import measure as fresh_hit
+
+            t0 = time.perf_counter()
+            log("section 8: a fresh process's first disk hit of a kernel against its floor")
+            results["fresh_hit"] = fresh_hit(cfg["fresh_rounds"], warmup=not smoke)
+            results["seconds"]["fresh"] = time.perf_counter() - t0
         if "scaling" in wanted:
             t0 = time.perf_counter()
             log("section 2: scaling")

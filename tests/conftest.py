@@ -83,14 +83,18 @@ def _runs_slow_tests(config) -> bool:
             or any("::" in arg for arg in config.args))
 
 
+# This interpreter and its environment's scripts, as started: a test may replace sys.executable.
+_THIS_PYTHON, _THIS_BIN = os.path.realpath(sys.executable), os.path.dirname(os.path.abspath(sys.executable))
+
+
 def _is_python(argv0: str) -> bool:
     """Whether a command starts a Python interpreter (this one, another python*, or a script of this
     environment such as codegen-cache)."""
     path = shutil.which(argv0) or argv0
     real = os.path.realpath(path)
-    if real == os.path.realpath(sys.executable) or re.fullmatch(r"python[\d.]*", os.path.basename(real)):
+    if real == _THIS_PYTHON or re.fullmatch(r"python[\d.]*", os.path.basename(real)):
         return True
-    if os.path.dirname(os.path.abspath(path)) != os.path.dirname(os.path.abspath(sys.executable)):
+    if os.path.dirname(os.path.abspath(path)) != _THIS_BIN:
         return False
     try:
         with open(path, "rb") as f:
@@ -117,6 +121,8 @@ def pytest_sessionstart(session):
             if executable is None:
                 executable = argv[0] if argv else ""
             if any("codegen_cache._cache._upgrade" in arg for arg in argv):
+                return
+            if "-S" in argv[1:3]:  # no site-packages: it cannot import TVM
                 return
             if _is_python(os.fsdecode(executable)):
                 started[current["nodeid"]] = started.get(current["nodeid"], 0) + 1

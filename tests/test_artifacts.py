@@ -13,6 +13,8 @@ import codegen_cache as cc
 import kernels
 from codegen_cache._artifacts import CachedLibraryModule, decode, encode, frame, read_meta, unframe, upgrade
 from codegen_cache._artifacts import CudaPayload
+from codegen_cache._compat import host_llvm_triple
+from codegen_cache._compat._abi import tvm_libraries
 from conftest import CUDA_TARGET
 
 CASES = [("llvm", kernels.vadd, True), ("llvm", kernels.vadd, False), ("c", kernels.vadd, False),
@@ -40,7 +42,8 @@ def test_round_trip_keeps_source_and_functions(blobs):
             # answers as the built llvm module (kind, properties, source).
             assert loaded.kind == "llvm" and loaded.implements_function("vadd")
             assert loaded.inspect_source("ll") == module.inspect_source("ll")
-            upgraded, _ = decode(upgrade(blob, scratch), scratch=scratch)
+            upgraded, _ = decode(upgrade(blob, scratch, libraries=tvm_libraries(), host_triple=host_llvm_triple()),
+                                 scratch=scratch)
             assert upgraded.kind == "llvm" and upgraded.implements_function("vadd")
             assert upgraded.get_property_mask() == module.get_property_mask()
             assert upgraded.inspect_source("ll") == module.inspect_source("ll")

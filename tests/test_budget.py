@@ -19,6 +19,7 @@ from codegen_cache._cache._budget import (
     WINDOW,
     TierBudget,
     miss_budget,
+    no_slower_budget,
 )
 from codegen_cache._cache._cache import store_in_every_tier
 from codegen_cache._compat import tvm
@@ -53,13 +54,13 @@ def test_a_codegen_cheaper_than_its_key_uses_no_tier():
 def test_a_key_that_breaks_the_miss_budget_uses_no_tier():
     # 10 ms runs with a 5 ms key: memory hits would save 5 ms, but every miss would cost 50%.
     plan = _fed([10e-3] * 5, key_share=0.5).plan("cg", "source")
-    assert not plan.keyed and "miss budget" in plan.why
+    assert not plan.keyed and "budget" in plan.why
     # A C-like 5.5 ms run with a 1.6 ms key: over the 0.55 ms budget, whatever a hit would save.
     assert not _fed([5.5e-3] * 5, key_share=0.3).plan("cg", "source").keyed
 
 
 def test_a_codegen_under_the_minimum_is_kept_in_memory_only():
-    plan = _fed([50e-6] * 5, key_share=0.1).plan("cg", "source")  # CUDA source of a small kernel
+    plan = _fed([2e-3] * 5, key_share=0.01).plan("cg", "source")  # a 2 ms source codegen, a 20 us key
     assert _tiers(plan) == (True, False, False) and "under min_codegen_time" in plan.why
     assert _tiers(_fed([0.9 * MIN_CODEGEN_SECONDS] * 5, key_share=0.01).plan("cg", "source")) == (True, False, False)
 
@@ -102,6 +103,16 @@ def test_min_codegen_time_seconds_replace_the_minimum_and_zero_stores_everything
 
 def test_miss_budget_is_ten_percent_or_point_three_ms():
     assert miss_budget(1e-3) == 0.3e-3 and miss_budget(0.1) == pytest.approx(0.01)
+
+
+def test_a_cheap_codegen_whose_key_and_memory_tier_break_ten_percent_runs_without_a_key():
+    # A source-only CUDA vector add: a 0.25 ms codegen, a key of 15 us. Kept in memory, each new
+    # kernel would cost the key and the memory tier's miss on top: more than max(10%, 20 us).
+    assert no_slower_budget(0.25e-3) == pytest.approx(25e-6) and no_slower_budget(1e-4) == 20e-6
+    plan = _fed([0.25e-3] * 5, key_share=0.06).plan("cg", "source")
+    assert not plan.keyed and "no tier pays" in plan.why
+    # A 1 ms codegen with the same key: its memory-only misses fit 10%.
+    assert _tiers(_fed([1e-3] * 5, key_share=0.015).plan("cg", "source")) == (True, False, False)
 
 
 def test_the_first_calls_one_time_costs_do_not_decide():

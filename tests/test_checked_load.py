@@ -51,8 +51,8 @@ def shared_library(directory: Path, name: str, marker: Path, which: int) -> Path
 
 
 def as_another_process(code: str) -> None:
-    """Run `code` in a separate Python process (the attacker), and check it succeeded."""
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    """Run `code` in a separate Python process (the attacker: the standard library only), and check it succeeded."""
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
 
 

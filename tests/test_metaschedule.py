@@ -97,8 +97,8 @@ def test_local_builder_second_batch_is_all_hits_and_its_artifacts_run(tmp_path):
     cache_dir = tmp_path / "cache"
     inputs = [BuilderInput(_vadd_main(), LLVM), BuilderInput(tvm.IRModule({"main": matmul}), LLVM)]
     results = []
-    for _ in range(2):
-        builder = metaschedule_builder(cache_dir, max_workers=2, timeout_sec=120)
+    for _ in range(2):  # two pools: the second batch runs in a worker process the first never saw
+        builder = metaschedule_builder(cache_dir, max_workers=1, timeout_sec=120)
         results.append(builder.build(inputs))
     first, second = results
     assert [r.error_msg for r in first + second] == [None] * 4

@@ -137,7 +137,7 @@ def test_remote_from_environment(tmp_path, redis_url, monkeypatch, llvm_vadd):
             c.close()
     assert len(calls) == 1
     with redis.Redis.from_url(redis_url) as client:
-        assert len(client.keys("codegen-cache:v4:lib:*")) == 1
+        assert len(client.keys(f"codegen-cache:v{FORMAT_VERSION}:lib:*")) == 1
 
 
 # ---- rejected entries ------------------------------------------------------------------------

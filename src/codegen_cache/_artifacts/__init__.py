@@ -11,14 +11,16 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ._frame import CODEC_FIELDS, FORMAT_VERSION, HOT_META, Artifact, frame, read_meta, unframe
+from ._frame import CODEC_FIELDS, FORMAT_VERSION, HOT_META, Artifact, check, frame, read_meta, unframe
+from ._packed import compact
 from ._private import SCRATCH_PREFIX
 
 if TYPE_CHECKING:
-    from ._codecs import (CODECS, check, decode, encode_cuda_binary, function_names, needs_upgrade, portable,
-                          prepare, symbol_names, upgradable, upgrade)
+    from ._codecs import (CODECS, decode, encode_cuda_binary, function_names, needs_upgrade, portable, prepare,
+                          symbol_names, upgradable)
+    from ._link import compiler_command, upgrade
     from ._cuda import CudaPayload
-    from ._llvm import CachedIRModule, CachedLibraryModule, compiler_command, keep_answering
+    from ._llvm import CachedIRModule, CachedLibraryModule, keep_answering
     from ._module_methods import as_built_root, install_on_module, installed_on_module, uninstall_from_module
 
 __all__ = [
@@ -33,6 +35,7 @@ __all__ = [
     "CachedLibraryModule",
     "CudaPayload",
     "check",
+    "compact",
     "compiler_command",
     "decode",
     "encode",
@@ -55,10 +58,11 @@ __all__ = [
 
 # name -> the module that defines it, imported on the first use of the name.
 _LAZY = {
-    **dict.fromkeys(("CODECS", "check", "decode", "encode_cuda_binary", "function_names", "needs_upgrade", "portable",
-                     "prepare", "symbol_names", "upgradable", "upgrade"), "._codecs"),
+    **dict.fromkeys(("CODECS", "decode", "encode_cuda_binary", "function_names", "needs_upgrade", "portable",
+                     "prepare", "symbol_names", "upgradable"), "._codecs"),
+    **dict.fromkeys(("compiler_command", "upgrade"), "._link"),
     "CudaPayload": "._cuda",
-    **dict.fromkeys(("CachedIRModule", "CachedLibraryModule", "compiler_command", "keep_answering"), "._llvm"),
+    **dict.fromkeys(("CachedIRModule", "CachedLibraryModule", "keep_answering"), "._llvm"),
     **dict.fromkeys(("as_built_root", "install_on_module", "installed_on_module", "uninstall_from_module"),
                     "._module_methods"),
 }

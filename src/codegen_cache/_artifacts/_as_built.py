@@ -38,6 +38,7 @@ from typing import Any
 from .. import _compat
 from .._compat import Module
 from .._forksafe import on_fork_child
+from . import _packed
 from ._private import SCRATCH_PREFIX
 
 __all__ = ["LLVM_QUERIES", "MAX_BYTES", "MAX_MODULES", "SCRATCH_PREFIX", "Record", "any_registered", "library_record",
@@ -57,7 +58,7 @@ _EXPORTABLE_LLVM = _compat.module_property_mask(runnable=True, exportable=True, 
 class Record:
     """What a registered module answers from: its stored IR, and (for a library) the library bytes."""
 
-    ir: str | bytes | memoryview
+    ir: str | bytes | memoryview  # bytes: the stored field, plain or packed (_packed)
     library: bytes | memoryview | None  # None: the module is itself parsed from the IR
     func_names: Sequence[str] = ()
     queries: dict[str, Any] = field(default_factory=dict)  # LLVM_QUERIES as the built module answered
@@ -65,8 +66,13 @@ class Record:
 
     def ir_text(self) -> str:
         """The stored LLVM IR: the built module's `inspect_source("ll")`, byte for byte."""
-        if not isinstance(self.ir, str):
-            self.ir = str(self.ir, "utf-8")  # kept as bytes until asked for: most hits never are
+        if isinstance(self.ir, str):
+            return self.ir
+        if _packed.is_packed(self.ir):
+            # Unpacked on each ask (an export, inspect_source): what the record holds stays the
+            # stored bytes, so that nbytes, which the registry's bound sums, never changes.
+            return str(_packed.unpack(self.ir), "utf-8")
+        self.ir = str(self.ir, "utf-8")  # kept as bytes until asked for: most hits never are
         return self.ir
 
     def rebuilt(self) -> Module:
@@ -118,6 +124,10 @@ def register(module: Module, record: Record) -> None:
     """Have `module` (and every handle of it TVM gives out) answer as the built module."""
     handle = module.__chandle__()
     with _lock:
+        found = _registered.get(handle)
+        if found is not None and found[0] is module and found[1] is record:
+            _registered.move_to_end(handle)  # handed out again (a memory hit): the newest, nothing else changes
+            return
         old = _registered.pop(handle, None)
         if old is not None:
             _held_bytes[0] -= old[1].nbytes

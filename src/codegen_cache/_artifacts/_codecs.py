@@ -2,8 +2,8 @@
 
 | codec     | fields                                  | a hit returns                                |
 | --------- | --------------------------------------- | -------------------------------------------- |
-| llvm-ir   | LLVM IR text (the raw form)             | an llvm module parsed from it                |
-| llvm-so   | shared library, LLVM IR text            | the library, loaded from a private copy, answering |
+| llvm-ir   | LLVM IR (the raw form; packed, _packed) | an llvm module parsed from it                |
+| llvm-so   | shared library, packed LLVM IR          | the library, loaded from a private copy, answering |
 |           |                                         | as the built llvm module (_module_methods)   |
 | cuda-bin  | fmt, function map, binary, CUDA source  | TVM's CUDA module (needs TVM's CUDA runtime) |
 | cuda-module | fmt, function map, data, sources (JSON) | the same CUDA module, sources included (ffi.Module.create.cuda) |
@@ -31,17 +31,13 @@ from typing import Any
 from .. import _compat
 from .._compat import Module
 from .._errors import ArtifactError, CudaRuntimeUnavailableError, EntryKeyError
-from . import _cuda, _llvm
-from ._frame import CODEC_FIELDS, Artifact, frame, unframe
+from . import _cuda, _llvm, _packed
+from ._link import ir_triple
+from ._frame import CODEC_FIELDS, Artifact, check, frame, unframe
 
 __all__ = ["CODECS", "check", "decode", "encode_cuda_binary", "function_names", "needs_upgrade", "portable",
-           "prepare", "symbol_names", "upgradable", "upgrade"]
+           "prepare", "symbol_names", "upgradable"]
 
-# The JSON type of each metadata field a hit reads; a checksum is not authentication, so a
-# well-framed entry may still hold anything there (a null number must not make lower() raise).
-_HOT_TYPES = {"key": str, "build_seconds": (int, float), "source_format": str, "c_func_names": list,
-              "func_names": list, "module_kind": str, "ir_digest": str, "llvm_queries": dict, "property_mask": int,
-              "triple": str}
 # Formats that runtime.SourceModuleCreate is given per fallback module kind.
 _SOURCE_FORMATS = {"cuda": "cu", "opencl": "cl", "metal": "metal", "webgpu": "wgsl", "source": ""}
 
@@ -76,7 +72,7 @@ def prepare(module: Module, meta: Mapping[str, Any], *, func_names: Sequence[str
             except AttributeError:  # a TVM whose llvm module lacks one: the hit asks the parsed IR
                 pass
         meta = {**meta, "llvm_queries": queries, "property_mask": int(module.get_property_mask()),
-                "triple": _llvm.ir_triple(ir)}
+                "triple": ir_triple(ir)}
         return "llvm-ir", meta, [ir]
     if kind == "cuda":
         payload = _cuda.module_payload(module)
@@ -131,13 +127,13 @@ def _queries(meta) -> dict:
 
 
 def _llvm_ir(fields, meta, path, scratch) -> Module:
-    return _llvm.load_ir(str(fields[0], "utf-8"), scratch, meta.get("func_names", ()), _queries(meta))
+    return _llvm.load_ir(str(_packed.unpack(fields[0]), "utf-8"), scratch, meta.get("func_names", ()), _queries(meta))
 
 
 def _llvm_so(fields, meta, path, scratch) -> Module:
     if not _llvm.runs_here(meta.get("triple")):
         # Linked on a host of another kind (a shared remote): this one parses its IR instead.
-        return _llvm.load_ir(str(fields[1], "utf-8"), scratch, meta.get("func_names", ()), _queries(meta))
+        return _llvm.load_ir(str(_packed.unpack(fields[1]), "utf-8"), scratch, meta.get("func_names", ()), _queries(meta))
     return _llvm.load_library(fields[0], fields[1], path=path, scratch=scratch, func_names=meta.get("func_names", ()),
                               queries=_queries(meta), mask=meta.get("property_mask"))
 
@@ -213,21 +209,6 @@ _DECODERS: dict[str, Decoder] = {
 CODECS: dict[str, tuple[int, Decoder]] = {codec: (CODEC_FIELDS[codec], decode) for codec, decode in _DECODERS.items()}
 
 
-def check(art: Artifact) -> None:
-    """ArtifactError unless `art` is an entry a hit can decode: known codec, fields, metadata types."""
-    for name, types in _HOT_TYPES.items():
-        if name in art.meta and not isinstance(art.meta[name], types):
-            raise ArtifactError(f"metadata {name!r} is a {type(art.meta[name]).__name__}", kind=art.codec)
-    for names in ("c_func_names", "func_names"):
-        if not all(isinstance(n, str) for n in art.meta.get(names, ())):
-            raise ArtifactError(f"metadata {names!r} holds a non-string", kind=art.codec)
-    if art.codec not in CODECS:
-        raise ArtifactError(f"unknown codec {art.codec!r}; known: {sorted(CODECS)}")
-    expected = CODECS[art.codec][0]
-    if len(art.fields) != expected:
-        raise ArtifactError(f"{len(art.fields)} payload fields, expected {expected}", kind=art.codec)
-
-
 def decode(blob: bytes | memoryview, *, scratch: str, path: str | None = None,
            key: str | None = None, unframed: Artifact | None = None) -> tuple[Module, dict[str, Any]]:
     """Rebuild the runtime module of a framed artifact; ArtifactError when malformed.
@@ -267,26 +248,14 @@ def needs_upgrade(module: Module, meta: Mapping[str, Any]) -> bool:
     """Whether a hit was served from LLVM IR that this host can link into a shared library."""
     if not isinstance(module, _llvm.CachedIRModule):
         return False
-    return _llvm.runs_here(meta.get("triple") or _llvm.ir_triple(module._cgc_record.ir_text()))
-
-
-def upgrade(blob: bytes, scratch: str) -> bytes | None:
-    """The fast form of an entry (llvm-ir -> llvm-so), or None when it has none here."""
-    art = unframe(blob)
-    check(art)
-    if art.codec != "llvm-ir":
-        return None
-    ir = art.fields[0]
-    if not _llvm.runs_here(art.meta.get("triple", _llvm.ir_triple(bytes(ir[:4096]).decode("utf-8", "replace")))):
-        return None  # another target's code (an entry stored before its triple was recorded)
-    return frame("llvm-so", art.meta, [_llvm.shared_library_from_ir(ir.decode(), scratch), ir])
+    return _llvm.runs_here(meta.get("triple") or ir_triple(module._cgc_record.ir_text()))
 
 
 def portable(blob: bytes | memoryview) -> bytes:
     """The entry in a form every host can load: an llvm-so entry as the llvm-ir entry it was upgraded from.
 
-    The IR and the metadata are the upgrade's input, kept whole, so this gives that entry back
-    byte for byte; other entries are returned as they are.
+    The metadata is the upgrade's input, kept whole, and the IR its input's text, packed
+    smaller (_packed.py); other entries are returned as they are.
     """
     art = unframe(blob)
     if art.codec != "llvm-so":

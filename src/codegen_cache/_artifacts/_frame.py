@@ -27,14 +27,19 @@ import xxhash
 
 from .._errors import ArtifactError
 
-__all__ = ["CODEC_FIELDS", "FORMAT_VERSION", "HOT_META", "MAGIC", "Artifact", "frame", "read_meta", "unframe"]
+__all__ = ["CODEC_FIELDS", "check", "FORMAT_VERSION", "HOT_META", "MAGIC", "Artifact", "frame", "read_meta", "unframe"]
 
 # Bump when the frame or a codec's payload changes: the version is also a key part, so entries
 # of another layout are never looked up, and the remote tier's key prefix.
-FORMAT_VERSION = 4  # 4: source-only CUDA entries keep their function map (codec cuda-fallback)
+FORMAT_VERSION = 5  # 5: llvm entries keep their LLVM IR packed (zstd, _packed.py)
 # codec -> the number of payload fields its decoder takes (_codecs.CODECS); kept here, without
 # the decoders, so that listing and checking entries needs no TVM.
 CODEC_FIELDS = {"llvm-ir": 1, "llvm-so": 2, "cuda-bin": 4, "cuda-module": 4, "cuda-fallback": 2, "c": 1, "source": 1}
+# The JSON type of each metadata field a hit reads; a checksum is not authentication, so a
+# well-framed entry may still hold anything there (a null number must not make lower() raise).
+_HOT_TYPES = {"key": str, "build_seconds": (int, float), "source_format": str, "c_func_names": list,
+              "func_names": list, "module_kind": str, "ir_digest": str, "llvm_queries": dict, "property_mask": int,
+              "triple": str}
 MAGIC = b"CGCA"
 _FOOTER = struct.Struct("<QIIHBBHQ4s")
 _U64 = struct.Struct("<Q")
@@ -152,3 +157,18 @@ def unframe(blob: bytes | memoryview, *, info: bool = True, views: bool = False)
         fields.append(whole[pos : pos + length] if views else bytes(blob[pos : pos + length]))
         pos += length
     return Artifact(layout.codec, _meta(blob, layout, info), tuple(fields))
+
+
+def check(art: Artifact) -> None:
+    """ArtifactError unless `art` is an entry a hit can decode: known codec, fields, metadata types."""
+    for name, types in _HOT_TYPES.items():
+        if name in art.meta and not isinstance(art.meta[name], types):
+            raise ArtifactError(f"metadata {name!r} is a {type(art.meta[name]).__name__}", kind=art.codec)
+    for names in ("c_func_names", "func_names"):
+        if not all(isinstance(n, str) for n in art.meta.get(names, ())):
+            raise ArtifactError(f"metadata {names!r} holds a non-string", kind=art.codec)
+    if art.codec not in CODEC_FIELDS:
+        raise ArtifactError(f"unknown codec {art.codec!r}; known: {sorted(CODEC_FIELDS)}")
+    expected = CODEC_FIELDS[art.codec]
+    if len(art.fields) != expected:
+        raise ArtifactError(f"{len(art.fields)} payload fields, expected {expected}", kind=art.codec)

@@ -2,28 +2,23 @@
 
 TVM's LLVM module cannot be saved to bytes. A built module is stored at once as its LLVM IR
 text, in memory (`ir_text`: LLVM prints it into a memfd, else `inspect_source("ll")`), which
-TVM loads back by re-parsing it. A helper process later turns the IR into a shared library, linked the
-way `export_library` links (`$CXX`/`$CC` or g++, `-shared -fPIC`), which a hit maps with
-dlopen (no compile). LLVM aborts the whole process on an I/O error while it emits an
-object file, so that step never runs in the user's process.
+TVM loads back by re-parsing it. A helper process later turns the IR into a shared library
+(_link.py), which a hit maps with dlopen (no compile). LLVM aborts the whole process on an I/O
+error while it emits an object file, so that step never runs in the user's process.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import re
 import resource
-import shlex
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .. import _compat
 from .._compat import Module
 from ._as_built import LLVM_QUERIES, SCRATCH_PREFIX, Record, parse_ir
+from ._link import ir_triple, same_platform
 from ._module_methods import AnswersAsBuilt, answer_as_built
 from ._private import fd_path, load_private_copy
 
@@ -32,24 +27,13 @@ __all__ = [
     "CachedIRModule",
     "CachedLibraryModule",
     "LLVM_QUERIES",
-    "compiler_command",
     "ir_text",
     "ir_triple",
     "keep_answering",
     "load_ir",
     "load_library",
     "runs_here",
-    "shared_library_from_ir",
 ]
-
-_COMPILERS = ("g++", "gcc", "clang++", "clang", "c++", "cc")  # tvm.support.cc.get_cc's order
-
-
-_TRIPLE = re.compile(r'^target triple = "([^"]*)"', re.MULTILINE)
-_TRIPLE_BYTES = re.compile(rb'^target triple = "([^"]*)"', re.MULTILINE)
-_ARCH_ALIASES = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64", "i386": "x86", "i686": "x86"}
-_OSES = ("linux", "darwin", "macos", "ios", "windows", "freebsd", "netbsd", "openbsd", "android", "wasi",
-         "emscripten", "none")
 
 
 _memfd_create = getattr(os, "memfd_create", None)
@@ -100,22 +84,6 @@ def _read_whole(fd: int) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def ir_triple(llvm_ir: str | bytes) -> str:
-    """The `target triple` LLVM IR text declares ('' when it declares none)."""
-    if isinstance(llvm_ir, bytes):
-        found = _TRIPLE_BYTES.search(llvm_ir, 0, 1 << 16)
-        return found.group(1).decode("utf-8", "replace") if found else ""
-    found = _TRIPLE.search(llvm_ir, 0, 1 << 16)  # near the top, after the data layout
-    return found.group(1) if found else ""
-
-
-def _arch_and_os(triple: str) -> tuple[str, str]:
-    parts = triple.lower().split("-")
-    arch = _ARCH_ALIASES.get(parts[0], parts[0])
-    system = next((p for p in parts[1:] for o in _OSES if p.startswith(o)), "")
-    return arch, next((o for o in _OSES if system.startswith(o)), system)
-
-
 def runs_here(triple: object) -> bool:
     """Whether code for LLVM `triple` runs on this host: the same CPU architecture and OS.
 
@@ -127,47 +95,7 @@ def runs_here(triple: object) -> bool:
 
 @functools.lru_cache(maxsize=64)
 def _runs_here(triple: str) -> bool:
-    host = _compat.host_llvm_triple()
-    return not host or _arch_and_os(triple) == _arch_and_os(host)
-
-
-def compiler_command(environ: dict[str, str] | None = None) -> list[str]:
-    """The command that links a shared library: $CXX or $CC split as a shell would, else g++ ...
-
-    TVM's get_cc picks the same compiler, but runs "$CC" as one word, so `CC="ccache gcc"`
-    fails there; here it is a command line, as in distutils.
-    """
-    environ = os.environ if environ is None else environ
-    text = environ.get("CXX") or environ.get("CC")
-    if text and text.strip():
-        return shlex.split(text)
-    for name in _COMPILERS:
-        path = shutil.which(name)
-        if path:
-            return [path]
-    return []
-
-
-def shared_library_from_ir(llvm_ir: str, scratch: str, *, compiler: list[str] | None = None,
-                           timeout: float = 600.0) -> bytes:
-    """Emit an object file from LLVM IR and link it into a shared library (helper process only)."""
-    command = compiler_command() if compiler is None else compiler
-    if not command or shutil.which(command[0]) is None:
-        raise OSError(f"no C compiler to link a shared library (tried $CXX, $CC, {', '.join(_COMPILERS)}; "
-                      f"got {' '.join(command) or 'nothing'})")
-    with tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX, dir=scratch) as tmp:
-        ir, obj, lib = (os.path.join(tmp, name) for name in ("lib.ll", "lib.o", "lib.so"))
-        with open(ir, "w") as f:
-            f.write(llvm_ir)
-        _compat.builtin_func("ffi.Module.load_from_file.ll")(ir, "ll").write_to_file(obj)
-        # Its own session: Ctrl-C in a terminal or a Jupyter interrupt (SIGINT to the process
-        # group) must not kill the linker halfway.
-        done = subprocess.run([*command, "-shared", "-fPIC", "-o", lib, obj], capture_output=True, text=True,
-                              timeout=timeout, start_new_session=True, check=False)
-        if done.returncode != 0:
-            raise OSError(f"{' '.join(command)} -shared failed ({done.returncode}): {done.stderr.strip()[-500:]}")
-        with open(lib, "rb") as f:
-            return f.read()
+    return same_platform(triple, _compat.host_llvm_triple())
 
 
 class CachedIRModule(AnswersAsBuilt):

@@ -53,7 +53,8 @@ def load_private_copy(data: bytes | memoryview, scratch: str, load: Callable[[st
     """load(path) where path names a file holding exactly `data` that no other process can change."""
     memfd_failed = False
     if _memfd_loads[0] is not False:
-        fd, kept = _kept_copy(data)
+        digest = xxhash.xxh3_64_intdigest(data)
+        fd, kept = _kept_copy(data, digest)
         if fd is not None:
             try:
                 found = load(fd_path(fd))
@@ -64,7 +65,7 @@ def load_private_copy(data: bytes | memoryview, scratch: str, load: Callable[[st
             else:
                 _memfd_loads[0] = True
                 if not kept:
-                    _keep(data, fd)
+                    _keep(data, fd, digest)
                     fd = None
                 return found
             finally:
@@ -85,9 +86,11 @@ _kept: collections.OrderedDict[int, tuple[bytes, int]] = collections.OrderedDict
 _kept_lock = threading.Lock()
 
 
-def _kept_copy(data: bytes | memoryview) -> tuple[int | None, bool]:
-    """(descriptor of a sealed memfd holding `data`, whether it is a kept one); (None, False) without memfds."""
-    digest = xxhash.xxh3_64_intdigest(data)
+def _kept_copy(data: bytes | memoryview, digest: int) -> tuple[int | None, bool]:
+    """(descriptor of a sealed memfd holding `data`, whether it is a kept one); (None, False) without memfds.
+
+    `digest`: xxh3-64 of `data`.
+    """
     with _kept_lock:
         found = _kept.get(digest)
         # bytes against bytes: a memoryview compares item by item, 30 times slower than the copy.
@@ -97,8 +100,7 @@ def _kept_copy(data: bytes | memoryview) -> tuple[int | None, bool]:
     return _sealed_memfd(data), False
 
 
-def _keep(data: bytes | memoryview, fd: int) -> None:
-    digest = xxhash.xxh3_64_intdigest(data)
+def _keep(data: bytes | memoryview, fd: int, digest: int) -> None:
     with _kept_lock:
         old = _kept.pop(digest, None)
         _kept[digest] = (bytes(data), fd)

@@ -46,7 +46,7 @@ from .._config import (ENV_VARS, Settings, disabled_by_env, own_env_vars, refuse
 from .._errors import ReentrantLoweringError, UncacheableError
 from .._log import warn_once
 from .._key import CacheKey, compute_key, ir_hash
-from .._outcome import emit, run_uncached
+from .._outcome import emit, emit_uncached, run_uncached
 from .._registry import DeviceCodegen, DeviceCodegenRegistry, check_prepared, default_registry
 from .._storage._disk import ArtifactStore
 from .._storage._faults import ensure_dir
@@ -374,6 +374,11 @@ class CodegenCache:
             if memo is not None and memo[0] == version:
                 return memo[1]
             resolved = self.registry.resolve(target)
+            if self.registry.version != version:
+                # Resolving imported a lazy registration (a new version): resolved again under
+                # it, so that the next call finds this answer memoized.
+                version = self.registry.version
+                resolved = self.registry.resolve(target)
             if len(self._resolved) > 1024:
                 self._resolved.clear()
             self._resolved[target] = (version, resolved)
@@ -590,19 +595,24 @@ class CodegenCache:
 
     def _lower(self, mod: IRModule, target: TargetLike, compile_device: bool, codegen: Any) -> Module:
         start = time.perf_counter()
-        _check_mode(compile_device)
+        if compile_device is not True and compile_device is not False:
+            _check_mode(compile_device)
         if type(mod) is not _compat.IRModule:
             check_prepared("CodegenCache.lower", mod)
         if type(target) is not _compat.Target:
             target = as_target(target)
-        if type(codegen) is not DeviceCodegen:
-            codegen = self.resolve(target, codegen)  # a name or None: the DeviceCodegen it means
+        if codegen is None:
+            # resolve()'s memo, read here: every lowering of an already resolved target takes it.
+            memo = self._resolved.get(target)
+            codegen = memo[1] if memo is not None and memo[0] == self.registry.version else self.resolve(target)
+        elif type(codegen) is not DeviceCodegen:
+            codegen = self.resolve(target, codegen)  # a name: the DeviceCodegen it means
         mode = "compiled" if compile_device else "source"
         if self.settings.disable:
             # CODEGEN_CACHE_DISABLE=1 turns off every cache, explicit ones too: nothing read,
             # stored or counted, the codegen runs (what a harness timing the codegen wants).
             return self._run_uncached(codegen, mod, target, compile_device, mode, start, count=False)
-        if not self.trusted:
+        if self._trusted is not True and not self.trusted:
             # Another user could change what is stored here: nothing is read, stored or counted.
             return self._run_uncached(codegen, mod, target, compile_device, mode, start, count=False)
         plan = self._budget.plan(codegen.name, mode) if isinstance(codegen, DeviceCodegen) and not _every_tier.get() \
@@ -652,12 +662,19 @@ class CodegenCache:
     def _run_cheap(self, codegen: DeviceCodegen, mod: Any, target: Target, compile_device: bool, mode: str,
                    start: float) -> Module:
         """No tier pays for this codegen (_budget.py): it runs without a key, timed, to keep learning."""
-        function = _mode_function(codegen, compile_device)
+        function = codegen.build if compile_device else codegen.build_without_compile
         if function is None:
             codegen._func_for(target, compile_device)  # noqa: SLF001 - raises the seed's ValueError
         self._stats.add_call(codegen.name, mode, "uncached_cheap")
-        module = run_uncached(codegen.name, mode, lambda: function(mod, target), start)
-        self._budget.ran(codegen.name, mode, time.perf_counter() - start)
+        # run_uncached's steps, written out: this path is all a cheap codegen pays on top of its run.
+        try:
+            module = function(mod, target)
+        except BaseException:
+            emit_uncached(codegen.name, mode, time.perf_counter() - start, failed=True)
+            raise
+        seconds = time.perf_counter() - start
+        emit_uncached(codegen.name, mode, seconds)
+        self._budget.ran(codegen.name, mode, seconds)
         return module
 
     def _run_uncached(self, codegen: Any, mod: Any, target: Target, compile_device: bool, mode: str,

@@ -66,7 +66,10 @@ class Promoter:
         spare = self.write_behind and not fill  # on this thread, a spare file would cost the caller what it saves
 
         def promote() -> None:
-            data = bytes(blob)  # a remote hit's view copied here, not on its caller's path
+            staged_data = bytes(blob)  # a remote hit's view copied here, not on its caller's path
+            # The store and the remote keep an llvm entry's IR packed; the miss staged it plain,
+            # so that the caller never waits for the packing (_artifacts/_packed.py).
+            data = _artifacts.compact(staged_data)
             stored = guard("write", store.put, digest, data)
             # The staged file goes only after the push was tried (or marked for later): a
             # process that ends before this line leaves the file, and the next opener pushes it.
@@ -74,7 +77,7 @@ class Promoter:
             FleetFlight.release(lease)  # after the push: waiting hosts find the entry, not the lease
             if stored:
                 if pushed and not fill:
-                    staged.remove(digest, data)
+                    staged.remove(digest, staged_data)
                 # llvm-ir entries get a shared library, unless the IR is another target's (cross-compiled).
                 if mode == "compiled" and b"llvm-ir" in data[-64:] and _native_llvm(data):
                     _upgrade.request(directory, mode, digest)

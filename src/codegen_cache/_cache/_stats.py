@@ -16,8 +16,9 @@ stores, each in the row of the codegen that ran. A call that cannot be keyed at 
 makes are counted as if made directly. So one compile is one hit or one miss, a hit's saved
 seconds are counted once, and every total of the hits, misses and seconds is the sum of its
 rows. `Outcome` (_outcome.py) of a call names the tier its count was made under.
-The counts live in `_storage._counters` (a mapped file per process, folded into `<dir>/stats.sqlite`), so
-they survive the process and need no flushing.
+The counts live in `_storage._counters` (a mapped file per process, folded into `<dir>/stats.sqlite`
+at its exit, or by the next process's writer where it had no exit handlers), so they survive the
+process and need no flushing.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .._storage._counters import CounterTable
+from ._writer import writer
 
 __all__ = ["BREAKDOWN", "COUNTERS", "CacheStats", "StatsRecorder", "counted_as_one"]
 
@@ -166,7 +168,7 @@ class StatsRecorder:
     """Counts lowerings of one cache directory (this process's, and every process's)."""
 
     def __init__(self, directory: Path | None) -> None:
-        self.table = CounterTable(directory) if directory is not None else None
+        self.table = CounterTable(directory, background=writer.submit) if directory is not None else None
         self._names: dict[tuple[str, str, str], str] = {}
         # (codegen, mode, tier) -> the hit's count names: total, by codegen and mode, saved seconds by them
         self._hit_names: dict[tuple[str, str, str], tuple[str, str, str]] = {}

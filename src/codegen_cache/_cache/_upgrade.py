@@ -11,7 +11,9 @@ package's own import path and nothing from the caller's working directory or PYT
 `<dir>/upgrade/.lock` (an flock: at most one per directory and host), upgrades every marked
 entry, and exits after IDLE_SECONDS without work. Whoever starts it takes that lock first and
 hands the locked descriptor down: when many processes ask at once, one wins the lock and starts
-the only upgrader; the others see it held (an upgrader imports TVM: seconds of CPU each). A marker whose upgrade fails is dropped;
+the only upgrader; the others see it held. The upgrader never imports TVM's Python package: it
+is given the shared libraries of the TVM its starter has loaded, and this host's LLVM triple,
+and calls TVM's LLVM through tvm-ffi's C ABI (_compat/_abi.py, _artifacts/_link.py). A marker whose upgrade fails is dropped;
 the next process that loads the raw entry marks it again, so a failed or interrupted upgrade
 is retried later, and the raw entry serves hits meanwhile. The lock is _upgrade_lock.py's. The
 upgrader makes no directory again: a cache directory removed while it works stays removed (it
@@ -43,9 +45,10 @@ logger = logging.getLogger(__name__)
 
 IDLE_SECONDS = 3.0
 _MARKER = re.compile(r"^(compiled|source)\.([0-9a-f]{32})$")
-# The launcher forks before it imports anything heavy (the upgrader imports TVM), so that
+# The launcher forks before it imports anything (the upgrader loads TVM's libraries), so that
 # whoever starts it waits for a bare interpreter start only.
-# argv: the directory and the descriptor of its upgrade lock, locked by the parent.
+# argv: the directory, the descriptor of its upgrade lock (locked by the parent), this host's
+# LLVM triple, then the TVM shared libraries to load.
 _BOOTSTRAP = (
     "import os, sys\n"
     "if os.fork() > 0:\n    os._exit(0)\n"
@@ -112,7 +115,7 @@ def _spawn(directory: Path, lock_fd: int) -> bool:
         # isolated from the caller's directory and PYTHON* variables (_helper), and the switch
         # stays off there: the upgrader compiles nothing through TVM's entry points.
         launcher = subprocess.run(
-            helper_argv(_BOOTSTRAP, str(directory), str(lock_fd)),
+            helper_argv(_BOOTSTRAP, str(directory), str(lock_fd), *_tvm_here()),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True, close_fds=True, pass_fds=(lock_fd,), timeout=60, check=False, env=helper_env(),
         )
@@ -121,6 +124,15 @@ def _spawn(directory: Path, lock_fd: int) -> bool:
                   "(%s); llvm entries stay LLVM IR (slower hits, still correct)", err)
         return False
     return launcher.returncode == 0
+
+
+def _tvm_here() -> list[str]:
+    """This host's LLVM triple, then the TVM shared libraries loaded here (TVM is imported if it is not yet)."""
+    from .. import _compat
+    from .._compat._abi import tvm_libraries
+
+    host = _compat.host_llvm_triple()
+    return [host, *tvm_libraries()]
 
 
 def wait_idle(directory: Path, timeout: float) -> bool:
@@ -158,8 +170,8 @@ def _marked(directory: Path) -> list[str]:
 # ---- the upgrader program ------------------------------------------------------------------
 
 
-def _upgrade_one(directory: Path, store_name: str, digest: str, stores: dict, counters) -> None:
-    from .._artifacts import upgrade
+def _upgrade_one(directory: Path, store_name: str, digest: str, stores: dict, counters, tvm: list[str]) -> None:
+    from .._artifacts._link import upgrade
     from .._errors import ArtifactError
     from .._storage._disk import STORAGE_ERRORS, ArtifactStore
     from .._storage._fsprobe import scratch_dir
@@ -176,7 +188,8 @@ def _upgrade_one(directory: Path, store_name: str, digest: str, stores: dict, co
         blob = row.blob if row is not None else staged.read(digest)
         if blob is None:
             return
-        better = upgrade(blob, scratch_dir(directory / "tmp", root=directory, make_root=False))
+        better = upgrade(blob, scratch_dir(directory / "tmp", root=directory, make_root=False),
+                         host_triple=tvm[0], libraries=tvm[1:])
         if better is None:
             return
         # Only over the entry we read: a rebuild (recache) may have replaced it meanwhile, and
@@ -188,11 +201,12 @@ def _upgrade_one(directory: Path, store_name: str, digest: str, stores: dict, co
             counters.add("upgrades")
             _push.upgraded(directory, store_name, digest, better, counters.add)  # the library, for the fleet
     except (ArtifactError, *STORAGE_ERRORS, RuntimeError, ValueError, subprocess.SubprocessError) as err:
+        # OSError (in STORAGE_ERRORS) covers a TVM library that does not load and a failed link.
         counters.add("error:upgrade")
         logger.warning("codegen cache: upgrading %s/%s failed: %s", store_name, digest[:16], err)
 
 
-def _serve(directory: Path, lock: int | None = None) -> int:
+def _serve(directory: Path, lock: int | None, tvm: list[str]) -> int:
     from .._storage._counters import CounterTable
     try:
         home = os.stat(directory)
@@ -212,7 +226,7 @@ def _serve(directory: Path, lock: int | None = None) -> int:
         names = _marked(directory)
         for name in names:
             store_name, digest = _MARKER.match(name).groups()  # type: ignore[union-attr]
-            _upgrade_one(directory, store_name, digest, stores, counters)
+            _upgrade_one(directory, store_name, digest, stores, counters, tvm)
             try:
                 os.unlink(_marker_dir(directory) / name)
             except OSError:
@@ -242,9 +256,11 @@ def _same_directory(directory: Path, home: os.stat_result) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    """The upgrader of the cache directory argv[0], holding the locked descriptor argv[1] (from `request`)."""
-    directory = Path(argv[0])
-    lock = int(argv[1]) if len(argv) > 1 else None
+    """The upgrader of the cache directory argv[0], holding the locked descriptor argv[1] (from `request`).
+
+    argv[2]: this host's LLVM triple ('' where unknown); argv[3:]: the TVM libraries to load.
+    """
+    directory, lock, tvm = Path(argv[0]), int(argv[1]), argv[2:] or [""]
     # LLVM and the linker create their files with the process umask: never world-accessible,
     # whatever umask the process that started the upgrader had (the cache's own files are 0660).
     os.umask(os.umask(0) | 0o007)
@@ -257,4 +273,4 @@ def main(argv: list[str]) -> int:
     except OSError:
         pass
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s codegen-cache upgrader %(process)d: %(message)s")
-    return _serve(directory, lock)
+    return _serve(directory, lock, tvm)

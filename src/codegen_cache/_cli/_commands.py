@@ -17,7 +17,8 @@ from datetime import datetime
 from typing import Any
 
 from .._config import Settings, check_directory, describe_settings, format_age, format_size
-from .._errors import CommandError
+from .._artifacts._packed import unpack as unpack_ir
+from .._errors import ArtifactError, CommandError
 
 __all__ = [
     "EXIT_CODES",
@@ -244,6 +245,11 @@ def _code_of(art) -> str | None:
         return art.fields[3].decode(errors="replace") or None
     if art.codec == "cuda-fallback":  # function map, CUDA source
         return bytes(art.fields[1]).decode(errors="replace") or None
+    if art.codec in ("llvm-ir", "llvm-so"):  # the IR is the last field, packed (_artifacts/_packed.py)
+        try:
+            return bytes(unpack_ir(art.fields[-1])).decode(errors="replace") or None
+        except ArtifactError:
+            return None
     if art.codec == "tilelang-kernel" and len(art.fields) == 3:  # library, device source, host source
         return bytes(art.fields[1]).decode(errors="replace") or None
     return None

@@ -7,12 +7,19 @@ flock on its file while it lives. Totals are the sum of `<dir>/stats.sqlite` and
 a file whose lock can be taken belongs to a process that is gone, and is folded into the
 database (once: the file's name is recorded in the same transaction) and removed.
 
+No file waits for a reader: a process folds its own file at exit (an atexit handler, after the
+background writer's last jobs), and a process that opens its file has the files of gone
+processes folded (by `background`, the cache's writer thread: never on the caller's path).
+So `stats/` holds one file per live process, plus the files of processes that ended without
+exit handlers (os._exit: fork pool workers; a signal) until the next process counts there.
+
 File layout: b"CGCN" | u32 version | u32 slots | slots x 64-byte records
 (u8 used | u8 name length | 54 bytes name | f64 value).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import logging
@@ -26,7 +33,7 @@ import struct
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from .._forksafe import on_fork_child, sqlite_gate
@@ -42,6 +49,7 @@ _FILE_SIZE = _HEADER + _SLOTS * _RECORD
 _HEAD = struct.Struct("<4sII")
 _FILE_NAME = re.compile(r"^[\w.-]+-\d+-[0-9a-f]{8}\.cnt$")
 _FOLDED_KEEP = 86400.0
+_PROBE_FILES = 4  # past this many other files, the writer looks at them all
 # Only its process writes a counter file, through a shared mapping: nobody else may write it (a
 # truncation by another member of a team cache would kill that process with SIGBUS on its next
 # count). Others read it and fold it (a read-only descriptor takes the flock); removing it
@@ -71,12 +79,29 @@ def _read_counts(data: bytes) -> dict[str, float]:
     return counts
 
 
+# Tables that count into a file of their own now: each folds it at exit. Held here until then
+# (a table dropped earlier would leave its file, still locked by its descriptor, unfolded).
+_open_tables: set[CounterTable] = set()
+
+
+def _fold_at_exit() -> None:
+    for table in list(_open_tables):
+        table.fold_own()
+
+
+# Registered at import, before any table counts: atexit runs it after the handlers registered
+# later, and the writer's last jobs run before every atexit handler (_cache/_writer.py).
+atexit.register(_fold_at_exit)
+
+
 class CounterTable:
     """Named counters of every process that used a cache directory."""
 
-    def __init__(self, directory: Path, *, make_root: bool = True) -> None:
+    def __init__(self, directory: Path, *, make_root: bool = True,
+                 background: Callable[[Callable[[], None]], None] | None = None) -> None:
         self.directory = Path(directory)
         self.make_root = make_root  # False: a helper process never makes a removed cache directory again
+        self.background = background  # runs a job off the caller's path (the cache's writer)
         self.files_dir = self.directory / "stats"
         self.db_path = self.directory / "stats.sqlite"
         self._lock = threading.Lock()
@@ -96,6 +121,7 @@ class CounterTable:
         self._slots: dict[str, int] = {}
         self._memory: Counter[str] = Counter()  # where no file can be made (read-only, full disk)
         self._removed: Counter[str] = Counter()  # counted into a file deleted with its directory
+        self._folded: Counter[str] = Counter()  # counted into a file this process folded itself
         self._opened = False
         self._name: str | None = None
 
@@ -149,6 +175,9 @@ class CounterTable:
                 os.unlink(path)
             return
         self._fd, self._name = fd, name
+        _open_tables.add(self)
+        if self.background is not None and self._any_gone():
+            self.background(self.fold_gone)
 
     def _allocate(self, name: str) -> int:
         if self._map is None or len(self._slots) >= _SLOTS:
@@ -166,6 +195,7 @@ class CounterTable:
         """Counts of this process since it first counted."""
         counts = Counter(self._own())
         counts.update(self._removed)
+        counts.update(self._folded)
         return dict(counts)
 
     def _own(self) -> dict[str, float]:
@@ -199,6 +229,62 @@ class CounterTable:
             os.close(self._fd)  # our own lock: closing releases it
             self._fd, self._map, self._values, self._name = -1, None, None, None
             self._slots, self._memory, self._opened = {}, Counter(), False
+
+    def fold_own(self) -> None:
+        """Fold this process's file into the database and remove it (a later count opens a new one).
+
+        Exactly once: the file stays locked until it is removed, so no other process folds it
+        meanwhile, and its counts move to the database in the transaction that records its name.
+        """
+        with self._lock:
+            if self._map is None or self._name is None:
+                return
+            try:
+                if os.fstat(self._fd).st_nlink == 0:
+                    return  # its directory was removed: check_linked's case
+            except OSError:
+                return
+            counts = _read_counts(bytes(self._map))
+            if not self._fold(self._name, os.path.join(self.files_dir, self._name), counts):
+                return  # the database cannot be written: the file stays, for the next folder
+            self._folded.update(counts)
+            self._values.release()  # type: ignore[union-attr]
+            self._map.close()
+            os.close(self._fd)
+            self._fd, self._map, self._values, self._name = -1, None, None, None
+            self._slots, self._opened = {}, False
+            _open_tables.discard(self)
+
+    def _any_gone(self) -> bool:
+        """Whether `stats/` holds a file of a gone process (looking at _PROBE_FILES at most).
+
+        On the caller's path (its first count): a directory listing and a lock attempt per
+        file, so that the writer thread, which a fresh process has not started yet, is started
+        only when there is something to fold.
+        """
+        try:
+            with os.scandir(self.files_dir) as entries:
+                names = [e.name for e in entries if e.name != self._name and _FILE_NAME.match(e.name)]
+        except OSError:
+            return False
+        for name in names[:_PROBE_FILES]:
+            try:
+                fd = os.open(os.path.join(self.files_dir, name),
+                             os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True  # nobody holds it: its process is gone
+            except OSError:
+                continue
+            finally:
+                os.close(fd)
+        return len(names) > _PROBE_FILES
+
+    def fold_gone(self) -> None:
+        """Fold the files of processes that are gone into the database, and remove them."""
+        self._scan(fold=True)
 
     # ---- every process's counts -------------------------------------------------------------
 
@@ -260,7 +346,7 @@ class CounterTable:
                 os.close(fd)
         return live
 
-    def _fold(self, name: str, path: str, counts: dict[str, float]) -> None:
+    def _fold(self, name: str, path: str, counts: dict[str, float]) -> bool:
         def add(conn: sqlite3.Connection) -> None:
             if conn.execute("SELECT 1 FROM folded WHERE id = ?", (name,)).fetchone() is not None:
                 return  # folded before a crash kept the file: remove it, do not count it twice
@@ -270,19 +356,29 @@ class CounterTable:
             conn.execute("INSERT INTO folded(id, at) VALUES (?, ?)", (name, time.time()))
             conn.execute("DELETE FROM folded WHERE at < ?", (time.time() - _FOLDED_KEEP,))
 
-        if self._transaction(add):
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+        if not self._transaction(add, durable=False):
+            return False
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return True
 
     # ---- the database ---------------------------------------------------------------------------
 
-    def _transaction(self, body) -> bool:
-        """Run body(conn) in one IMMEDIATE transaction; True when it committed."""
+    def _transaction(self, body, *, durable: bool = True) -> bool:
+        """Run body(conn) in one IMMEDIATE transaction; True when it committed.
+
+        durable=False (a fold: at every process's exit, and in its writer) commits without
+        waiting for the disk (synchronous=OFF): an fsync would cost each short process more
+        than its hit, and what a crash of the machine itself may lose is a few counts.
+        A crash of the process alone loses nothing either way.
+        """
         with sqlite_gate:
             conn = self._connect()
             if conn is None:
                 return False
             try:
+                if not durable:
+                    conn.execute("PRAGMA synchronous=OFF")
                 with conn:
                     conn.execute("BEGIN IMMEDIATE")
                     body(conn)
