@@ -1,4 +1,4 @@
-"""llvm entries keep their LLVM IR packed (zstd): in the store, in the linked form, in the remote; read back byte for byte."""
+"""llvm entries keep their LLVM IR zstd-packed in the store, the linked form and the remote; read back byte for byte."""
 
 from __future__ import annotations
 

@@ -49,6 +49,7 @@ _FILE_SIZE = _HEADER + _SLOTS * _RECORD
 _HEAD = struct.Struct("<4sII")
 _FILE_NAME = re.compile(r"^[\w.-]+-\d+-[0-9a-f]{8}\.cnt$")
 _FOLDED_KEEP = 86400.0
+_PROBE_FILES = 4  # past this many other files, the writer looks at them all
 # Only its process writes a counter file, through a shared mapping: nobody else may write it (a
 # truncation by another member of a team cache would kill that process with SIGBUS on its next
 # count). Others read it and fold it (a read-only descriptor takes the flock); removing it
@@ -175,7 +176,7 @@ class CounterTable:
             return
         self._fd, self._name = fd, name
         _open_tables.add(self)
-        if self.background is not None:
+        if self.background is not None and self._any_gone():
             self.background(self.fold_gone)
 
     def _allocate(self, name: str) -> int:
@@ -253,6 +254,33 @@ class CounterTable:
             self._fd, self._map, self._values, self._name = -1, None, None, None
             self._slots, self._opened = {}, False
             _open_tables.discard(self)
+
+    def _any_gone(self) -> bool:
+        """Whether `stats/` holds a file of a gone process (looking at _PROBE_FILES at most).
+
+        On the caller's path (its first count): a directory listing and a lock attempt per
+        file, so that the writer thread, which a fresh process has not started yet, is started
+        only when there is something to fold.
+        """
+        try:
+            with os.scandir(self.files_dir) as entries:
+                names = [e.name for e in entries if e.name != self._name and _FILE_NAME.match(e.name)]
+        except OSError:
+            return False
+        for name in names[:_PROBE_FILES]:
+            try:
+                fd = os.open(os.path.join(self.files_dir, name),
+                             os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True  # nobody holds it: its process is gone
+            except OSError:
+                continue
+            finally:
+                os.close(fd)
+        return len(names) > _PROBE_FILES
 
     def fold_gone(self) -> None:
         """Fold the files of processes that are gone into the database, and remove them."""
