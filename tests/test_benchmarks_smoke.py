@@ -27,7 +27,8 @@ def test_run_smoke_writes_table_json_and_plot(tmp_path):
     )
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     for title in ("== 1. hit vs floor vs cold", "== 5. miss overhead", "== 2. scaling", "== 2b. key cost",
-                  "== 3. contention", "== 4. autotuning sweep", "== 6. alternatives", "== goals =="):
+                  "== 3. contention", "== 4. autotuning sweep", "== 6. alternatives",
+                  "== 8. a fresh process's first disk hit", "== goals =="):
         assert title in done.stdout, title
     results = json.loads(out_json.read_text())
     rows = results["hits"]["rows"]
@@ -43,6 +44,11 @@ def test_run_smoke_writes_table_json_and_plot(tmp_path):
     assert all(r["builds"] == results["contention"]["n_keys"] for r in results["contention"]["runs"])
     assert all(s["codegen_calls"] == 0 for s in results["sweep"]["warm"]["sweeps"].values())
     assert results["goals"] and {g["status"] for g in results["goals"]} <= {"PASS", "FAIL", "N/A"}
+    # The drift checks of the kernel hits: both figures are goals of the run.
+    whats = [g["what"] for g in results["goals"]]
+    assert any(w.startswith("fresh process, first disk hit of a kernel <= 1.3x floor") for w in whats)
+    assert "memory hit <= hash + 10us: vadd / llvm" in whats
+    assert results["fresh_hit"]["tiers"] == ["disk"]
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert out_png.stat().st_size < 400_000
 

@@ -33,6 +33,8 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _artifacts, _compat, _context, _registry
+from ._artifacts import _codecs  # noqa: F401  what every compile encodes or decodes entries with: imported
+# with the switch, so that a first compile (a fresh process's warm model) does not import it
 from ._artifacts import as_built_root
 from ._build import build as cached_tirx_build
 from ._build._index import compile_device

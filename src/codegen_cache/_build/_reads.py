@@ -174,7 +174,7 @@ def _scan_lowering(kinds: set[str]) -> None:
 
 def _users_attrs(attrs: tuple[str, ...], *, relax: bool) -> set[tuple[str, str]]:
     found = set()
-    for op, attr, value in _compat.op_attr_values(attrs, RELAX_OPS, with_prefix=relax):
+    for op, attr, value in _compat.op_attr_values(attrs, lambda name: name.startswith(RELAX_OPS) == relax):
         if isinstance(value, tvm_ffi.Function) and not _tvms(value):
             found.add((op, attr))
     return found

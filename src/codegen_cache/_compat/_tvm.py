@@ -343,11 +343,10 @@ def op_attr(op_name: str, key: str) -> Any:
         return None
 
 
-def op_attr_values(keys: tuple[str, ...], prefix: str, *, with_prefix: bool) -> list[tuple[str, str, Any]]:
-    """(operator name, key, value) of every operator that sets one of `keys`, among those whose name
-    starts with `prefix` (with_prefix=True) or does not (False)."""
+def op_attr_values(keys: tuple[str, ...], which: Callable[[str], bool]) -> list[tuple[str, str, Any]]:
+    """(operator name, key, value) of every operator whose name `which` accepts that sets one of `keys`."""
     get = tvm.ir._ffi_api.OpGetAttr
-    ops = _ops(prefix)[0 if with_prefix else 1]
+    ops = [(name, tvm.ir._ffi_api.GetOp(name)) for name in list(tvm.ir.Op.list_op_names()) if which(name)]
     found = []
     for key in keys:
         try:
@@ -355,25 +354,6 @@ def op_attr_values(keys: tuple[str, ...], prefix: str, *, with_prefix: bool) -> 
         except tvm.error.InternalError:  # "Attribute 'X' is not registered": no operator has it
             continue
     return found
-
-
-# prefix -> (operator count, (ops named with the prefix, the others)): operators are only ever
-# added, so the lists stand while the count does (reading every name costs a call per name).
-_op_lists: dict[str, tuple[int, tuple[list[tuple[str, Any]], list[tuple[str, Any]]]]] = {}
-
-
-def _ops(prefix: str) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
-    names = tvm.ir._ffi_api.ListOpNames()
-    memo = _op_lists.get(prefix)
-    if memo is not None and memo[0] == len(names):
-        return memo[1]
-    get_op = tvm.ir._ffi_api.GetOp
-    inside: list[tuple[str, Any]] = []
-    outside: list[tuple[str, Any]] = []
-    for name in names:
-        (inside if name.startswith(prefix) else outside).append((name, get_op(name)))
-    _op_lists[prefix] = (len(names), (inside, outside))
-    return inside, outside
 
 
 def named_pipelines() -> tuple[tuple[str, dict], ...]:
