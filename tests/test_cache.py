@@ -14,7 +14,6 @@ import pytest
 import codegen_cache as cc
 import kernels
 from codegen_cache import _context
-from codegen_cache._artifacts import _packed, frame, unframe
 from codegen_cache._cache import _cache
 from conftest import CUDA_TARGET, counting_codegen, run_binary
 
@@ -350,12 +349,6 @@ def test_a_value_file_deleted_between_its_read_and_its_load_is_still_a_correct_h
     mod, target = llvm_vadds  # an entry in a value file
     expected = run_binary(writer.lower(mod, target), "vadd0")
     assert writer.flush(upgrades=True, timeout=180)  # a shared library
-    # Its IR stored plain (an entry every reader takes too): over 32 KiB, a value file, as a
-    # larger kernel's entry is with its IR packed.
-    digest = writer.key_for(mod, target).digest
-    art = unframe(writer.store("compiled").get(digest))
-    plain = bytes(_packed.unpack(art.fields[1]))
-    writer.store("compiled").put(digest, frame("llvm-so", art.meta, [bytes(art.fields[0]), plain]))
     writer.close()
     read, deleted = ArtifactStore.read, []
 

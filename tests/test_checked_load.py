@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import codegen_cache as cc
-from codegen_cache._artifacts import _packed, frame, unframe
+from codegen_cache._artifacts import frame, unframe
 from codegen_cache._storage._disk import ArtifactStore
 from conftest import run_binary
 
@@ -64,13 +64,6 @@ def linked(tmp_path_factory, llvm_vadds):
     writer = cc.CodegenCache(directory, write_behind=False)
     expected = run_binary(writer.lower(mod, target), "vadd0")
     assert writer.flush(upgrades=True, timeout=240)  # linked into a shared library
-    # With its IR packed the linked vector add is under diskcache's 32 KiB for a value of its own
-    # (a row of the database); stored with its IR plain (an entry every reader takes too), it is
-    # a value file, as a larger kernel's entry is: the file these tests swap.
-    digest = writer.key_for(mod, target).digest
-    art = unframe(writer.store("compiled").get(digest))
-    plain = bytes(_packed.unpack(art.fields[1]))
-    writer.store("compiled").put(digest, frame("llvm-so", art.meta, [bytes(art.fields[0]), plain]))
     writer.close()
     return directory, expected
 
@@ -242,9 +235,6 @@ def test_entry_files_are_read_only_once_written(tmp_path, llvm_vadds, cuda_vadd)
     mod, target = llvm_vadds
     cache.lower(mod, target)
     assert cache.flush(upgrades=True, timeout=240)
-    # An entry of 32 KiB or more is a value file (the vector adds' entries are rows, under that).
-    cache.store("compiled").put("c" * 32, frame("source", {"key": "c" * 32}, [b"x" * 65536]))
-    assert list((tmp_path / "cache").rglob("*.val"))
     staged = PendingFiles(tmp_path / "cache" / "staged" / "compiled")
     staged.keep_spare()
     staged.write("a" * 32, b"an entry")  # into the spare file
