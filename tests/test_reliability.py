@@ -31,6 +31,7 @@ import hooks
 import kernels
 from codegen_cache import _key
 from codegen_cache._artifacts import decode
+from codegen_cache._cache import _upgrade
 from codegen_cache._registry import DeviceCodegen
 from codegen_cache._storage._disk import ArtifactStore
 from codegen_cache.codegens import cuda as cuda_codegen
@@ -284,6 +285,9 @@ def _damage(path: Path, how: str) -> None:
 def test_damaged_sqlite_index_is_a_miss_and_the_store_recovers(tmp_path, how):
     directory = tmp_path / "cache"
     populate(directory, 1)
+    # No upgrader may hold the old database open: a new one made beside its shared-memory file
+    # fails SQLite's writes until that process exits (an error, counted, and a miss: not this test).
+    assert _upgrade.wait_exited(directory, 60)
     for store in ("compiled", "source"):
         _damage(directory / store / "cache.db", how)
     for compiled in (True, False):
