@@ -23,6 +23,7 @@ import pytest
 
 import codegen_cache as cc
 from codegen_cache._artifacts import frame, unframe
+from codegen_cache._cache import _upgrade
 from codegen_cache._storage._disk import ArtifactStore
 from conftest import run_binary
 
@@ -65,6 +66,9 @@ def linked(tmp_path_factory, llvm_vadds):
     expected = run_binary(writer.lower(mod, target), "vadd0")
     assert writer.flush(upgrades=True, timeout=240)  # linked into a shared library
     writer.close()
+    # The tests copy this directory: no upgrader may still hold its database (SQLite removes the
+    # -wal and -shm files when the last connection closes, under the copy's feet).
+    assert _upgrade.wait_exited(directory, 60)
     return directory, expected
 
 
