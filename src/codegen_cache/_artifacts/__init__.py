@@ -8,9 +8,9 @@ no TVM. Modules that are imported without TVM call them as `_artifacts.<name>(..
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from .._lazy import lazy_names
 from ._frame import CODEC_FIELDS, FORMAT_VERSION, HOT_META, Artifact, check, frame, read_meta, unframe
 from ._packed import compact
 from ._private import SCRATCH_PREFIX
@@ -67,15 +67,7 @@ _LAZY = {
                     "._module_methods"),
 }
 
-
-def __getattr__(name: str) -> Any:
-    """A name of `_codecs`, `_cuda`, `_llvm` or `_module_methods`: imported now, an attribute afterwards."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _LAZY, globals())
 
 
 def encode(module, meta, *, func_names) -> bytes:

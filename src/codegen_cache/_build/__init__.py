@@ -7,8 +7,9 @@ builder into every process that compiles.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_names
 
 if TYPE_CHECKING:
     from ._build import BuildPart, BuildRecord, build, build_key, build_with_record
@@ -39,12 +40,4 @@ _LAZY = {
     **dict.fromkeys(("PreparedKernel", "prepare_for_codegen", "prepare_kernel"), "._prepare"),
 }
 
-
-def __getattr__(name: str) -> Any:
-    """A name of one of the package's modules: imported now, an attribute afterwards."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _LAZY, globals())
