@@ -367,6 +367,33 @@ def test_a_value_too_big_for_the_disk_leaves_no_partial_file(tmp_path):
         store.close()
 
 
+@pytest.mark.timeout(300)
+def test_storing_while_other_threads_delete_never_fails_a_write(tmp_path, stress):
+    # Deleting a store's last value file in a directory level removes the level (diskcache's
+    # os.removedirs); a write in another thread that had just made that level must make it again.
+    import threading
+
+    store, blob, failed = ArtifactStore(tmp_path / "source", size_limit=1 << 34), b"v" * (64 << 10), []
+
+    def churn(thread: int) -> None:
+        for i in range(3000 if stress else 100):
+            try:
+                if not store.put(f"{thread}-{i}", blob):
+                    failed.append(f"{thread}-{i}: not stored")
+            except OSError as err:
+                failed.append(f"{thread}-{i}: {err!r}")
+            store.delete(f"{thread}-{i}")
+
+    threads = [threading.Thread(target=churn, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    store.close()
+    assert failed == []
+    assert list((tmp_path / "source").rglob("*.val")) == []
+
+
 @pytest.mark.timeout(600)
 def test_full_disk_before_the_cache_ever_opened(tmp_path, caplog):
     with mounted(tmp_path / "small", "-t", "tmpfs", "-o", "size=2m", "tmpfs") as mnt:

@@ -58,6 +58,9 @@ def _is_corrupt(err: sqlite3.DatabaseError) -> bool:
     return "malformed" in text or "not a database" in text
 
 
+_MKDIR_ATTEMPTS = 3
+
+
 class SafeDisk(diskcache.Disk):
     """A diskcache Disk that stores and returns only bytes (values) and str (keys)."""
 
@@ -108,17 +111,26 @@ class SafeDisk(diskcache.Disk):
         # full disk) leaves no partly written file: no row would refer to it, it would hold
         # that space for good.
         subdir = os.path.dirname(full_path)
-        for path in (os.path.dirname(subdir), subdir):
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(path, DIR_MODE)  # FileNotFoundError where the store is gone
-            if not stat.S_ISDIR(os.lstat(path).st_mode):
-                raise UnsafeEntryError(f"{path} is not a directory of the store (a symlink?)")
+        # Another thread's or process's remove of the last file in these levels removes them
+        # (diskcache's os.removedirs) between our mkdir and open: made again, a few times.
+        # The store directory gone: FileNotFoundError.
+        for attempt in range(_MKDIR_ATTEMPTS):
+            try:
+                for path in (os.path.dirname(subdir), subdir):
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(path, DIR_MODE)
+                    if not stat.S_ISDIR(os.lstat(path).st_mode):
+                        raise UnsafeEntryError(f"{path} is not a directory of the store (a symlink?)")
+                writer = open(full_path, mode, encoding=encoding)  # mode "xb": a file of its own, never a link
+                break
+            except FileNotFoundError:
+                if attempt == _MKDIR_ATTEMPTS - 1 or not os.path.isdir(self._directory):
+                    raise
         if isinstance(iterator, io.BytesIO):
             # diskcache iterates a BytesIO line by line: thousands of write() calls for a
             # binary. One chunk (same file, same size).
             iterator = iter((iterator.getvalue(),))
         size = 0
-        writer = open(full_path, mode, encoding=encoding)  # mode "xb": a file of its own, never a link
         try:
             with writer:
                 for chunk in iterator:
