@@ -452,6 +452,87 @@ def test_forking_while_two_threads_lower_never_leaves_a_stuck_child(tmp_path, re
         assert lower_fresh(directory, 8 + k, False)[0] == "disk", k
 
 
+def _fork_and_import(name: str) -> tuple[int | None, float]:
+    """Fork; the child imports `name` and exits 0 when the module ran to its end (`DONE`).
+
+    (the child's exit code, None when it was still running after 20 s; seconds fork() took).
+    """
+    import importlib
+
+    start = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        code = 4
+        try:
+            code = 0 if getattr(importlib.import_module(name), "DONE", False) else 3
+        finally:
+            os._exit(code)
+    forked = time.monotonic() - start
+    deadline = time.monotonic() + 20
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status), forked
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return None, forked
+        time.sleep(0.01)
+
+
+def _import_in_thread(tmp_path: Path, body: str):
+    """A module of `body` (then DONE = True) imported by a thread named "importer", started now;
+    returned once the thread is inside the import: (name, thread)."""
+    import importlib
+    import threading
+    import uuid
+
+    name = f"slow_import_{uuid.uuid4().hex}"
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(body) + "\nDONE = True\n")
+    sys.path.insert(0, str(tmp_path))
+    importlib.invalidate_caches()
+    thread = threading.Thread(target=importlib.import_module, args=(name,), name="importer", daemon=True)
+    thread.start()
+    while name not in sys.modules:  # put there before its body runs
+        time.sleep(0.001)
+    return name, thread
+
+
+@pytest.mark.timeout(120)
+def test_a_fork_while_another_thread_imports_waits_for_the_import(tmp_path):
+    # The cache imports its codecs and TVM's codegens on first use: a fork while another thread
+    # made its first lower() left a child that hung on its own first import (importlib's lock).
+    name, thread = _import_in_thread(tmp_path, "import time\ntime.sleep(0.5)")
+    try:
+        status, forked = _fork_and_import(name)
+    finally:
+        thread.join(30)
+        sys.path.remove(str(tmp_path))
+    assert status == 0, "the child hung importing a module its parent's thread was importing at the fork"
+    assert forked > 0.2, forked  # the fork waited for the import
+
+
+@pytest.mark.timeout(120)
+def test_a_child_forked_after_the_import_wait_ran_out_imports_the_module_afresh(tmp_path, monkeypatch, caplog):
+    from codegen_cache._forksafe import ForkGate
+
+    monkeypatch.setattr(ForkGate, "FORK_WAIT", 0.2)
+    flag = tmp_path / "go"
+    name, thread = _import_in_thread(tmp_path, f"""
+        import os, threading, time
+        while threading.current_thread().name == "importer" and not os.path.exists({str(flag)!r}):
+            time.sleep(0.01)
+        """)
+    try:
+        status, forked = _fork_and_import(name)
+    finally:
+        flag.touch()
+        thread.join(30)
+        sys.path.remove(str(tmp_path))
+    assert status == 0, "the child hung importing a module its parent's thread was stuck importing"
+    assert 0.15 < forked < 5, forked
+
+
 # ---- 3. only a live build makes anyone wait ---------------------------------------------------
 
 

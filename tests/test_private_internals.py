@@ -8,13 +8,18 @@ tests/test_key_callbacks.py (test_the_python_callable_behind_a_function_is_found
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import sqlite3
+import sys
+import threading
+import time
 
 import diskcache
 import pytest
 from processes import python
 
+from codegen_cache._forksafe import _imports_of_other_threads
 from codegen_cache._storage._disk import ArtifactStore, SafeDisk
 from codegen_cache.codegens import _common
 
@@ -89,3 +94,24 @@ def test_the_writer_drains_before_atexit_handlers_registered_after_it():
         writer.submit(lambda: (time.sleep(0.3), print("job done", flush=True)))
     """)
     assert done.stdout.split("\n")[:2] == ["job done", "atexit handler"], done.stdout
+
+
+def test_importlibs_module_locks_show_which_modules_other_threads_are_importing(tmp_path, monkeypatch):
+    # fork() waits while _forksafe reads a module lock of importlib._bootstrap._module_locks
+    # (name -> weak reference; `owner`, `count`) as held by another thread. Should that layout
+    # change, the fork no longer waits and the lifecycle tests' children hang on the import.
+    flag = tmp_path / "release"
+    (tmp_path / "held_import.py").write_text(
+        f"import os, time\nwhile not os.path.exists({str(flag)!r}):\n    time.sleep(0.001)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    thread = threading.Thread(target=importlib.import_module, args=("held_import",), daemon=True)
+    thread.start()
+    try:
+        while "held_import" not in sys.modules:
+            time.sleep(0.001)
+        assert _imports_of_other_threads() == ["held_import"]
+    finally:
+        flag.touch()
+        thread.join(30)
+        sys.modules.pop("held_import", None)
+    assert _imports_of_other_threads() == []

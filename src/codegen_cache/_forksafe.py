@@ -6,12 +6,21 @@ file lock or a SQLite connection is shared with the parent. Each component regis
 its child must do (`on_fork_child`): forget the parent's jobs, locks and connections, start
 its own when first used. `ForkGate` makes fork() wait until no thread of ours is inside
 SQLite, whose own mutexes would otherwise be copied while held.
+
+Imports need the same care, for any module: a module that another thread is importing at the
+fork stays locked in the child for good (importlib's per-module lock, owned by a thread the
+child does not have), and the child's first import of it hangs. The cache imports its codecs,
+TVM's codegens and TVM names on first use, so a fork while another thread makes its first
+`lower()` would leave such a child. fork() therefore also waits until no other thread is
+importing, and a child made after that wait ran out forgets those half-done imports: its own
+first import of the module runs it afresh.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 import weakref
@@ -100,7 +109,50 @@ class ForkGate:
 
 sqlite_gate = ForkGate()
 
+
+def _imports_of_other_threads() -> list[str]:
+    """Names of the modules that threads other than this one are importing now.
+
+    Read from importlib's module locks (`importlib._bootstrap._module_locks`, name -> weak reference to
+    a lock with `owner` and `count`: private to CPython, docs/maintaining.md); none where they
+    are not there.
+    """
+    locks = getattr(sys.modules.get("_frozen_importlib"), "_module_locks", None)
+    if not isinstance(locks, dict):
+        return []
+    me = threading.get_ident()
+    names = []
+    for name, ref in locks.copy().items():
+        lock = ref() if callable(ref) else None
+        if getattr(lock, "count", 0) and getattr(lock, "owner", me) != me:
+            names.append(name)
+    return names
+
+
+def _wait_for_imports() -> None:
+    # Called before fork(), before the SQLite gate shuts: an import may use the cache.
+    deadline = time.monotonic() + ForkGate.FORK_WAIT
+    while _imports_of_other_threads() and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+def _forget_imports_of_other_threads() -> None:
+    # Only after _wait_for_imports ran out: the module is dropped with its lock, half-made as it
+    # is; the child's first import of it makes it again (or fails loudly) instead of hanging.
+    locks = getattr(sys.modules.get("_frozen_importlib"), "_module_locks", None)
+    for name in _imports_of_other_threads():
+        locks.pop(name, None)  # type: ignore[union-attr]
+        module = sys.modules.get(name)
+        if getattr(getattr(module, "__spec__", None), "_initializing", False):
+            del sys.modules[name]
+            logger.warning("codegen cache: forked while another thread was importing %s; "
+                           "this process imports it again", name)
+
 if hasattr(os, "register_at_fork"):
+    # Hooks before a fork run in the reverse order of registration, those in the child in order:
+    # imports are waited for first and forgotten first.
+    os.register_at_fork(after_in_child=_forget_imports_of_other_threads)
     os.register_at_fork(before=sqlite_gate.before_fork, after_in_parent=sqlite_gate.after_fork_in_parent,
                         after_in_child=sqlite_gate.after_fork_in_child)
     os.register_at_fork(after_in_child=_after_fork_in_child)
+    os.register_at_fork(before=_wait_for_imports)
