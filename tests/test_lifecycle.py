@@ -453,31 +453,13 @@ def test_forking_while_two_threads_lower_never_leaves_a_stuck_child(tmp_path, re
 
 
 def _fork_and_import(name: str) -> tuple[int | None, float]:
-    """Fork; the child imports `name` and exits 0 when the module ran to its end (`DONE`).
-
-    (the child's exit code, None when it was still running after 20 s; seconds fork() took).
-    """
+    """Fork; the child imports `name` and exits 0 when the module ran to its end (`DONE`)."""
     import importlib
 
-    start = time.monotonic()
-    pid = os.fork()
-    if pid == 0:
-        code = 4
-        try:
-            code = 0 if getattr(importlib.import_module(name), "DONE", False) else 3
-        finally:
-            os._exit(code)
-    forked = time.monotonic() - start
-    deadline = time.monotonic() + 20
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status), forked
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            return None, forked
-        time.sleep(0.01)
+    def child() -> None:
+        assert importlib.import_module(name).DONE
+
+    return _fork_and_exit(child)
 
 
 def _import_in_thread(tmp_path: Path, body: str):
@@ -531,6 +513,156 @@ def test_a_child_forked_after_the_import_wait_ran_out_imports_the_module_afresh(
         sys.path.remove(str(tmp_path))
     assert status == 0, "the child hung importing a module its parent's thread was stuck importing"
     assert 0.15 < forked < 5, forked
+
+
+def _every_lock_of_ours() -> dict[str, object]:
+    """Every lock in a module global of the package or in such a global's `_lock`, by a name."""
+    import importlib
+    import pkgutil
+    import threading
+
+    kinds = (type(threading.Lock()), type(threading.RLock()))
+    for info in pkgutil.walk_packages(cc.__path__, "codegen_cache."):
+        if not info.name.endswith("__main__"):
+            with contextlib.suppress(ImportError):  # tilelang's modules need tilelang
+                importlib.import_module(info.name)
+    found, seen = {}, set()
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("codegen_cache"):
+            continue
+        for attr, value in list(vars(module).items()):
+            if not isinstance(value, kinds):  # an object of ours with a lock (not a module, class or function)
+                ours = type(value).__module__.startswith("codegen_cache")
+                value = getattr(value, "_lock", None) if ours else None
+                attr += "._lock"
+            if isinstance(value, kinds) and id(value) not in seen:
+                seen.add(id(value))
+                found[f"{name}.{attr}"] = value
+    return found
+
+
+@pytest.mark.timeout(120)
+def test_no_lock_of_ours_held_by_another_thread_at_the_fork_is_held_in_the_child():
+    # A parent's thread making a cache part, resolving a codegen or logging held one of these
+    # at the fork: the child's first use of it hung (_parts_lock: 1 of 90 runs here).
+    import threading
+
+    locks = _every_lock_of_ours()
+    assert len(locks) >= 15, sorted(locks)
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        for lock in locks.values():
+            lock.acquire()
+        holding.set()
+        release.wait(60)
+        for lock in locks.values():
+            lock.release()
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    assert holding.wait(30)
+    try:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                held = [name for name, lock in _every_lock_of_ours().items() if not lock.acquire(timeout=1)]
+                os.write(write, json.dumps(held).encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        with os.fdopen(read) as reader:
+            held = json.loads(reader.read() or "null")
+        os.waitpid(pid, 0)
+    finally:
+        release.set()
+        thread.join(30)
+    assert held == [], f"still held in the child: {held}"
+
+
+def _fork_and_exit(child=lambda: None) -> tuple[int | None, float]:
+    """Fork; the child runs `child` and exits 0 (1 when it raised). (the child's exit code, None
+    when it was still running after 20 s; seconds fork() took)."""
+    start = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            child()
+            code = 0
+        finally:
+            os._exit(code)
+    forked = time.monotonic() - start
+    deadline = time.monotonic() + 20
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status), forked
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return None, forked
+        time.sleep(0.01)
+
+
+@pytest.mark.timeout(120)
+def test_a_fork_waits_for_builds_in_flight_and_lets_no_new_one_start():
+    # TVM runs a codegen with the GIL released: a fork while a thread was initialising a C++
+    # static there (__cxa_guard_acquire) left a child that hung in its own first codegen call.
+    import threading
+
+    from codegen_cache._forksafe import build_gate
+
+    stop, builds = threading.Event(), []
+
+    def build_back_to_back(seconds: float) -> None:
+        while not stop.is_set():
+            with build_gate:
+                builds.append(time.monotonic())
+                time.sleep(seconds)
+
+    threads = [threading.Thread(target=build_back_to_back, args=(0.3,), daemon=True) for _ in range(2)]
+    for t in threads:
+        t.start()
+    while len(builds) < 2:
+        time.sleep(0.001)
+    try:
+        status, forked = _fork_and_exit()
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert status == 0
+    # It waited for the builds in flight (up to 0.3 s), not for the next ones, nor for its bound.
+    assert 0.05 < forked < 3, forked
+
+
+@pytest.mark.timeout(120)
+def test_a_build_inside_a_build_and_a_fork_inside_a_build_never_wait_for_the_fork_bound():
+    import threading
+
+    from codegen_cache._forksafe import ForkGate, build_gate
+
+    inside, nested = threading.Event(), []
+
+    def outer() -> None:  # a codegen that lowers through the cache while a fork is pending
+        with build_gate:
+            inside.set()
+            time.sleep(0.3)
+            with build_gate:
+                nested.append(time.monotonic())
+
+    thread = threading.Thread(target=outer, daemon=True)
+    thread.start()
+    inside.wait(30)
+    status, forked = _fork_and_exit()
+    thread.join(30)
+    assert status == 0 and nested
+    assert forked < ForkGate.FORK_WAIT / 2, forked
+    with build_gate:  # a codegen that forks (a pool of its own): it does not wait for itself
+        status, forked = _fork_and_exit(lambda: build_gate.__enter__())
+    assert status == 0 and forked < ForkGate.FORK_WAIT / 2, forked
 
 
 # ---- 3. only a live build makes anyone wait ---------------------------------------------------

@@ -13,6 +13,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, runtime_checkable
 
+from ._forksafe import renew_after_fork
+
 __all__ = ["ActiveCache", "active_cache", "get_cache", "pin_default", "set_default_factory", "use_cache"]
 
 
@@ -30,6 +32,7 @@ _factory: Callable[[], ActiveCache | None] | None = None
 _default: ActiveCache | None = None
 _made = False
 _lock = threading.Lock()
+renew_after_fork(globals(), "_lock")
 # The cache codegen_cache.enable(cache=...) made the process default, in place of the factory's.
 _pinned: object = _UNSET
 

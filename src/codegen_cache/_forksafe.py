@@ -5,7 +5,9 @@ thread held stays held forever in the child, a queue keeps the parent's unfinish
 file lock or a SQLite connection is shared with the parent. Each component registers what
 its child must do (`on_fork_child`): forget the parent's jobs, locks and connections, start
 its own when first used. `ForkGate` makes fork() wait until no thread of ours is inside
-SQLite, whose own mutexes would otherwise be copied while held.
+SQLite, whose own mutexes would otherwise be copied while held, and `BuildGate` until none is
+inside a codegen (TVM's own mutexes and first-time statics). A lock of ours that a parent's
+thread may hold at the fork is made anew in the child (`renew_after_fork`).
 
 Imports need the same care, for any module: a module that another thread is importing at the
 fork stays locked in the child for good (importlib's per-module lock, owned by a thread the
@@ -25,8 +27,9 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from typing import Any
 
-__all__ = ["ForkGate", "on_fork_child", "sqlite_gate"]
+__all__ = ["BuildGate", "ForkGate", "build_gate", "on_fork_child", "renew_after_fork", "sqlite_gate"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +45,12 @@ def on_fork_child(callback: Callable[[], None]) -> None:
         ref = lambda: callback  # noqa: E731 - a plain function lives as long as its module
     with _callbacks_lock:
         _callbacks.append(ref)
+
+
+def renew_after_fork(namespace: dict[str, Any], name: str, factory: Callable[[], Any] = threading.Lock) -> None:
+    """In every child of fork, `namespace[name]` becomes `factory()`: a lock (of a module's globals
+    or a long-lived object's __dict__) that a thread of the parent may have held at the fork."""
+    on_fork_child(lambda: namespace.__setitem__(name, factory()))
 
 
 def _after_fork_in_child() -> None:
@@ -107,7 +116,48 @@ class ForkGate:
         self._reset()
 
 
+class BuildGate(ForkGate):
+    """A ForkGate for long native calls (a codegen, which TVM runs with the GIL released).
+
+    A fork is held back while a thread is inside: a C++ static being initialised there the
+    first time (`__cxa_guard_acquire`), or a mutex held, stays held in the child for good. Once
+    a fork is pending no new call goes in, so builds one after another cannot hold it back; a
+    call made inside another on the same thread (a codegen lowering through the cache) goes in,
+    and the forking thread's own call does not count.
+    """
+
+    def _reset(self) -> None:
+        super()._reset()
+        self._depth = threading.local()
+
+    def __enter__(self) -> None:
+        depth = getattr(self._depth, "n", 0)
+        if not depth:
+            super().__enter__()
+        self._depth.n = depth + 1
+
+    def __exit__(self, *exc: object) -> None:
+        self._depth.n -= 1
+        if not self._depth.n:
+            super().__exit__()
+
+    def before_fork(self) -> None:
+        self._cond.acquire()
+        self._forking = True
+        own = 1 if getattr(self._depth, "n", 0) else 0
+        deadline = time.monotonic() + self.FORK_WAIT
+        while self._inside > own and time.monotonic() < deadline:
+            self._cond.wait(deadline - time.monotonic())
+
+    def after_fork_in_child(self) -> None:
+        depth = getattr(self._depth, "n", 0)
+        self._reset()
+        if depth:  # forked from inside a build: this thread is still in it
+            self._depth.n, self._inside = depth, 1
+
+
 sqlite_gate = ForkGate()
+build_gate = BuildGate()
 
 
 def _imports_of_other_threads() -> list[str]:
@@ -130,7 +180,7 @@ def _imports_of_other_threads() -> list[str]:
 
 
 def _wait_for_imports() -> None:
-    # Called before fork(), before the SQLite gate shuts: an import may use the cache.
+    # Called before fork(), after the builds and before the SQLite gate shuts (an import may use the cache).
     deadline = time.monotonic() + ForkGate.FORK_WAIT
     while _imports_of_other_threads() and time.monotonic() < deadline:
         time.sleep(0.001)
@@ -150,9 +200,12 @@ def _forget_imports_of_other_threads() -> None:
 
 if hasattr(os, "register_at_fork"):
     # Hooks before a fork run in the reverse order of registration, those in the child in order:
-    # imports are waited for first and forgotten first.
+    # builds are waited for first (they import), then imports, then SQLite calls; imports are
+    # forgotten first in the child.
     os.register_at_fork(after_in_child=_forget_imports_of_other_threads)
     os.register_at_fork(before=sqlite_gate.before_fork, after_in_parent=sqlite_gate.after_fork_in_parent,
                         after_in_child=sqlite_gate.after_fork_in_child)
     os.register_at_fork(after_in_child=_after_fork_in_child)
     os.register_at_fork(before=_wait_for_imports)
+    os.register_at_fork(before=build_gate.before_fork, after_in_parent=build_gate.after_fork_in_parent,
+                        after_in_child=build_gate.after_fork_in_child)

@@ -25,6 +25,8 @@ import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from ._forksafe import renew_after_fork
+
 __all__ = ["helper_argv", "helper_env", "import_path", "spawned_without_working_directory"]
 
 # The directory that holds the codegen_cache package (site-packages, or src/ of a checkout).
@@ -75,6 +77,7 @@ def helper_env(environ: Mapping[str, str] | None = None, *, hash_seed: str | Non
 
 _SAFE_PATH = "PYTHONSAFEPATH"
 _safe_path_lock = threading.Lock()
+renew_after_fork(globals(), "_safe_path_lock")
 
 
 @contextlib.contextmanager

@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import threading
 
+from ._forksafe import on_fork_child
+
 __all__ = ["WarnOnce", "warn_once"]
 
 
@@ -19,6 +21,10 @@ class WarnOnce:
     def __init__(self) -> None:
         self._seen: set[object] = set()
         self._lock = threading.Lock()
+        on_fork_child(self._renew_lock)
+
+    def _renew_lock(self) -> None:
+        self._lock = threading.Lock()  # a thread of the parent may have held it
 
     def __call__(self, logger: logging.Logger, key: object, msg: str, *args: object) -> bool:
         """Log `msg`; True when this was the first time for `key` (logged at WARNING)."""

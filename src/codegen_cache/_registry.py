@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _compat
 from ._context import active_cache
+from ._forksafe import on_fork_child
 from ._log import warn_once
 from ._outcome import run_uncached
 from ._targets import TargetLike, as_target
@@ -235,6 +236,10 @@ class DeviceCodegenRegistry:
         self.version = 0
         # RLock: a lazily imported backend registers into this registry while we hold the lock.
         self._lock = threading.RLock()
+        on_fork_child(self._renew_lock)
+
+    def _renew_lock(self) -> None:
+        self._lock = threading.RLock()  # a thread of the parent may have held it at the fork
 
     def register(self, target_kind: str, codegen: DeviceCodegen, *, override: bool = False) -> DeviceCodegen:
         """Register `codegen` for `target_kind`; the same name twice raises unless override."""

@@ -43,7 +43,7 @@ from ._build._relax import relax_build
 from ._cache import CodegenCache
 from ._compat import IRModule, PrimFunc, tvm_ffi
 from ._config import refuse_file_as_directory, settings_from_env
-from ._forksafe import on_fork_child
+from ._forksafe import renew_after_fork
 
 __all__ = ["disable", "enable", "enable_from_environment", "is_enabled"]
 
@@ -69,15 +69,8 @@ _lock = threading.RLock()
 _state: dict[str, Any] = {"on": False, "attributes": {}, "globals": {}, "environ": {}, "tilelang": False,
                           "at_import": False}
 
-
-def _after_fork() -> None:
-    # Another thread of the parent may have held the lock at the fork; the state itself holds
-    # (a forked worker is as enabled as its parent).
-    global _lock
-    _lock = threading.RLock()
-
-
-on_fork_child(_after_fork)
+# The state itself holds in a child of fork (a forked worker is as enabled as its parent).
+renew_after_fork(globals(), "_lock", threading.RLock)
 
 
 def is_enabled() -> bool:

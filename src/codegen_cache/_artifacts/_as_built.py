@@ -37,7 +37,7 @@ from typing import Any
 
 from .. import _compat
 from .._compat import Module
-from .._forksafe import on_fork_child
+from .._forksafe import renew_after_fork
 from . import _packed
 from ._private import SCRATCH_PREFIX
 
@@ -107,17 +107,9 @@ def _answer_type_ok(name: str, value: Any) -> bool:
 
 
 _lock = threading.Lock()
+renew_after_fork(globals(), "_lock")
 _registered: OrderedDict[int, tuple[Module, Record]] = OrderedDict()
 _held_bytes = [0]
-
-
-def _after_fork() -> None:
-    # A fork while another thread held the lock would leave the child's copy held forever.
-    global _lock
-    _lock = threading.Lock()
-
-
-on_fork_child(_after_fork)
 
 
 def register(module: Module, record: Record) -> None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from .. import _compat
 from .._compat import IRModule, Module, Target
 from .._errors import ArtifactError, CudaRuntimeUnavailableError
+from .._forksafe import renew_after_fork
 from .._registry import call_codegen_function, codegen_function
 
 __all__ = [
@@ -51,6 +52,7 @@ _U64 = struct.Struct("<Q")
 _SOURCES_MAX = 256
 _sources: OrderedDict[bytes, str] = OrderedDict()
 _sources_lock = threading.Lock()
+renew_after_fork(globals(), "_sources_lock")
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +238,7 @@ _TENSOR_MAP = 1  # runtime::ArgExtraTags::kTensorMap
 _POSTPROC = "tvm_callback_cuda_postproc"
 # TVM_COMPILE_FORCE_FALLBACK and the postproc hook are process-wide: one thread at a time.
 _fallback_lock = threading.RLock()
+renew_after_fork(globals(), "_fallback_lock", threading.RLock)
 _DEFAULT_TARGET = {"kind": "cuda", "arch": "sm_90"}
 
 

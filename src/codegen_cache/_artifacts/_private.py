@@ -34,6 +34,8 @@ from typing import TypeVar
 
 import xxhash
 
+from .._forksafe import renew_after_fork
+
 __all__ = ["SCRATCH_PREFIX", "fd_path", "load_private_copy", "private_file"]
 
 # Every scratch file and directory the cache makes starts with this: the sweep of leftovers
@@ -84,6 +86,7 @@ def load_private_copy(data: bytes | memoryview, scratch: str, load: Callable[[st
 _KEPT, _KEPT_BYTES = 32, 64 << 20
 _kept: collections.OrderedDict[int, tuple[bytes, int]] = collections.OrderedDict()  # xxh3-64 -> (bytes, fd)
 _kept_lock = threading.Lock()
+renew_after_fork(globals(), "_kept_lock")
 
 
 def _kept_copy(data: bytes | memoryview, digest: int) -> tuple[int | None, bool]:
@@ -207,6 +210,7 @@ _own_files = itertools.count()
 _own_paths: list[str] = []  # this process's private files, removed at its exit
 _own_pid: list[tuple[int, str]] = []  # [(pid, the names' prefix)]: drawn anew in a child of fork
 _own_lock = threading.Lock()
+renew_after_fork(globals(), "_own_lock")
 
 
 def _own_prefix() -> str:

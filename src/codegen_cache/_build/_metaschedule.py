@@ -25,6 +25,7 @@ from .._compat import IRModule, Module, Target
 from .._artifacts import CachedLibraryModule
 from .._cache import CodegenCache
 from .._context import get_cache, use_cache
+from .._forksafe import renew_after_fork
 from .._validate import check_path
 from ._build import build_with_record
 
@@ -32,6 +33,7 @@ __all__ = ["CachedBuild", "cached_export", "metaschedule_builder"]
 
 _caches: dict[tuple[int, str, str], CodegenCache] = {}
 _caches_lock = threading.Lock()
+renew_after_fork(globals(), "_caches_lock")
 
 
 class CachedBuild:

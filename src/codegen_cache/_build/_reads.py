@@ -39,7 +39,7 @@ import xxhash
 from .. import _compat
 from .._compat import tvm_ffi
 from .._errors import UncacheableError
-from .._forksafe import on_fork_child
+from .._forksafe import renew_after_fork
 from ..codegens._pyfunc import python_callable
 from ._identity import identity, in_tvm
 
@@ -64,15 +64,7 @@ def lowering_attrs(kind: str) -> tuple[str, ...]:
 DEFAULT_KINDS = ("default", "fastmath")
 
 _lock = threading.RLock()
-
-
-def _after_fork() -> None:
-    # Another thread of the parent may have held the lock at the fork; the state itself holds.
-    global _lock
-    _lock = threading.RLock()
-
-
-on_fork_child(_after_fork)
+renew_after_fork(globals(), "_lock", threading.RLock)  # the state itself holds in the child
 # scanned: the global functions and Relax attributes were scanned (False: at the next model key);
 # kinds: the target kinds whose lowering rules were (None: all, nothing was registered before
 # the wrappers); hooked: every registration point is

@@ -44,6 +44,7 @@ from .. import _compat
 from .._config import (ENV_VARS, Settings, disabled_by_env, own_env_vars, refuse_file_as_directory, settings_from_env,
                        unknown_env_vars)
 from .._errors import ReentrantLoweringError, UncacheableError
+from .._forksafe import build_gate, renew_after_fork
 from .._log import warn_once
 from .._key import CacheKey, compute_key, ir_hash
 from .._outcome import emit, emit_uncached, run_uncached
@@ -121,6 +122,7 @@ _INDEX_SIZE_LIMIT = 64 << 20
 
 
 _parts_lock = threading.RLock()  # making one part may make others (the chain: the disk tier: the stores)
+renew_after_fork(globals(), "_parts_lock", threading.RLock)
 
 
 class _made_once:  # noqa: N801 - used as a decorator, as functools.cached_property is
@@ -815,7 +817,8 @@ class CodegenCache:
         mode = probe.mode
         t0 = time.perf_counter()
         try:
-            module = _mode_function(codegen, compile_device)(mod, target)
+            with build_gate:
+                module = _mode_function(codegen, compile_device)(mod, target)
         except ENVIRONMENT_FAILURES:
             raise
         except CACHEABLE_FAILURES as err:
@@ -844,7 +847,8 @@ class CodegenCache:
         if self.settings.verify:
             meta["ir_digest"] = Probe(key.digest, mode, mod).ir_digest
         try:
-            codec, meta, fields = _artifacts.prepare(module, meta, func_names=_artifacts.symbol_names(before[2]))
+            with build_gate:  # TVM serialises the module
+                codec, meta, fields = _artifacts.prepare(module, meta, func_names=_artifacts.symbol_names(before[2]))
             blob = frame(codec, meta, fields)
         except _ENCODE_ERRORS as err:
             self._stats.add("stores_skipped")

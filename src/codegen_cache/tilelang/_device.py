@@ -19,6 +19,7 @@ import threading
 from typing import Any
 
 from .._context import active_cache
+from .._forksafe import renew_after_fork
 from .._registry import DeviceCodegen
 from . import _salts
 
@@ -26,6 +27,7 @@ __all__ = ["cached_codegen", "install", "uninstall"]
 
 _wrapped: dict[int, tuple[Any, DeviceCodegen]] = {}
 _lock = threading.Lock()
+renew_after_fork(globals(), "_lock")
 _saved: dict[str, Any] = {}
 
 

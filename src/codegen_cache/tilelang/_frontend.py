@@ -54,6 +54,7 @@ from .._cache import CodegenCache
 from .._storage._layout import FRONTEND_DIR
 from .._context import active_cache
 from .._errors import ArtifactError, CacheLinkError
+from .._forksafe import renew_after_fork
 from .._key import CacheKey, static_salts
 from .._log import warn_once
 from .._outcome import emit
@@ -74,6 +75,8 @@ _saved: dict[str, Any] = {}
 _memory: dict[str, tuple[Any, Any]] = {}  # digest -> (func, JITKernel)
 _lock = threading.Lock()
 _off_lock = threading.Lock()
+renew_after_fork(globals(), "_lock")
+renew_after_fork(globals(), "_off_lock")
 _off_depth = [0, True]  # nested misses; whether tilelang's cache was on before the first
 
 
