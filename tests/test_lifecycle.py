@@ -495,7 +495,7 @@ def test_a_fork_while_another_thread_imports_waits_for_the_import(tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_a_child_forked_after_the_import_wait_ran_out_imports_the_module_afresh(tmp_path, monkeypatch, caplog):
+def test_a_child_forked_after_the_import_wait_ran_out_imports_the_module_afresh(tmp_path, monkeypatch):
     from codegen_cache._forksafe import ForkGate
 
     monkeypatch.setattr(ForkGate, "FORK_WAIT", 0.2)

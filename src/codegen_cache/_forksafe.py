@@ -160,19 +160,18 @@ sqlite_gate = ForkGate()
 build_gate = BuildGate()
 
 
-def _imports_of_other_threads() -> list[str]:
-    """Names of the modules that threads other than this one are importing now.
-
-    Read from importlib's module locks (`importlib._bootstrap._module_locks`, name -> weak reference to
-    a lock with `owner` and `count`: private to CPython, docs/maintaining.md); none where they
-    are not there.
-    """
+def _module_locks() -> dict[str, Any]:
+    """importlib's module locks (`importlib._bootstrap._module_locks`, name -> weak reference to a
+    lock with `owner` and `count`: private to CPython, docs/maintaining.md); {} where not there."""
     locks = getattr(sys.modules.get("_frozen_importlib"), "_module_locks", None)
-    if not isinstance(locks, dict):
-        return []
+    return locks if isinstance(locks, dict) else {}
+
+
+def _imports_of_other_threads() -> list[str]:
+    """Names of the modules that threads other than this one are importing now."""
     me = threading.get_ident()
     names = []
-    for name, ref in locks.copy().items():
+    for name, ref in _module_locks().copy().items():
         lock = ref() if callable(ref) else None
         if getattr(lock, "count", 0) and getattr(lock, "owner", me) != me:
             names.append(name)
@@ -189,9 +188,8 @@ def _wait_for_imports() -> None:
 def _forget_imports_of_other_threads() -> None:
     # Only after _wait_for_imports ran out: the module is dropped with its lock, half-made as it
     # is; the child's first import of it makes it again (or fails loudly) instead of hanging.
-    locks = getattr(sys.modules.get("_frozen_importlib"), "_module_locks", None)
     for name in _imports_of_other_threads():
-        locks.pop(name, None)  # type: ignore[union-attr]
+        _module_locks().pop(name, None)
         module = sys.modules.get(name)
         if getattr(getattr(module, "__spec__", None), "_initializing", False):
             del sys.modules[name]
