@@ -290,6 +290,22 @@ def test_private_files_for_path_loaders_are_read_only_never_reused_and_removed_a
     assert list(tmp_path.iterdir()) == []  # gone with their process
 
 
+def test_a_kept_copy_is_reused_only_for_the_bytes_it_holds(tmp_path, monkeypatch):
+    """Two libraries under one digest (a collision): the second gets a copy of its own bytes."""
+    import ctypes
+
+    from codegen_cache._artifacts import _private
+
+    monkeypatch.setattr(_private, "_kept", type(_private._kept)())
+    monkeypatch.setattr(_private.xxhash, "xxh3_64_intdigest", lambda data: 7)
+    one, two = (shared_library(tmp_path, f"lib{n}", tmp_path / f"ran{n}", n).read_bytes() for n in (1, 2))
+    first = _private.load_private_copy(one, str(tmp_path), ctypes.CDLL)
+    other = _private.load_private_copy(memoryview(two), str(tmp_path), ctypes.CDLL)
+    again = _private.load_private_copy(memoryview(two), str(tmp_path), ctypes.CDLL)
+    assert (first.which(), other.which(), again.which()) == (1, 2, 2)
+    assert first._handle != other._handle == again._handle
+
+
 def test_a_second_load_of_the_same_bytes_maps_the_kept_sealed_copy(tmp_path):
     import ctypes
 
@@ -301,7 +317,7 @@ def test_a_second_load_of_the_same_bytes_maps_the_kept_sealed_copy(tmp_path):
     other = _private.load_private_copy(two, str(tmp_path), ctypes.CDLL)
     assert first._handle == again._handle != other._handle  # the same sealed file: the library loaded once
     assert (first.which(), again.which(), other.which()) == (1, 1, 2)
-    kept = [fd for data, fd in _private._kept.values() if data in (one, two)]
+    kept = [fd for size, fd in _private._kept.values() if os.pread(fd, size, 0) in (one, two)]
     assert len(kept) == 2
     for fd in kept:  # sealed: nobody (this process included) can change or resize a kept copy
         with pytest.raises(PermissionError):

@@ -14,6 +14,7 @@ from tvm import relax
 import codegen_cache as cc
 import relax_models
 from codegen_cache._build._relax import MODEL_CODEC, model_key
+from codegen_cache._key import CacheKey
 from processes import python_json
 
 SEQ, WIDTH = 8, 64
@@ -189,6 +190,9 @@ def test_every_input_of_the_compile_is_in_the_model_key():
     ]
     assert len({base, *variants}) == len(variants) + 1
     assert _key(mod).digest == base  # and the same inputs give the same key
+    # The digest is the hash of every part it names (the tail's encoding is memoized).
+    for key in (_key(mod), _key(mod, params=params), _key(relax_models.llama(layers=1)[0])):
+        assert key.digest == CacheKey.from_parts(key.parts).digest
 
 
 def test_inputs_the_key_cannot_hold_compile_as_tvms_own(enabled):

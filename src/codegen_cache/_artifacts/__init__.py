@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from ._link import compiler_command, upgrade
     from ._cuda import CudaPayload
     from ._llvm import CachedIRModule, CachedLibraryModule, keep_answering
-    from ._module_methods import as_built_root, install_on_module, installed_on_module, uninstall_from_module
+    from ._as_built import library_record
+    from ._module_methods import as_built_root, install_on_module, installed_on_module, own_root, uninstall_from_module
 
 __all__ = [
     "CODECS",
@@ -45,7 +46,9 @@ __all__ = [
     "install_on_module",
     "installed_on_module",
     "keep_answering",
+    "library_record",
     "needs_upgrade",
+    "own_root",
     "portable",
     "prepare",
     "read_meta",
@@ -63,8 +66,9 @@ _LAZY = {
     **dict.fromkeys(("compiler_command", "upgrade"), "._link"),
     "CudaPayload": "._cuda",
     **dict.fromkeys(("CachedIRModule", "CachedLibraryModule", "keep_answering"), "._llvm"),
-    **dict.fromkeys(("as_built_root", "install_on_module", "installed_on_module", "uninstall_from_module"),
+    **dict.fromkeys(("as_built_root", "install_on_module", "installed_on_module", "own_root", "uninstall_from_module"),
                     "._module_methods"),
+    "library_record": "._as_built",
 }
 
 __getattr__ = lazy_names(__name__, _LAZY, globals())

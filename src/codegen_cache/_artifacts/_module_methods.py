@@ -33,7 +33,7 @@ from .._errors import ExportError
 from ._as_built import LLVM_QUERIES, SCRATCH_PREFIX, Record, any_registered, parse_ir, record_of, register
 
 __all__ = ["AnswersAsBuilt", "answer_as_built", "as_built_root", "install_on_module", "installed_on_module",
-           "substitute_tree", "uninstall_from_module"]
+           "own_root", "substitute_tree", "uninstall_from_module"]
 
 logger = logging.getLogger(__name__)
 
@@ -195,12 +195,22 @@ def as_built_root(result: Any) -> Any:
     mod = getattr(result, "mod", None) if not isinstance(result, Module) else result
     if not isinstance(mod, Module) or isinstance(mod, AnswersAsBuilt) or not _holds_library(mod):
         return result
-    root = AnswersAsBuilt.__new__(AnswersAsBuilt)
-    root.__move_handle_from__(_same_module(mod))  # the caller's object keeps its own handle
+    root = own_root(_same_module(mod))  # the caller's object keeps its own handle
     if result is mod:
         return root
     result.mod = root
     return result
+
+
+def own_root(module: Module) -> AnswersAsBuilt:
+    """A root of AnswersAsBuilt taking over `module`'s handle (`module` is left empty).
+
+    For a tree whose maker holds a registered library in it and owns `module` (the cache's own
+    Relax executable on a model hit): as_built_root's result, without walking the tree.
+    """
+    root = AnswersAsBuilt.__new__(AnswersAsBuilt)
+    root.__move_handle_from__(module)
+    return root
 
 
 def _holds_library(root: Module) -> bool:

@@ -82,9 +82,11 @@ def load_private_copy(data: bytes | memoryview, scratch: str, load: Callable[[st
 # Sealed copies stay open after their load (at most _KEPT of them, _KEPT_BYTES in all, the least
 # recently used closed first): loading the same bytes again in this process (the memory tier
 # evicted the module, another cache object, a fresh module for codegen_cache.build) maps the
-# same sealed file instead of writing a new one. A copy is reused only for bytes equal to it.
+# same sealed file instead of writing a new one. A copy is reused only for bytes equal to it,
+# compared with what the sealed file holds (it cannot change): the process keeps no second copy
+# of a library in its own memory.
 _KEPT, _KEPT_BYTES = 32, 64 << 20
-_kept: collections.OrderedDict[int, tuple[bytes, int]] = collections.OrderedDict()  # xxh3-64 -> (bytes, fd)
+_kept: collections.OrderedDict[int, tuple[int, int]] = collections.OrderedDict()  # xxh3-64 -> (size, fd)
 _kept_lock = threading.Lock()
 renew_after_fork(globals(), "_kept_lock")
 
@@ -97,7 +99,8 @@ def _kept_copy(data: bytes | memoryview, digest: int) -> tuple[int | None, bool]
     with _kept_lock:
         found = _kept.get(digest)
         # bytes against bytes: a memoryview compares item by item, 30 times slower than the copy.
-        if found is not None and found[0] == (data if isinstance(data, bytes) else bytes(data)):
+        if found is not None and found[0] == len(data) and \
+                os.pread(found[1], found[0], 0) == (data if isinstance(data, bytes) else bytes(data)):
             _kept.move_to_end(digest)
             return found[1], True
     return _sealed_memfd(data), False
@@ -106,11 +109,11 @@ def _kept_copy(data: bytes | memoryview, digest: int) -> tuple[int | None, bool]
 def _keep(data: bytes | memoryview, fd: int, digest: int) -> None:
     with _kept_lock:
         old = _kept.pop(digest, None)
-        _kept[digest] = (bytes(data), fd)
-        held = sum(len(kept) for kept, _fd in _kept.values())
+        _kept[digest] = (len(data), fd)
+        held = sum(size for size, _fd in _kept.values())
         while _kept and (len(_kept) > _KEPT or held > _KEPT_BYTES):
-            kept, dropped = _kept.popitem(last=False)[1]
-            held -= len(kept)
+            size, dropped = _kept.popitem(last=False)[1]
+            held -= size
             os.close(dropped)
     if old is not None:
         os.close(old[1])

@@ -52,7 +52,7 @@ from typing import Any
 
 import xxhash
 
-from .. import _compat
+from .. import _artifacts, _compat
 from .._artifacts import Artifact, frame
 from .._cache import CodegenCache
 from .._cache._stats import counted_as_one
@@ -69,7 +69,8 @@ from .._targets import canonical_target
 from .._version import __version__
 from ._build import BuildPart, BuildRecord, capture_builds, serve_parts
 from ._identity import DECLARE_HINT
-from ._index import codegen_seconds_of, codegens_json, pass_context_part, parse_part, read_entry, write_entry
+from ._index import (_INPUT_PREFIX, codegen_seconds_of, codegens_json, pass_context_part, parse_part, read_entry,
+                     write_entry)
 from ._reads import database_part, registered_part
 
 __all__ = ["MODEL_CODEC", "MODEL_FORMAT", "model_key", "relax_build"]
@@ -114,8 +115,7 @@ def model_key(mod: IRModule, target: Target | None, params: Mapping[str, Any] | 
         warn_once(logger, "model-hash", "codegen cache: cannot key a relax.build input (%s); compiling it "
                   "without the model-level cache", err)
         return None
-    parts = (
-        ("input", f"{structural & 0xFFFFFFFFFFFFFFFF:016x}"),
+    tail = (
         ("params", params_part),
         ("target", canonical_target(scope) if scope is not None else ""),
         ("relax_pipeline", "<none>" if relax_pipeline is None else relax_pipeline),
@@ -130,7 +130,15 @@ def model_key(mod: IRModule, target: Target | None, params: Mapping[str, Any] | 
         ("codegens", codegens),
         ("model_format", MODEL_FORMAT),
     )
-    return CacheKey.from_parts(parts)
+    # CacheKey.from_parts's digest, with the parts after the input encoded once per combination.
+    structural_hex = f"{structural & 0xFFFFFFFFFFFFFFFF:016x}"
+    digest = xxhash.xxh3_128_hexdigest(_INPUT_PREFIX + structural_hex.encode() + _encoded(tail))
+    return CacheKey((("input", structural_hex), *tail), digest)
+
+
+@lru_cache(maxsize=256)
+def _encoded(parts: tuple[tuple[str, str], ...]) -> bytes:
+    return b"".join(_encode_part(name, value) for name, value in parts)
 
 
 def _params_part(params: Mapping[str, Any] | None) -> str | None:
@@ -236,10 +244,16 @@ def _warm(cache: CodegenCache, key: CacheKey, mod: IRModule, params: Any, key_se
 
 
 def _executable(data: bytes, library: Module | None) -> Any:
-    """A VMExecutable from its own bytes, importing `library` as relax.build's VMLink does."""
+    """A VMExecutable from its own bytes, importing `library` as relax.build's VMLink does.
+
+    Where `library` is a cached library that answers as built, the executable's module is the
+    as-built root already (the module is ours alone): the switch's as_built_root has nothing to walk.
+    """
     module = _compat.builtin_func("ffi.Module.load_from_bytes.relax.VMExecutable")(data)
     if library is not None:
         module.import_module(library)
+        if _artifacts.library_record(library) is not None:
+            module = _artifacts.own_root(module)
     return tvm.relax.VMExecutable(module)
 
 
