@@ -281,6 +281,30 @@ def _damage(path: Path, how: str) -> None:
         path.unlink()
 
 
+def _holders(path: str) -> list[int]:
+    """Other processes with `path` (or its write-ahead log or shared memory) open."""
+    names, found = {path, path + "-wal", path + "-shm"}, []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if int(pid) == os.getpid():
+            continue
+        try:
+            links = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+        except OSError:
+            continue  # gone, or not ours to look at
+        if links & names:
+            found.append(int(pid))
+    return found
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_once_the_upgrader_lets_go_of_a_directory_it_holds_none_of_its_databases(tmp_path):
+    """What wait_exited promises whoever then removes or replaces the stores (the test below does)."""
+    directory = tmp_path / "cache"
+    populate(directory, 1)  # an llvm entry: an upgrader starts, links it, idles, and lets go
+    assert _upgrade.wait_exited(directory, 60)
+    assert _holders(str(directory / "compiled" / "cache.db")) == []
+
+
 @pytest.mark.parametrize("how", ["garbage", "truncated", "header-zeroed", "pages-overwritten", "deleted"])
 def test_damaged_sqlite_index_is_a_miss_and_the_store_recovers(tmp_path, how):
     directory = tmp_path / "cache"

@@ -234,6 +234,11 @@ def _serve(directory: Path, lock: int | None, tvm: list[str]) -> int:
         if names:
             idle_since = time.monotonic()
         elif time.monotonic() - idle_since > IDLE_SECONDS:
+            # Its databases closed before the lock goes: whoever waits for the lock (wait_exited)
+            # may then remove or replace them, and this process may take long to exit.
+            for store in stores.values():
+                store.close()
+            stores.clear()
             fcntl.flock(lock, fcntl.LOCK_UN)
             if not _marked(directory):
                 return 0
