@@ -6,6 +6,8 @@ in this process and in fresh ones, and run on the Relax VM; outputs are compared
 
 from __future__ import annotations
 
+import sqlite3
+
 import numpy as np
 import pytest
 import tvm
@@ -215,7 +217,7 @@ def test_inputs_the_key_cannot_hold_compile_as_tvms_own(enabled):
 def test_a_damaged_model_entry_is_dropped_and_the_model_compiled_again(enabled):
     mod, named = _decoder()
     tvm.compile(mod, "llvm")
-    store = enabled.store("index")
+    store = enabled.store("compiled")
     (digest,) = [k for k in store.keys() if b"relax-executable" in (store.get(k) or b"")[-64:]]
     blob = bytearray(store.get(digest))
     blob[10] ^= 0xFF
@@ -228,10 +230,31 @@ def test_a_damaged_model_entry_is_dropped_and_the_model_compiled_again(enabled):
     assert _run_decoder(executable, named).shape == (1, SEQ, WIDTH)
 
 
+def test_a_warm_model_reads_one_store_the_one_its_library_is_in(enabled, monkeypatch):
+    """The model's entry lies beside its library's: a fresh process's warm compile opens one SQLite store."""
+    mod, named = _decoder()
+    expected = _run_decoder(tvm.compile(mod, "llvm"), named)
+    enabled.flush()
+    opened, connect = [], sqlite3.connect
+    monkeypatch.setattr(sqlite3, "connect", lambda path, *a, **k: opened.append(str(path)) or connect(path, *a, **k))
+    fresh = cc.CodegenCache(enabled.directory, write_behind=False)
+    with cc.use_cache(fresh), cc.record_outcomes() as outcomes:
+        executable = tvm.compile(mod, "llvm")
+    assert _model_outcomes(outcomes) == ["disk"]
+    stores = [path.split("/")[-2] for path in opened if "/cache.db" in path]
+    assert stores == ["compiled"], opened
+    np.testing.assert_array_equal(_run_decoder(executable, named), expected)
+
+
 def test_a_model_whose_library_entries_were_evicted_compiles_again(enabled):
     mod, named = _decoder()
     expected = _run_decoder(tvm.compile(mod, "llvm"), named)
-    enabled.clear(compiled=True, source=True, failures=False, index=False)
+    enabled.flush()
+    store = enabled.store("compiled")
+    evicted = [k for k in store.keys() if b"relax-executable" not in (store.get(k) or b"")[-64:]]
+    assert len(evicted) == len(store) - 1  # the library's entries go; the model's entry stays
+    for digest in evicted:
+        store.delete(digest)
     fresh = cc.CodegenCache(enabled.directory, write_behind=False)
     with cc.use_cache(fresh), cc.record_outcomes() as outcomes:
         executable = tvm.compile(mod, "llvm")

@@ -5,9 +5,10 @@ and verified by the cache like its other stores) as framed bytes (codec "build-i
 metadata, checksum; nothing pickled). It names each part of a build (host and device codegen
 calls) by role, kind, codegen, mode and device-level key digest.
 
-Entries of the index store (build index entries, compiled Relax models) are stored as a miss's device
-entries are: staged in `<dir>/staged/index/` before the build returns (so they survive the
-process), moved into the store by the background writer. Opening and writing SQLite on the
+Whole-build entries (build index entries in the index store, compiled Relax models in the
+compiled store, beside their libraries) are stored as a miss's device entries are: staged in
+`<dir>/staged/index/` before the build returns (so they survive the process), moved into their
+store by the background writer. Opening and writing SQLite on the
 caller's thread was the largest part of what a cold build paid over TVM's own (docs/benchmarks.md).
 """
 
@@ -234,13 +235,14 @@ def codegen_seconds_of(art: Artifact, codec: str) -> float:
     return float(seconds)
 
 
-def read_entry(cache: CodegenCache, key: CacheKey, codec: str, parse: Callable[[Artifact], T], what: str) -> T | None:
-    """parse() of the index-store entry of `key` (codec checked), or None.
+def read_entry(cache: CodegenCache, key: CacheKey, codec: str, parse: Callable[[Artifact], T], what: str,
+               store_name: str = "index") -> T | None:
+    """parse() of the whole-build entry of `key` in `store_name` or staged (codec checked), or None.
 
     A storage failure is warned about once and is a miss; an entry that is not what `parse` takes
     (ArtifactError) is dropped: a miss either way, and the next cold build writes it again.
     """
-    store = cache.store("index")
+    store = cache.store(store_name)
     try:
         blob = store.get(key.digest)
         if blob is None:

@@ -18,7 +18,8 @@ comes here. The *model key* is computed from what relax.build is given, before a
     codegens       name, mode, toolchain and salt of each codegen the build may call
     model_format
 
-An entry (codec "relax-executable", in the cache's index store) holds the VMExecutable's own
+An entry (codec "relax-executable", in the cache's compiled store, where its library's entries
+are: a warm compile opens one SQLite store) holds the VMExecutable's own
 bytes (VM bytecode, constants, bound params: what its write_to_file writes, without imports)
 and names the parts of the build that made its library (device-level entries by digest). A hit
 loads the executable from those bytes, serves the library from its parts and imports it: no
@@ -332,7 +333,7 @@ def _input_digest(mod: IRModule, params: Any) -> str:
 
 
 def _read(cache: CodegenCache, key: CacheKey) -> tuple[bytes, BuildRecord | None, str | None] | None:
-    return read_entry(cache, key, MODEL_CODEC, _parse_entry, "compiled model")
+    return read_entry(cache, key, MODEL_CODEC, _parse_entry, "compiled model", "compiled")
 
 
 def _parse_entry(art: Artifact) -> tuple[bytes, BuildRecord | None, str | None]:

@@ -6,8 +6,8 @@ that the entry survives whatever happens to the process next. A background threa
 staged entries into their diskcache store and the remote tier; a helper process turns llvm
 entries into shared libraries. The directory holds:
 
-    compiled/ source/    diskcache stores of framed entries (compile_device True / False)
-    failures/ index/     remembered codegen failures; whole builds' index (codegen_cache.build, Relax models)
+    compiled/ source/    diskcache stores of framed entries (compile_device True / False; compiled Relax models in compiled/)
+    failures/ index/     remembered codegen failures; whole builds' index (codegen_cache.build)
     staged/<store>/      entries written but not yet in their store (index/ too: stage_index_entry)
     locks/               per-key build locks (flock)
     stats/ stats.sqlite  per-process counters, and the folded totals
@@ -460,11 +460,11 @@ class CodegenCache:
         self._memory.put(digest, MemoryEntry(module, ir, nbytes, meta))
 
     def stage_index_entry(self, digest: str, blob: bytes) -> bool:
-        """Stage an index-store entry now (it survives the process) for the writer to store; False: not stored."""
+        """Stage a whole-build entry now (it survives the process) for the writer to store; False: not stored."""
         return self._promoter.stage_index_entry(digest, blob)
 
     def promote_index_entry(self, digest: str, blob: bytes) -> None:
-        """Move a staged entry of the index store into the store (by the writer; write_behind=False: now)."""
+        """Move a staged whole-build entry into its store (by the writer; write_behind=False: now)."""
         self._promoter.promote_index_entry(digest, blob)
 
     def promote_staged(self, *, remote: str | None = None) -> int:

@@ -4,8 +4,8 @@ A miss stages its entry in a file before lower() returns (`CodegenCache._stage`)
 moves that file's bytes into the diskcache store, pushes them to the remote, asks the llvm
 upgrader for a shared library, and removes the staged file last. It holds the stores, not the
 cache, and so does each job it makes: a job runs even if the cache object is gone. The same for
-the index store's entries (codegen_cache.build's index, compiled Relax models) and for tools
-(`promote_staged`).
+whole-build entries (staged in `staged/index/`: codegen_cache.build's index entries go to the
+index store, compiled Relax models to the compiled store) and for tools (`promote_staged`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from .. import _artifacts
 from .._artifacts import read_meta
 from .._errors import ArtifactError
 from .._storage._disk import ArtifactStore
+from .._storage._layout import MODEL_CODEC
 from .._storage._pending import PendingFiles
 from . import _upgrade
 from ._flight import FleetFlight, Lease
@@ -113,21 +114,21 @@ class Promoter:
             self.push_pending(pusher)
         return moved
 
-    # ---- the index store's entries (codegen_cache.build's index, compiled Relax models) --------
+    # ---- whole-build entries (codegen_cache.build's index entries, compiled Relax models) -------
 
     def stage_index_entry(self, digest: str, blob: bytes) -> bool:
-        """Stage an index-store entry now (it survives the process) for the writer to store; False: not stored."""
+        """Stage a whole-build entry now (it survives the process) for the writer to store; False: not stored."""
         if not self.guard("stage", self.staged_index.write, digest, blob):
-            return bool(self.guard("write", self.stores["index"].put, digest, blob))
+            return bool(self.guard("write", self.stores[home_store(blob)].put, digest, blob))
         self.promote_index_entry(digest, blob)
         return True
 
     def promote_index_entry(self, digest: str, blob: bytes) -> None:
-        """Move a staged entry of the index store into the store (by the writer; write_behind=False: now)."""
+        """Move a staged whole-build entry into its store (by the writer; write_behind=False: now)."""
         self._run(self._index_job(digest, blob))
 
     def _index_job(self, digest: str, blob: bytes) -> Callable[[], None]:
-        store, staged, guard = self.stores["index"], self.staged_index, self.guard
+        store, staged, guard = self.stores[home_store(blob)], self.staged_index, self.guard
 
         def promote() -> None:
             if guard("write", store.put, digest, blob):
@@ -141,3 +142,12 @@ def _native_llvm(blob: bytes) -> bool:
         return _artifacts.upgradable(*read_meta(blob))
     except ArtifactError:
         return False
+
+
+def home_store(blob: bytes) -> str:
+    """The store of a whole-build entry: a compiled Relax model's is `compiled`, beside its library; else `index`."""
+    try:
+        codec = read_meta(blob)[0]
+    except ArtifactError:
+        return "index"  # a bad frame: stored where a reader of the index checks and drops it
+    return "compiled" if codec == MODEL_CODEC else "index"

@@ -8,7 +8,8 @@ __all__ = ["ALL_STORES", "ENTRY_STORES", "FRONTEND_DIR", "INDEX_CODEC", "INDEX_C
 # A lowering's entry lives in the store named after its mode (the key's `mode` part).
 ENTRY_STORES = ("compiled", "source")
 # Every diskcache store: the two above, remembered codegen failures, and the index of whole builds
-# (codegen_cache.build's index entries and compiled Relax models).
+# (codegen_cache.build's index entries). Compiled Relax models are kept in `compiled`, beside the
+# library they import: a warm compile reads one store (_build/_relax.py).
 STORE_NAMES = (*ENTRY_STORES, "failures", "index")
 # Entries written but not yet moved into their store: `<dir>/staged/<store>/` (_storage/_pending.py).
 STAGED_DIR = "staged"
@@ -17,8 +18,9 @@ STAGED_DIR = "staged"
 FRONTEND_DIR = "tilelang"
 # Every store the command line reports on.
 ALL_STORES = (*STORE_NAMES, FRONTEND_DIR)
-# What the index store holds: codegen_cache.build's index entries (no payload field) and
-# compiled Relax models (tvm.compile through enable(): one field, the VMExecutable's bytes).
+# Whole-build entries: codegen_cache.build's index entries (no payload field; the index store) and
+# compiled Relax models (tvm.compile through enable(): one field, the VMExecutable's bytes; the
+# compiled store). Both are staged in `<dir>/staged/index/` until the writer stores them.
 INDEX_CODEC = "build-index"
 MODEL_CODEC = "relax-executable"
 # Payload fields of each, for the command line's verify.
