@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import lru_cache, partial
 from typing import TYPE_CHECKING
 
@@ -97,6 +97,11 @@ def _encode_part(name: str, value: str) -> bytes:
     return len(n).to_bytes(8, "little") + n + len(v).to_bytes(8, "little") + v
 
 
+def encode_parts(parts: Iterable[tuple[str, str]]) -> bytes:
+    """Named parts as the bytes a key's digest hashes (CacheKey.from_parts)."""
+    return b"".join(_encode_part(name, value) for name, value in parts)
+
+
 class CacheKey:
     """A cache key: its named parts, in order, and their xxh3-128 digest."""
 
@@ -133,7 +138,7 @@ class CacheKey:
     @classmethod
     def from_parts(cls, parts: tuple[tuple[str, str], ...] | list[tuple[str, str]]) -> CacheKey:
         """Hash named parts into a key."""
-        data = b"".join(_encode_part(name, value) for name, value in parts)
+        data = encode_parts(parts)
         return cls(tuple(parts), xxhash.xxh3_128_hexdigest(data))
 
 
@@ -195,7 +200,7 @@ def _tail(target: Target, codegen: str, compile_device: bool, toolchain: tuple |
             ("toolchain", json.dumps(dict(toolchain), sort_keys=True, separators=(",", ":"))),
             ("salt", salt),
         )
-        found = (parts, b"".join(_encode_part(n, v) for n, v in parts))
+        found = (parts, encode_parts(parts))
         if len(_tails) >= _TAILS_MAX:
             _tails.clear()
         _tails[memo] = found

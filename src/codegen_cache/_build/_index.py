@@ -29,7 +29,7 @@ from .. import _compat
 from .._artifacts import Artifact, frame, unframe
 from .._cache import CodegenCache
 from .._errors import ArtifactError, CacheLinkError, UncacheableError
-from .._key import CacheKey, _encode_part, static_salts
+from .._key import CacheKey, _encode_part, encode_parts, static_salts
 from ._input_hash import input_hash
 from .._log import warn_once
 from .._registry import DeviceCodegenRegistry
@@ -39,7 +39,7 @@ from .._targets import canonical_target
 from ._plan import Plan
 
 __all__ = ["INDEX_CODEC", "INDEX_ERRORS", "INDEX_FORMAT", "BuildPart", "codegen_seconds_of", "codegens_json",
-           "compile_device", "key_of", "parse_part", "pass_context_part", "read_entry", "read_index", "write_entry",
+           "compile_device", "input_key", "key_of", "parse_part", "pass_context_part", "read_entry", "read_index", "write_entry",
            "write_index"]
 
 T = TypeVar("T")
@@ -167,7 +167,7 @@ def _tail(bind: Target, pipeline_target: Target | None, pipeline: str | None, co
         ("codegens", codegens),
         ("index_format", INDEX_FORMAT),
     )
-    return parts, b"".join(_encode_part(n, v) for n, v in parts)
+    return parts, encode_parts(parts)
 
 
 def key_of(plan: Plan, registry: DeviceCodegenRegistry) -> CacheKey | None:
@@ -191,11 +191,19 @@ def key_of(plan: Plan, registry: DeviceCodegenRegistry) -> CacheKey | None:
         # A codegen reads an input no key can hold (a callback without an identity): no build
         # key; each lowering then steps aside by itself, counted and warned about once.
         return None
-    found = _tail(plan.bind, pipeline_target, plan.pipeline, context, codegens, static_salts())
-    tail_parts, tail_bytes = found
-    input_part = ("input", f"{plan.hashed[0] & 0xFFFFFFFFFFFFFFFF:016x}")
+    return input_key(plan.hashed[0], *_tail(plan.bind, pipeline_target, plan.pipeline, context, codegens,
+                                             static_salts()))
+
+
+def input_key(structural: int, tail: tuple[tuple[str, str], ...], tail_bytes: bytes) -> CacheKey:
+    """CacheKey.from_parts of ("input", the hash) then `tail`, whose encoding (`tail_bytes`) the caller memoizes.
+
+    A whole build's key (key_of) and a compiled model's (_relax.model_key): the parts after the
+    input's hash repeat from compile to compile.
+    """
+    input_part = ("input", f"{structural & 0xFFFFFFFFFFFFFFFF:016x}")
     digest = xxhash.xxh3_128_hexdigest(_INPUT_PREFIX + input_part[1].encode() + tail_bytes)
-    return CacheKey((input_part, *tail_parts), digest)
+    return CacheKey((input_part, *tail), digest)
 
 
 # ---- the index: the cache's index store, build key -> the digests of the build's parts -------

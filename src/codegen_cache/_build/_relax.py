@@ -61,7 +61,7 @@ from .._cache._tiers import ir_digest
 from .._cache._writer import writer
 from .._compat import IRModule, Module, Target, tvm
 from .._errors import ArtifactError, UncacheableError
-from .._key import CacheKey, _encode_part, static_salts
+from .._key import CacheKey, _encode_part, encode_parts, static_salts
 from .._log import warn_once
 from .._outcome import emit
 from .._registry import DeviceCodegenRegistry
@@ -70,7 +70,7 @@ from .._targets import canonical_target
 from .._version import __version__
 from ._build import BuildPart, BuildRecord, capture_builds, serve_parts
 from ._identity import DECLARE_HINT
-from ._index import (_INPUT_PREFIX, codegen_seconds_of, codegens_json, pass_context_part, parse_part, read_entry,
+from ._index import (codegen_seconds_of, codegens_json, input_key, pass_context_part, parse_part, read_entry,
                      write_entry)
 from ._reads import database_part, registered_part
 
@@ -131,15 +131,10 @@ def model_key(mod: IRModule, target: Target | None, params: Mapping[str, Any] | 
         ("codegens", codegens),
         ("model_format", MODEL_FORMAT),
     )
-    # CacheKey.from_parts's digest, with the parts after the input encoded once per combination.
-    structural_hex = f"{structural & 0xFFFFFFFFFFFFFFFF:016x}"
-    digest = xxhash.xxh3_128_hexdigest(_INPUT_PREFIX + structural_hex.encode() + _encoded(tail))
-    return CacheKey((("input", structural_hex), *tail), digest)
+    return input_key(structural, tail, _encoded(tail))
 
 
-@lru_cache(maxsize=256)
-def _encoded(parts: tuple[tuple[str, str], ...]) -> bytes:
-    return b"".join(_encode_part(name, value) for name, value in parts)
+_encoded = lru_cache(maxsize=256)(encode_parts)  # the tail's bytes, once per combination of its parts
 
 
 def _params_part(params: Mapping[str, Any] | None) -> str | None:
