@@ -38,3 +38,20 @@ def python(script: str, *args: str, timeout: float = 240, env: dict[str, str | N
 def python_json(script: str, *args: str, **kwargs) -> object:
     """python(), then the JSON its last output line holds."""
     return json.loads(python(script, *args, **kwargs).stdout.strip().splitlines()[-1])
+
+
+def remove_tree(directory: Path, tries: int = 20) -> None:
+    """Remove `directory` as a user's `rm -rf` does, run again until it is gone.
+
+    A helper of the cache (the llvm upgrader) may write a file into a subdirectory while the
+    removal walks it, and one pass then fails with "Directory not empty": the user runs it again.
+    """
+    import shutil
+    import time
+
+    for _ in range(tries):
+        shutil.rmtree(directory, ignore_errors=True)
+        if not os.path.lexists(directory):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{directory} is still there after {tries} removals: {sorted(os.listdir(directory))}")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 import subprocess
 import sys
@@ -24,6 +23,7 @@ import pytest
 import codegen_cache as cc
 from codegen_cache._cache import _upgrade
 import forked
+from processes import remove_tree
 from test_lifecycle import _upgraders
 from test_reliability import lower_fresh
 from time_limits import limit
@@ -173,12 +173,7 @@ def test_a_cache_directory_removed_while_the_upgrader_works_stays_removed(tmp_pa
     # The upgrader is starting (or linking) now; the user removes the whole directory. As with
     # `rm -rf`, a file the upgrader writes meanwhile can make one pass fail: the user runs it again.
     time.sleep(delay)
-    for _ in range(20):
-        shutil.rmtree(directory, ignore_errors=True)
-        if not os.path.lexists(directory):
-            break
-        time.sleep(0.05)
-    assert not os.path.lexists(directory)
+    remove_tree(directory)
     deadline = time.monotonic() + 120
     while _upgraders(directory) and time.monotonic() < deadline:
         time.sleep(0.1)
