@@ -60,6 +60,25 @@ def test_an_flegalize_registered_over_tvms_gives_its_own_executable_and_tvms_com
     np.testing.assert_allclose(model_reads.run(stock), model_reads.EXPECTED["stock"], rtol=1e-6)
 
 
+def test_a_legalization_tvms_helper_makes_from_a_users_function_runs_that_function(enabled, stock_legalization):
+    # TVM's own helper returns a closure of TVM's code; what it calls is the user's function.
+    from tvm import topi
+    from tvm.relax.transform.legalize_ops.common import _call_topi_without_attr
+
+    stock, _ = _compile()
+    scope: dict = {"topi": topi}
+    exec("def add_as(a, b):\n    return topi.subtract(a, b)\n", scope)
+    tvm.ir.register_op_attr("relax.add", "FLegalize", _call_topi_without_attr(scope["add_as"], "add"), level=11)
+    subtracted, tier = _compile()
+    assert tier == "codegen"
+    np.testing.assert_allclose(model_reads.run(subtracted), model_reads.EXPECTED["subtract"], rtol=1e-6)
+    exec("def add_as(a, b):\n    return topi.multiply(a, b)\n", scope)  # the cell run again, edited
+    tvm.ir.register_op_attr("relax.add", "FLegalize", _call_topi_without_attr(scope["add_as"], "add"), level=12)
+    multiplied, tier = _compile()
+    assert tier == "codegen"
+    np.testing.assert_allclose(model_reads.run(multiplied), model_reads.EXPECTED["multiply"], rtol=1e-6)
+
+
 def test_a_pipeline_registered_by_name_is_keyed_by_its_body_not_its_name(enabled):
     name = "cgc_test_reads_pipeline"
     try:
