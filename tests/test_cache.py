@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tvm
 
 import codegen_cache as cc
 import kernels
@@ -99,6 +100,28 @@ def test_a_cuda_source_hit_is_tvms_own_source_only_module_saving_the_same_bytes(
     assert fresh.kind == "cuda" and _cuda_facts(hit) == _cuda_facts(fresh)
     # The postproc hook it borrowed to make the module is as it was: none registered.
     assert tvm_ffi.get_global_func("tvm_callback_cuda_postproc", allow_missing=True) is None
+
+
+def test_a_cuda_module_saves_as_its_own_payload_and_no_other(tmp_path, cuda_vadd):
+    # What a source-only CUDA hit checks TVM's module against (compared in place, by digest).
+    from codegen_cache._artifacts._cuda import CudaPayload, module_payload, saves_as
+    from codegen_cache._errors import ArtifactError
+
+    mod, target = cuda_vadd
+    module = cc.CodegenCache(tmp_path, write_behind=False).lower(mod, target, compile_device=False)
+    own = module_payload(module)
+    assert own.fmt == "cuda" and b"__global__" in own.code
+    assert saves_as(module, own) and saves_as(module, CudaPayload(own.fmt, own.fmap, memoryview(own.code)))
+    flipped = bytearray(own.code)
+    flipped[len(flipped) // 2] ^= 1
+    fmap = bytearray(own.fmap)
+    fmap[-1] ^= 1
+    for other in (CudaPayload(own.fmt, own.fmap, bytes(flipped)), CudaPayload(own.fmt, own.fmap, own.code + b" "),
+                  CudaPayload(own.fmt, bytes(fmap), own.code), CudaPayload("ptx", own.fmap, own.code)):
+        assert not saves_as(module, other), other.fmt
+    host = tvm.get_global_func("target.build.llvm")(*cc.prepare_for_codegen(kernels.vadd, "llvm"))
+    with pytest.raises(ArtifactError, match="expected a cuda module"):
+        saves_as(host, own)
 
 
 def test_making_a_cuda_source_hit_puts_back_the_users_postproc_hook(tmp_path, cuda_vadd):

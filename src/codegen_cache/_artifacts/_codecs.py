@@ -165,13 +165,15 @@ def _cuda_module(fields, meta, path, scratch) -> Module:
 
 
 def _cuda_fallback(fields, meta, path, scratch) -> Module:
-    fmap, code = (bytes(f) for f in fields)
-    payload = _cuda.CudaPayload.from_bytes(_cuda.CudaPayload(_cuda.FALLBACK_FMT, fmap, code).to_bytes())
-    module = _cuda.fallback_module(payload, _entry_target(meta))
+    # The code stays a view of the checked entry (a large kernel source is copied once, into
+    # the text TVM is handed); the function map is parsed whole before TVM sees any of it.
+    fmap, code = bytes(fields[0]), fields[1]
+    _cuda.function_infos(fmap)
+    module = _cuda.fallback_module(_cuda.CudaPayload(_cuda.FALLBACK_FMT, fmap, code), _entry_target(meta))
     if module is not None:
         return module
     # Where TVM cannot make its module again: a source module with the same text (docs/cache.md).
-    return _compat.builtin_func("runtime.SourceModuleCreate")(code.decode("utf-8"), "cu")
+    return _compat.builtin_func("runtime.SourceModuleCreate")(str(code, "utf-8"), "cu")
 
 
 def _entry_target(meta) -> dict | None:

@@ -24,6 +24,8 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import xxhash
+
 from .. import _compat
 from .._compat import IRModule, Module, Target
 from .._errors import ArtifactError, CudaRuntimeUnavailableError
@@ -45,6 +47,7 @@ __all__ = [
     "module_sources",
     "recall_source",
     "remember_source",
+    "saves_as",
 ]
 
 _U64 = struct.Struct("<Q")
@@ -61,7 +64,7 @@ class CudaPayload:
 
     fmt: str
     fmap: bytes
-    code: bytes
+    code: bytes | memoryview  # a hit's code may be a view of the checked entry
 
     def to_bytes(self) -> bytes:
         """Serialize in TVM's byte format (what `ffi.Module.load_from_bytes.cuda` reads)."""
@@ -69,8 +72,8 @@ class CudaPayload:
         return b"".join((_U64.pack(len(fmt)), fmt, self.fmap, _U64.pack(len(self.code)), self.code))
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> CudaPayload:
-        """Parse TVM's byte format; raise ArtifactError on anything malformed."""
+    def from_bytes(cls, data: bytes | memoryview) -> CudaPayload:
+        """Parse TVM's byte format (fields copied out of a view); raise ArtifactError on anything malformed."""
         try:
             fmt, pos = _read_str(data, 0)
             fmap_start = pos
@@ -81,7 +84,7 @@ class CudaPayload:
             raise ArtifactError(f"CUDA payload is malformed ({err})", kind="cuda") from None
         if pos != len(data):
             raise ArtifactError(f"CUDA payload has {len(data) - pos} trailing bytes", kind="cuda")
-        return cls(fmt.decode("ascii"), data[fmap_start:fmap_end], code)
+        return cls(str(fmt, "ascii"), bytes(data[fmap_start:fmap_end]), bytes(code))
 
 
 def _read_str(data: bytes, pos: int) -> tuple[bytes, int]:
@@ -115,7 +118,37 @@ def _skip_fmap(data: bytes, pos: int) -> int:
 
 def module_payload(module: Module) -> CudaPayload:
     """The save-to-bytes payload of a CUDA runtime module (no imports), parsed."""
-    packed = _compat.global_func("runtime.ModulePackImportsToTensor")(module).numpy().tobytes()
+    packed, start, size = _saved(module)
+    return CudaPayload.from_bytes(packed[start : start + size])
+
+
+def saves_as(module: Module, payload: CudaPayload) -> bool:
+    """Whether `module` (a CUDA runtime module, no imports) saves to exactly `payload`.
+
+    Compared where TVM wrote it, by xxh3-128 digest, piece by piece on the payload's side: neither
+    side's code is copied (a copy of a large kernel source costs a fresh process about 0.5 ms
+    per MB: docs/benchmarks.md, "A warm CUDA model's copies").
+    """
+    fmt = payload.fmt.encode()
+    packed, start, size = _saved(module)
+    if size != 16 + len(fmt) + len(payload.fmap) + len(payload.code):
+        return False
+    expected = xxhash.xxh3_128()
+    for part in (_U64.pack(len(fmt)), fmt, payload.fmap, _U64.pack(len(payload.code)), payload.code):
+        expected.update(part)
+    return xxhash.xxh3_128_digest(packed[start : start + size]) == expected.digest()
+
+
+def _saved(module: Module) -> tuple[memoryview, int, int]:
+    """(TVM's save of `module` as bytes, read in place, where its payload starts, its length).
+
+    The saved tensor is viewed through DLPack, not copied; ArtifactError for a module that is
+    not one CUDA module.
+    """
+    import numpy  # TVM's runtime imported it already
+
+    tensor = _compat.global_func("runtime.ModulePackImportsToTensor")(module)
+    packed = memoryview(numpy.from_dlpack(tensor)).cast("B")
     # Container: [u64 size][u64 n][n x u64 row_ptr][u64 m][m x u64 child][str kind][bytes payload]
     pos = 8
     (rows,) = _U64.unpack_from(packed, pos)
@@ -123,13 +156,14 @@ def module_payload(module: Module) -> CudaPayload:
     (children,) = _U64.unpack_from(packed, pos)
     pos += 8 + 8 * children
     (kind_len,) = _U64.unpack_from(packed, pos)
-    kind = packed[pos + 8 : pos + 8 + kind_len]
+    kind = bytes(packed[pos + 8 : pos + 8 + kind_len])
     pos += 8 + kind_len
     if kind != b"cuda":
         raise ArtifactError(f"expected a cuda module, found {kind!r}", kind="cuda")
     (size,) = _U64.unpack_from(packed, pos)
-    payload = packed[pos + 8 : pos + 8 + size]
-    return CudaPayload.from_bytes(payload)
+    if pos + 8 + size > len(packed):
+        raise ArtifactError(f"the saved module's payload of {size} bytes runs past its end", kind="cuda")
+    return packed, pos + 8, size
 
 
 def remember_source(code: bytes, source: str) -> None:
@@ -276,7 +310,7 @@ def fallback_module(payload: CudaPayload, target: object = None) -> Module | Non
     if payload.fmt != FALLBACK_FMT or remove is None:
         return None
     try:
-        code = payload.code.decode("utf-8")
+        code = str(payload.code, "utf-8")
         kernels = _empty_kernels(function_infos(payload.fmap))
         target = Target(target if target is not None else _DEFAULT_TARGET)
     except (ArtifactError, UnicodeDecodeError, RuntimeError, TypeError, ValueError):
@@ -303,7 +337,7 @@ def fallback_module(payload: CudaPayload, target: object = None) -> Module | Non
             else:
                 _compat.tvm_ffi.register_global_func(_POSTPROC, previous, override=True)  # the same handle
     try:
-        if module.kind != "cuda" or module_payload(module) != payload:
+        if module.kind != "cuda" or not saves_as(module, payload):
             return None
     except (ArtifactError, RuntimeError, struct.error):
         return None
