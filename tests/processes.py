@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
 import textwrap
+import time
 from pathlib import Path
 
 HERE = Path(__file__).parent
@@ -46,9 +48,6 @@ def remove_tree(directory: Path, tries: int = 20) -> None:
     A helper of the cache (the llvm upgrader) may write a file into a subdirectory while the
     removal walks it, and one pass then fails with "Directory not empty": the user runs it again.
     """
-    import shutil
-    import time
-
     for _ in range(tries):
         shutil.rmtree(directory, ignore_errors=True)
         if not os.path.lexists(directory):

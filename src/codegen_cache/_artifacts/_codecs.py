@@ -166,9 +166,8 @@ def _cuda_module(fields, meta, path, scratch) -> Module:
 
 def _cuda_fallback(fields, meta, path, scratch) -> Module:
     # The code stays a view of the checked entry (a large kernel source is copied once, into
-    # the text TVM is handed); the function map is parsed whole before TVM sees any of it.
+    # the text TVM is handed); fallback_module parses the function map before TVM sees any of it.
     fmap, code = bytes(fields[0]), fields[1]
-    _cuda.function_infos(fmap)
     module = _cuda.fallback_module(_cuda.CudaPayload(_cuda.FALLBACK_FMT, fmap, code), _entry_target(meta))
     if module is not None:
         return module

@@ -68,8 +68,12 @@ class CudaPayload:
 
     def to_bytes(self) -> bytes:
         """Serialize in TVM's byte format (what `ffi.Module.load_from_bytes.cuda` reads)."""
+        return b"".join(self.pieces())
+
+    def pieces(self) -> tuple[bytes | memoryview, ...]:
+        """TVM's byte format in pieces, whose concatenation is `to_bytes()` (the code not copied)."""
         fmt = self.fmt.encode()
-        return b"".join((_U64.pack(len(fmt)), fmt, self.fmap, _U64.pack(len(self.code)), self.code))
+        return _U64.pack(len(fmt)), fmt, self.fmap, _U64.pack(len(self.code)), self.code
 
     @classmethod
     def from_bytes(cls, data: bytes | memoryview) -> CudaPayload:
@@ -129,13 +133,13 @@ def saves_as(module: Module, payload: CudaPayload) -> bool:
     side's code is copied (a copy of a large kernel source costs a fresh process about 0.5 ms
     per MB: docs/benchmarks.md, "A warm CUDA model's copies").
     """
-    fmt = payload.fmt.encode()
+    pieces = payload.pieces()
     packed, start, size = _saved(module)
-    if size != 16 + len(fmt) + len(payload.fmap) + len(payload.code):
+    if size != sum(len(piece) for piece in pieces):
         return False
     expected = xxhash.xxh3_128()
-    for part in (_U64.pack(len(fmt)), fmt, payload.fmap, _U64.pack(len(payload.code)), payload.code):
-        expected.update(part)
+    for piece in pieces:
+        expected.update(piece)
     return xxhash.xxh3_128_digest(packed[start : start + size]) == expected.digest()
 
 
@@ -302,16 +306,18 @@ def fallback_module(payload: CudaPayload, target: object = None) -> Module | Non
     TVM's ExtractFuncInfo reads), and `tvm_callback_cuda_postproc` answers the stored source
     for this thread's call (for any other thread's, what was registered before, or the source
     unchanged); the hook is put back after the call. The result is checked: its save-to-bytes
-    payload must equal `payload` byte for byte, else None (the caller falls back to a source
-    module with the same text). While the hook is swapped, another thread's CUDA key sees a
+    payload must equal `payload` (`saves_as`), else None (the caller falls back to a source
+    module with the same text). A malformed function map is an ArtifactError, raised before TVM
+    sees any of it. While the hook is swapped, another thread's CUDA key sees a
     function of unknown owner and lowers uncached once (docs/cache.md).
     """
+    infos = function_infos(payload.fmap)  # ArtifactError: a malformed map never reaches TVM
     remove = getattr(_compat.tvm_ffi, "remove_global_func", None)
     if payload.fmt != FALLBACK_FMT or remove is None:
         return None
     try:
         code = str(payload.code, "utf-8")
-        kernels = _empty_kernels(function_infos(payload.fmap))
+        kernels = _empty_kernels(infos)
         target = Target(target if target is not None else _DEFAULT_TARGET)
     except (ArtifactError, UnicodeDecodeError, RuntimeError, TypeError, ValueError):
         return None
