@@ -6,6 +6,7 @@ in this process and in fresh ones, and run on the Relax VM; outputs are compared
 
 from __future__ import annotations
 
+import json
 import sqlite3
 
 import numpy as np
@@ -15,6 +16,7 @@ from tvm import relax
 
 import codegen_cache as cc
 import relax_models
+from codegen_cache import _compat
 from codegen_cache._build._relax import MODEL_CODEC, model_key
 from codegen_cache._key import CacheKey
 from processes import python_json
@@ -195,6 +197,26 @@ def test_every_input_of_the_compile_is_in_the_model_key():
     # The digest is the hash of every part it names (the tail's encoding is memoized).
     for key in (_key(mod), _key(mod, params=params), _key(relax_models.llama(layers=1)[0])):
         assert key.digest == CacheKey.from_parts(key.parts).digest
+
+
+def test_the_default_host_is_in_the_key_only_where_tvm_builds_with_it():
+    """tvm.tirx.build takes llvm (else c) as host for a device target without one; a CPU target is its own host."""
+    mod, _ = relax_models.mlp()
+
+    def rows(key):
+        return sorted((json.loads(row["target"])["kind"], json.loads(row["target"]).get("mcpu", ""), row["mode"])
+                      for row in json.loads(key.as_dict()["codegens"]))
+
+    skylake = {"kind": "llvm", "mcpu": "skylake"}
+    _compat.runtime_enabled.cache_clear()
+    assert rows(_key(mod, target=tvm.target.Target(skylake))) == [("llvm", "skylake", "compiled")]
+    # Keying a CPU model asks TVM nothing whose answer makes an LLVM target machine.
+    assert _compat.runtime_enabled.cache_info().currsize == 0
+    cuda = {"kind": "cuda", "arch": "sm_90"}
+    device = ("cuda", "", "compiled" if _compat.runtime_enabled("cuda") else "source")
+    host = ("llvm", "", "compiled") if _compat.runtime_enabled("llvm") else ("c", "", "source")
+    assert rows(_key(mod, target=tvm.target.Target(cuda))) == sorted([device, host])
+    assert rows(_key(mod, target=tvm.target.Target(cuda, host=skylake))) == [device, ("llvm", "skylake", "compiled")]
 
 
 def test_inputs_the_key_cannot_hold_compile_as_tvms_own(enabled):

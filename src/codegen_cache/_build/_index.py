@@ -77,10 +77,12 @@ def compile_device(codegen: Any, target: Target) -> bool:
 
     target.build.cuda silently returns source-only where no CUDA driver is loaded; a codegen with
     both modes is therefore asked to compile only where the target kind's runtime is enabled.
-    A codegen with one mode gets that mode.
+    An llvm target always compiles: LLVM builds it only where it can make the target's machine,
+    and TVM then runs what it built (asking TVM whether the llvm runtime is enabled would make
+    one more machine). A codegen with one mode gets that mode.
     """
     if codegen.build is not None and codegen.build_without_compile is not None:
-        return _compat.runtime_enabled(target.kind.name)
+        return target.kind.name == "llvm" or _compat.runtime_enabled(target.kind.name)
     return codegen.build is not None
 
 

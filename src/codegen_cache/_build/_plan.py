@@ -79,12 +79,13 @@ def plan(mod: PrimFunc | IRModule, target: str | Target | None, pipeline: str | 
     if chosen is None and func_targets:
         chosen = func_targets[0]
     chosen = _target(chosen) if chosen is not None else None
-    host: Target | str = "llvm" if _compat.runtime_enabled("llvm") else "c"
-    if chosen is not None:
-        if chosen.host is not None:
-            host = chosen.host
-        elif chosen.get_target_device_type() == DLDeviceType.kDLCPU:
-            host = chosen
+    # tvm.tirx.build's rule; the default (which makes an LLVM target machine to ask) only where it is taken.
+    if chosen is not None and chosen.host is not None:
+        host: Target | str = chosen.host
+    elif chosen is not None and chosen.get_target_device_type() == DLDeviceType.kDLCPU:
+        host = chosen
+    else:
+        host = "llvm" if _compat.runtime_enabled("llvm") else "c"
     host = _target(host)
     return Plan(irmod, original, func_targets, hashed, _with_host(bind, host), chosen, host, pipeline)
 

@@ -155,14 +155,22 @@ def _params_part(params: Mapping[str, Any] | None) -> str | None:
 
 
 def _targets_read(target: Target | None, vdevices: list[Target]) -> list[Target]:
-    """The targets this compile may build for: the target, its host (llvm when none) and the module's vdevices."""
-    host = "llvm" if _compat.runtime_enabled("llvm") else "c"
-    targets = [_host_target(host), *vdevices]
+    """The targets this compile may build for: the target, the module's vdevices, their hosts.
+
+    The default host (llvm where TVM's LLVM runtime is enabled, else c: tvm.tirx.build's rule)
+    is read only where a build may take it: TVM builds a CPU target, or one with a host, with
+    that host. Asking TVM whether LLVM is enabled makes an LLVM target machine: a warm compile
+    of a CPU model does not ask.
+    """
+    targets = list(vdevices)
     if target is not None:
         targets.append(target)
     for found in list(targets):
         if found.host is not None:
             targets.append(found.host)
+    if vdevices or target is None or (target.host is None
+                                      and target.get_target_device_type() != _compat.DLDeviceType.kDLCPU):
+        targets.append(_host_target("llvm" if _compat.runtime_enabled("llvm") else "c"))
     return targets
 
 
