@@ -10,7 +10,7 @@ from .._compat import tvm, DLDeviceType, IRModule, PrimFunc, split_host_device_m
 from .. import _compat
 from .._targets import as_target
 
-__all__ = ["Plan", "prepare_plan", "plan"]
+__all__ = ["Plan", "prepare_plan", "plan", "tirx_host"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,15 +79,22 @@ def plan(mod: PrimFunc | IRModule, target: str | Target | None, pipeline: str | 
     if chosen is None and func_targets:
         chosen = func_targets[0]
     chosen = _target(chosen) if chosen is not None else None
-    # tvm.tirx.build's rule; the default (which makes an LLVM target machine to ask) only where it is taken.
-    if chosen is not None and chosen.host is not None:
-        host: Target | str = chosen.host
-    elif chosen is not None and chosen.get_target_device_type() == DLDeviceType.kDLCPU:
-        host = chosen
-    else:
-        host = "llvm" if _compat.runtime_enabled("llvm") else "c"
-    host = _target(host)
+    host = tirx_host(chosen)
     return Plan(irmod, original, func_targets, hashed, _with_host(bind, host), chosen, host, pipeline)
+
+
+def tirx_host(target: Target | None) -> Target:
+    """The host tvm.tirx.build builds `target` with (its step 2): the target's own host, a CPU
+    target itself, else llvm where TVM's LLVM runtime is enabled, else c.
+
+    TVM asks for the default on every build; here it is asked only where it is taken (TVM's
+    answer makes an LLVM target machine: a warm build of a CPU target does not ask).
+    """
+    if target is not None and target.host is not None:
+        return target.host
+    if target is not None and target.get_target_device_type() == DLDeviceType.kDLCPU:
+        return target
+    return _target("llvm" if _compat.runtime_enabled("llvm") else "c")
 
 
 # Memoized: Target construction and with_host cost about as much as the rest of a warm build.

@@ -72,6 +72,7 @@ from ._build import BuildPart, BuildRecord, capture_builds, serve_parts
 from ._identity import DECLARE_HINT
 from ._index import (codegen_seconds_of, codegens_json, input_key, pass_context_part, parse_part, read_entry,
                      write_entry)
+from ._plan import tirx_host
 from ._reads import database_part, registered_part
 
 __all__ = ["MODEL_CODEC", "MODEL_FORMAT", "model_key", "relax_build"]
@@ -155,22 +156,16 @@ def _params_part(params: Mapping[str, Any] | None) -> str | None:
 
 
 def _targets_read(target: Target | None, vdevices: list[Target]) -> list[Target]:
-    """The targets this compile may build for: the target, the module's vdevices, their hosts.
-
-    The default host (llvm where TVM's LLVM runtime is enabled, else c: tvm.tirx.build's rule)
-    is read only where a build may take it: TVM builds a CPU target, or one with a host, with
-    that host. Asking TVM whether LLVM is enabled makes an LLVM target machine: a warm compile
-    of a CPU model does not ask.
-    """
+    """The targets this compile may build for: the target, the module's vdevices, their hosts,
+    and the host tvm.tirx.build takes for the target (TVM's default host where the module has
+    vdevices: a build for one may take it)."""
     targets = list(vdevices)
     if target is not None:
         targets.append(target)
     for found in list(targets):
         if found.host is not None:
             targets.append(found.host)
-    if vdevices or target is None or (target.host is None
-                                      and target.get_target_device_type() != _compat.DLDeviceType.kDLCPU):
-        targets.append(_host_target("llvm" if _compat.runtime_enabled("llvm") else "c"))
+    targets.append(tirx_host(None if vdevices else target))
     return targets
 
 
@@ -178,11 +173,6 @@ def _vdevice_targets(mod: IRModule) -> list[Target]:
     """The targets of the module's virtual devices (a multi-target Relax module names them there)."""
     infos = mod.global_infos.get("vdevice", None) if mod.global_infos is not None else None
     return [v.target for v in infos or () if isinstance(getattr(v, "target", None), Target)]
-
-
-@lru_cache(maxsize=4)
-def _host_target(kind: str) -> Target:
-    return Target(kind)
 
 
 # ---- the call -------------------------------------------------------------------------------
