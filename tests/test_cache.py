@@ -346,6 +346,24 @@ def test_unwritable_directory_still_compiles(tmp_path, llvm_vadd):
     assert cache.lower_with_outcome(mod, target)[1].tier == "memory"
 
 
+def test_a_codegen_result_that_is_no_module_goes_back_to_its_caller_unstored(tmp_path, llvm_vadd):
+    # tilelang's registry returns whatever a codegen returns; the cache cannot store such a result,
+    # and must neither raise for it nor serve it later.
+    mod, target = llvm_vadd
+    results = iter(["first result", None])
+
+    def build(mod, target):
+        return next(results)
+
+    cache = cc.CodegenCache(tmp_path / "cache", write_behind=False, min_codegen_time=0)
+    codegen = cc.DeviceCodegen("llvm-odd", build=build)
+    assert cache.lower(mod, target, codegen=codegen) == "first result"
+    assert cache.lower(mod, target, codegen=codegen) is None  # ran again: nothing was kept
+    stats = cache.stats(shared=False)
+    assert stats.codegen_runs == 2 and stats.stores == 0 and stats.stores_skipped == 2
+    assert len(cache.store("compiled")) == 0
+
+
 def test_bad_input_errors_name_the_value(cache, llvm_vadd):
     mod, _ = llvm_vadd
     # Not an IRModule: nothing to key, so the codegen gets it as it is (as in tilelang) and

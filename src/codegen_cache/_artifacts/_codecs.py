@@ -58,6 +58,9 @@ def symbol_names(named: Iterable[tuple[str, Any]]) -> list[str]:
 
 def prepare(module: Module, meta: Mapping[str, Any], *, func_names: Sequence[str]) -> tuple[str, dict, list[bytes]]:
     """(codec, metadata, fields) of a built module: cheap, and nothing is written anywhere."""
+    if not isinstance(module, Module):
+        # A codegen's own result, whatever it is, still goes back to its caller: only the entry is skipped.
+        raise ValueError(f"cannot cache {type(module).__name__} {module!r:.80}: a codegen returns a tvm.runtime.Module")
     if len(module.imports):
         raise ValueError(f"cannot cache a {module.kind} module with {len(module.imports)} imports")
     kind = module.kind
