@@ -3,7 +3,7 @@
     python benchmarks/bench_build.py [--reps 30] [--nvcc-reps 3] [--no-stub] [--json out.json]
     python benchmarks/bench_build.py --notebook 20
 
-Variants run interleaved (one of each per round, order rotated), so a slow spell on a shared
+Variants run interleaved (one of each per round, order shuffled), so a slow spell on a shared
 machine hits all of them alike; medians and ratios of medians are printed.
 
 - llvm vector add: tvm.tirx.build; a cold cached build (new cache); a warm build from the

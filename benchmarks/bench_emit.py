@@ -3,7 +3,7 @@
     python benchmarks/bench_emit.py [--rounds 31]
 
 Every lowering records one outcome (`_outcome.emit`), a memory hit included. Variants, timed
-interleaved (a batch of each per round, order rotated), median per call, no sink collecting:
+interleaved (a batch of each per round, order shuffled), median per call, no sink collecting:
 
 - positional: the emit of before issue 26, `emit(*fields)` with nine positional values (kept
   as a tuple, made into an Outcome only when read);

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_libraries.py [--rounds 31]
 
-Each group runs its variants interleaved (one call of each per round, order rotated) and
+Each group runs its variants interleaved (one call of each per round, order shuffled) and
 prints the median per call:
 
 - build lock of a new key, uncontended, taken and released (what every miss pays): our

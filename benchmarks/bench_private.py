@@ -2,7 +2,7 @@
 
     python benchmarks/bench_private.py [--rounds 15]
 
-Each pair runs side by side, interleaved (one batch of each per round, order rotated), and
+Each pair runs side by side, interleaved (one batch of each per round, order shuffled), and
 prints the median per call of each and their difference. The pairs:
 
 - env: the CUDA codegen's environment reads (cuda.COMPILE_ENV) through os.environ's private

@@ -53,7 +53,8 @@ def auto_row(row: dict) -> dict[str, Any] | None:
     if fresh_diff is None and fresh_warm is not None and bare_w:
         fresh_diff = fresh_warm - bare_w
     return {"plan": row.get("auto_plan", "-"), "tiers": row.get("auto_tiers", {}), "bare": bare, "cold": cold,
-            "cold_diff": cold - bare if cold and bare else None, "budget": budget,
+            "cold_diff": row.get("cold_paired", {}).get("auto_miss_minus_bare", cold - bare if cold and bare else None),
+            "budget": budget,
             "warm": warm, "bare_w": bare_w, "warm_diff": warm_diff, "warm_tier": row.get("auto_warm_tier", "-"),
             "fresh_warm": fresh_warm, "fresh_diff": fresh_diff, "fresh_tier": row.get("auto_fresh_tier", "-"),
             "no_slower": no_slower_budget(bare_w) if bare_w else None, "stored": stored,
@@ -113,6 +114,7 @@ def derived(row: dict) -> dict[str, float | None]:
     miss overhead, and the store costs."""
     paired = row.get("paired", {})
     disk, mem, miss, bare = _m(row, "disk"), _m(row, "memory"), _m(row, "miss"), _m(row, "bare")
+    over = row.get("cold_paired", {}).get("miss_minus_bare", miss - bare if miss and bare else None)
     put = _m(row, "put_ours") or 0.0
     enc = _m(row, "encode")
     if enc is not None:
@@ -131,8 +133,8 @@ def derived(row: dict) -> dict[str, float | None]:
         "mem_resolution": paired.get("mem_over_hash_resolution"),
         "cold_disk": miss / disk if miss and disk else None,
         "cold_mem": miss / mem if miss and mem else None,
-        "overhead": (miss - bare) / bare if miss and bare else None,
-        "overhead_abs": miss - bare if miss and bare else None,
+        "overhead": over / bare if over is not None and bare else None,
+        "overhead_abs": over,
         "budget": max(GOALS["miss_overhead"] * bare, GOALS["miss_overhead_abs"]) if bare else None,
         "disk_floor_ours": ((_m(row, "disk_b") or disk) / _m(row, "floor_ours")
                             if disk and _m(row, "floor_ours") else None),
