@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,10 +33,9 @@ tmpfs {root}/twice tmpfs rw 0 0
 """
 
 
-@pytest.fixture
-def fake_mounts(tmp_path, monkeypatch):
-    """A mounts table naming directories under tmp_path; probe() reads it instead of the real one."""
-    root = tmp_path / "m"
+def _fake_mounts(base: Path, tmp_path: Path, monkeypatch) -> Path:
+    """A mounts table naming directories under `base`; probe() reads it instead of the real one."""
+    root = base / "m"
     for name in ("nfs/local/deeper", "smb", "sshfs", "ntfs", "ro", "noexec", "with space", "twice"):
         (root / name).mkdir(parents=True)
     path = tmp_path / "mounts"
@@ -42,6 +43,25 @@ def fake_mounts(tmp_path, monkeypatch):
     monkeypatch.setattr(_fsprobe, "MOUNTS_FILE", str(path))
     monkeypatch.setattr(_log.warn_once, "_seen", set())
     return root
+
+
+@pytest.fixture
+def fake_mounts(tmp_path, monkeypatch):
+    return _fake_mounts(tmp_path, tmp_path, monkeypatch)
+
+
+@pytest.fixture
+def fake_mounts_without_block_device(tmp_path, monkeypatch):
+    """fake_mounts, its directories on tmpfs: like a network filesystem, a filesystem without a
+    block device of its own (major device number 0), where the cache reads the mount table."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or _fsprobe.on_block_device(shm) or not os.access(shm, os.W_OK):
+        pytest.skip("no writable tmpfs at /dev/shm to stand in for a network filesystem")
+    base = Path(tempfile.mkdtemp(dir=shm, prefix="cgc-test-"))
+    try:
+        yield _fake_mounts(base, tmp_path, monkeypatch)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.mark.parametrize(
@@ -95,8 +115,9 @@ def test_real_mounts_of_this_machine(tmp_path):
     assert not report.is_network
 
 
-def test_cache_on_a_network_fs_warns_once_per_directory_when_its_stores_are_first_opened(fake_mounts, caplog,
-                                                                                         cuda_vadd):
+def test_cache_on_a_network_fs_warns_once_per_directory_when_its_stores_are_first_opened(
+        fake_mounts_without_block_device, caplog, cuda_vadd):
+    fake_mounts = fake_mounts_without_block_device
     device_mod, target = cuda_vadd
     caplog.set_level(logging.WARNING, logger="codegen_cache")
     made = [cc.CodegenCache(fake_mounts / sub / "cache", min_codegen_time=0, write_behind=False)
@@ -109,6 +130,29 @@ def test_cache_on_a_network_fs_warns_once_per_directory_when_its_stores_are_firs
     assert len(messages) == 2, messages
     assert "nfs4" in messages[0] and "SQLite is not safe" in messages[0] and "CODEGEN_CACHE_REMOTE" in messages[0]
     assert "cifs" in messages[1]
+
+
+def test_a_cache_on_a_block_device_reads_no_mount_table(fake_mounts, caplog, cuda_vadd):
+    # The table names the directory nfs4, but it lies on a filesystem with a block device (no
+    # network filesystem has one): opening its stores does not read the table, so no warning.
+    # `codegen-cache doctor` (probe) still reads it.
+    if not _fsprobe.on_block_device(fake_mounts):
+        pytest.skip(f"{fake_mounts} is not on a block device here")
+    caplog.set_level(logging.WARNING, logger="codegen_cache")
+    cache = cc.CodegenCache(fake_mounts / "nfs" / "cache", min_codegen_time=0, write_behind=False)
+    cache.lower(*cuda_vadd, compile_device=False)
+    assert cache.lower_with_outcome(*cuda_vadd, compile_device=False)[1].tier == "memory"
+    cache.close()
+    assert [r.getMessage() for r in caplog.records] == []
+    assert probe(fake_mounts / "nfs" / "cache").is_network
+
+
+def test_on_block_device_tells_a_disk_from_tmpfs_and_proc(tmp_path):
+    assert not _fsprobe.on_block_device("/proc/self")  # proc: no block device
+    assert not _fsprobe.on_block_device(tmp_path / "absent")  # cannot be stat'ed
+    shm = Path("/dev/shm")
+    if shm.is_dir():
+        assert not _fsprobe.on_block_device(shm)  # tmpfs
 
 
 def test_scratch_dir_prefers_the_cache_and_sweeps_old_leftovers(tmp_path):

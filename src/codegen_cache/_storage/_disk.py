@@ -31,7 +31,7 @@ from .._errors import ArtifactError, UnsafeEntryError
 from .._forksafe import on_fork_child, sqlite_gate
 from ._faults import (DIR_MODE, READ_FLAGS, ReadOnlyStoreError, ensure_dir, freeze_file_mode, real_dir, share_file_mode,
                       storage_fault, warn_read_only, writable)
-from ._fsprobe import warn_if_unsafe
+from ._fsprobe import on_block_device, warn_if_unsafe
 from ._readonly import ReadOnlyView
 
 __all__ = ["STORAGE_ERRORS", "ArtifactStore", "Row", "SafeDisk", "storage_fault"]
@@ -195,7 +195,8 @@ def check_filesystem(root: Path) -> None:
     name = os.fspath(root)
     if name not in _probed:
         _probed.add(name)
-        warn_if_unsafe(root)
+        if not on_block_device(name):  # a local disk filesystem: no mount table to read
+            warn_if_unsafe(root)
 
 
 class ArtifactStore:

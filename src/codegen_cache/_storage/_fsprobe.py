@@ -24,7 +24,8 @@ from .._log import warn_once
 from .._validate import check_path
 from ._faults import ensure_dir, share_file_mode
 
-__all__ = ["NETWORK_FS_TYPES", "FsReport", "probe", "scratch_dir", "sweep_leftovers", "warn_if_unsafe"]
+__all__ = ["NETWORK_FS_TYPES", "FsReport", "on_block_device", "probe", "scratch_dir", "sweep_leftovers",
+           "warn_if_unsafe"]
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +136,20 @@ def probe(path: str | os.PathLike[str], *, mounts_file: str | None = None) -> Fs
     if free is not None and free < LOW_SPACE_BYTES:
         warnings.append(f"only {free >> 20} MiB free on {mount_point}: stores will be skipped when it fills")
     return FsReport(fs_type, mount_point, is_network, read_only, noexec, free, warnings)
+
+
+def on_block_device(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` is on a filesystem with a block device of its own (major device number not 0).
+
+    Such a filesystem is local: the kernel numbers a filesystem without a block device with an
+    anonymous device, major 0 (tmpfs, overlayfs, btrfs subvolumes, and every one of
+    NETWORK_FS_TYPES); fuseblk, FUSE on a block device, is local here too. False where `path`
+    cannot be stat'ed.
+    """
+    try:
+        return os.major(os.stat(path).st_dev) != 0
+    except (OSError, AttributeError):  # AttributeError: a platform without os.major
+        return False
 
 
 def warn_if_unsafe(directory: str | os.PathLike[str]) -> FsReport | None:
