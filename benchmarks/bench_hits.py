@@ -230,7 +230,7 @@ class HitBench:
         miss()
         if load:
             if (entry.name, mode) not in self._learnt:
-                # Issue 34 times the cache in a process that has learnt its tiers: a codegen's
+                # The cache is timed as in a process that has learnt its tiers: a codegen's
                 # first LEARN_RUNS calls (every tier, while it learns) are not samples.
                 self._learnt.add((entry.name, mode))
                 for _ in range(LEARN_RUNS):
@@ -247,10 +247,10 @@ class HitBench:
         left = cold_budget - estimate - cold["miss"][0] - min(cold["bg_store"][0], estimate) \
             - (cold["auto_miss"][0] if load else 0.0)
         # The miss and the cache a user gets are each timed against the bare codegen in rounds of
-        # their own: a call right after a stored miss ran 60-100 us slower than after another
-        # call of its kind (a 0.1-0.4 ms source codegen; the miss's work evicts the caches), which
-        # would be charged to whichever variant follows the miss. For a cheap codegen each timed
-        # call also follows an untimed run of the bare codegen, so every call follows the same work.
+        # their own: a call right after a stored miss runs slower than after another call of its
+        # kind (the miss's work evicts the caches; docs/benchmarks.md), which would be charged to
+        # whichever variant follows the miss. For a cheap codegen each timed call also follows an
+        # untimed run of the bare codegen, so every call follows the same work.
         groups = [("miss", miss)] + ([("auto_miss", auto_miss)] if load else [])
         reps = max(0, min(14, int(left / per_pair)))
         for name, fn in groups:

@@ -24,8 +24,7 @@ def interleave(variants: Mapping[str, Variant], reps: int, *, warmup: int = 1) -
     medians stay meaningful even when the absolute numbers drift. The order is shuffled (seeded,
     so runs compare), not rotated: under a rotation each variant always follows the same one,
     and what that one leaves behind (evicted caches, the writer thread's work) is charged to it
-    alone (a cheap codegen through the cache measured +96 us over the bare one right after a
-    memory hit of an equal copy, +19 us shuffled; docs/benchmarks.md).
+    alone (what that did to section 7: docs/benchmarks.md).
     """
     names = list(variants)
     calls = {n: (v if isinstance(v, tuple) else (v, None)) for n, v in variants.items()}
