@@ -79,13 +79,14 @@ def registered_part(kinds: frozenset[str]) -> str:
     registered; UncacheableError where something is unidentifiable."""
     read = {*DEFAULT_KINDS, *kinds}
     with _lock:
-        fresh = _state["scanned"] and _state["hooked"]
-        if not fresh:
-            _scan()
+        ops = None  # listed once for both scans: a listing walks all ~1,000 operators
+        if not (_state["scanned"] and _state["hooked"]):
+            ops = _compat.operators()
+            _scan(ops)
             _state["scanned"], _state["kinds"] = True, set()
         new = set() if _state["kinds"] is None else read - _state["kinds"]
         if new:
-            _scan_lowering(new)
+            _scan_lowering(new, ops if ops is not None else _compat.operators())
             if _state["hooked"]:
                 _state["kinds"] |= new
         _recheck()
@@ -147,7 +148,8 @@ def _reads_attr(attr: str, kinds: set[str]) -> bool:
     return "." not in attr or attr.split(".", 1)[0] in kinds
 
 
-def _scan() -> None:
+def _scan(ops: list[tuple[str, Any]]) -> None:
+    """Find the users' global functions, and their Relax attributes of `ops` (from _compat.operators())."""
     users = set()
     for name in _compat.global_func_names():
         func = _compat.global_func(name, missing_ok=True)
@@ -155,18 +157,19 @@ def _scan() -> None:
             users.add(name)
     # A plain value a user set (found through a wrapped point only) stays until it is reset.
     plain = {slot for slot in _state["attrs"] if not isinstance(_compat.op_attr(*slot), (tvm_ffi.Function, type(None)))}
-    _state["globals"], _state["attrs"] = users, _users_attrs(RELAX_ATTRS, relax=True) | plain
+    _state["globals"], _state["attrs"] = users, _users_attrs(ops, RELAX_ATTRS, relax=True) | plain
 
 
-def _scan_lowering(kinds: set[str]) -> None:
+def _scan_lowering(kinds: set[str], ops: list[tuple[str, Any]]) -> None:
     """Add the users' lowering rules of `kinds` (scanned once per kind while the wrappers hold)."""
     attrs = tuple(attr for kind in sorted(kinds) for attr in lowering_attrs(kind))
-    _state["attrs"] |= _users_attrs(attrs, relax=False)
+    _state["attrs"] |= _users_attrs(ops, attrs, relax=False)
 
 
-def _users_attrs(attrs: tuple[str, ...], *, relax: bool) -> set[tuple[str, str]]:
+def _users_attrs(ops: list[tuple[str, Any]], attrs: tuple[str, ...], *, relax: bool) -> set[tuple[str, str]]:
     found = set()
-    for op, attr, value in _compat.op_attr_values(attrs, lambda name: name.startswith(RELAX_OPS) == relax):
+    chosen = [(name, op) for name, op in ops if name.startswith(RELAX_OPS) == relax]
+    for op, attr, value in _compat.op_attr_values(chosen, attrs):
         if isinstance(value, tvm_ffi.Function) and not _tvms(value):
             found.add((op, attr))
     return found

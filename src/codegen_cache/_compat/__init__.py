@@ -51,6 +51,7 @@ __all__ = [
     "named_pipelines",
     "op_attr",
     "op_attr_values",
+    "operators",
     "require_installed",
     "runtime_enabled",
     "save_json",

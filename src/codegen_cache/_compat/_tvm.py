@@ -343,10 +343,15 @@ def op_attr(op_name: str, key: str) -> Any:
         return None
 
 
-def op_attr_values(keys: tuple[str, ...], which: Callable[[str], bool]) -> list[tuple[str, str, Any]]:
-    """(operator name, key, value) of every operator whose name `which` accepts that sets one of `keys`."""
+def operators() -> list[tuple[str, Any]]:
+    """(name, Op) of every registered operator."""
+    get = tvm.ir._ffi_api.GetOp
+    return [(name, get(name)) for name in list(tvm.ir.Op.list_op_names())]
+
+
+def op_attr_values(ops: list[tuple[str, Any]], keys: tuple[str, ...]) -> list[tuple[str, str, Any]]:
+    """(operator name, key, value) of every operator of `ops` (from operators()) that sets one of `keys`."""
     get = tvm.ir._ffi_api.OpGetAttr
-    ops = [(name, tvm.ir._ffi_api.GetOp(name)) for name in list(tvm.ir.Op.list_op_names()) if which(name)]
     found = []
     for key in keys:
         try:
