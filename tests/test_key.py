@@ -16,6 +16,7 @@ import codegen_cache as cc
 import kernels
 from codegen_cache import _key
 from codegen_cache._key import CacheKey, compute_key
+from codegen_cache._targets import canonical_target
 from conftest import CUDA_TARGET
 
 BUILTIN_INPUTS = [
@@ -131,6 +132,21 @@ def test_excluded_inputs_do_not_change_the_key(cache):
         assert cache.key_for(mod, a, compile_device=True) == before
     finally:
         del os.environ["CODEGEN_CACHE_TEST_UNRELATED"]
+
+
+def test_the_target_part_is_the_whole_export_with_its_host_as_sorted_json():
+    host = {"kind": "llvm", "mcpu": "znver3", "fast-math": True}
+    target = Target({"kind": "cuda", "arch": "sm_90", "max_num_threads": 512, "libs": ["cudnn", "cublas"],
+                     "host": host})
+    text = canonical_target(target)
+    found = json.loads(text)
+    assert text == json.dumps(found, sort_keys=True, separators=(",", ":"))
+    assert (found["kind"], found["arch"], found["max_num_threads"], found["libs"]) == ("cuda", "sm_90", 512,
+                                                                                    ["cudnn", "cublas"])
+    assert (found["host"]["kind"], found["host"]["mcpu"], found["host"]["fast-math"]) == ("llvm", "znver3", True)
+    other_host = Target({"kind": "cuda", "arch": "sm_90", "max_num_threads": 512, "libs": ["cudnn", "cublas"],
+                         "host": {**host, "mcpu": "skylake"}})
+    assert canonical_target(other_host) != text
 
 
 def test_parts_are_named_and_ordered(llvm_vadd):

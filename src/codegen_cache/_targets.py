@@ -36,14 +36,17 @@ def as_target(target: TargetLike) -> Target:
 
 
 def _jsonable(value: Any) -> Any:
-    if isinstance(value, _compat.Target):
-        return _jsonable(value.export())
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)) or type(value).__name__ == "Array":
-        return [_jsonable(v) for v in value]
-    if isinstance(value, (bool, int, float, str)) or value is None:
+    # Plain values first, then classes by their MRO: isinstance against an ABC (Mapping, and
+    # tvm-ffi's object classes) walks every subclass of it the first time a type is not one.
+    if value is None or isinstance(value, (bool, int, float, str)):
         return value
+    mro = type(value).__mro__
+    if _compat.Target in mro:
+        return _jsonable(value.export())
+    if dict in mro or Mapping in mro:
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if list in mro or tuple in mro or type(value).__name__ == "Array":
+        return [_jsonable(v) for v in value]
     return str(value)
 
 

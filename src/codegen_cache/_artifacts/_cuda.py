@@ -130,8 +130,8 @@ def saves_as(module: Module, payload: CudaPayload) -> bool:
     """Whether `module` (a CUDA runtime module, no imports) saves to exactly `payload`.
 
     Compared where TVM wrote it, by xxh3-128 digest, piece by piece on the payload's side: neither
-    side's code is copied (a copy of a large kernel source costs a fresh process about 0.5 ms
-    per MB: docs/benchmarks.md, "A warm CUDA model's copies").
+    side's code is copied (in a fresh process a large copy is new pages, as costly as the
+    comparison: docs/benchmarks.md, "A warm CUDA model's copies").
     """
     pieces = payload.pieces()
     packed, start, size = _saved(module)

@@ -198,8 +198,8 @@ class _Walk:
                 return
             self.value(inner, depth, strict=strict)
         elif tvm_ffi.Object in type(obj).__mro__:
-            # Not isinstance: tvm_ffi.Object is an ABC, and its first check of a type that is
-            # not one walks all ~500 of its subclasses (1-1.5 ms per type).
+            # Not isinstance: tvm_ffi.Object is an ABC, whose first check of a type that is not
+            # one walks every one of its subclasses (docs/benchmarks.md, "The scan after enable()").
             self.tvm_object(obj, strict)
         elif strict:
             raise self.unidentifiable(f"it holds a {type(obj).__module__}.{type(obj).__qualname__} object, "
