@@ -10,7 +10,6 @@ import builtins
 import functools
 import importlib.util
 import sys
-from collections.abc import Callable
 from typing import Any
 
 from . import _INSTALL_HINT
