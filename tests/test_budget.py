@@ -85,6 +85,15 @@ def test_one_slow_call_changes_no_decision():
     assert slow.plan("cg", "source") == EVERY_TIER
 
 
+def test_an_even_number_of_runs_is_decided_by_the_mean_of_the_middle_two():
+    low = MIN_CODEGEN_SECONDS
+    # (0.8 + 1.16) / 2 = 0.98 of the minimum: memory only, where the upper middle run alone is over it.
+    below = _fed([0.8 * low, 0.8 * low, 1.16 * low, 1.2 * low], key_share=0.01).plan("cg", "source")
+    assert _tiers(below) == (True, False, False)
+    # (0.84 + 1.2) / 2 = 1.02: every tier, where the lower middle run alone is under it.
+    assert _fed([0.8 * low, 0.84 * low, 1.2 * low, 1.2 * low], key_share=0.01).plan("cg", "source") is EVERY_TIER
+
+
 def test_the_decision_follows_the_runs_when_they_change():
     budget = _fed([8e-6] * WINDOW, key_share=0.05)  # under a memory hit's fixed cost
     assert not budget.plan("cg", "source").keyed

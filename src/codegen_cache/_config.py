@@ -18,8 +18,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-import platformdirs
-
 from ._errors import ConfigError
 
 __all__ = [
@@ -254,6 +252,8 @@ def _parse_remote(name: str, value: str) -> str | None:
 
 def default_directory() -> Path:
     """The default cache directory: the user cache dir of this tool (platformdirs)."""
+    import platformdirs  # only where no directory is given
+
     return Path(platformdirs.user_cache_dir("codegen-cache", appauthor=False))
 
 

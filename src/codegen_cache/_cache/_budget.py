@@ -32,9 +32,8 @@ import json
 import logging
 import math
 import os
-import statistics
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -165,8 +164,8 @@ class TierBudget:
     def _decide(self, runs: _Runs) -> Plan:
         if len(runs.codegen_seconds) < LEARN_RUNS:
             return EVERY_TIER
-        run = statistics.median(runs.codegen_seconds)
-        key = (statistics.median(runs.key_share) if runs.key_share else 0.0) * run
+        run = _median(runs.codegen_seconds)
+        key = (_median(runs.key_share) if runs.key_share else 0.0) * run
         budget = no_slower_budget(run)
         if key + MEMORY_HIT_SECONDS >= run or key + MEMORY_MISS_SECONDS > budget:
             return Plan(False, False, False, f"no tier pays: a {key * 1e3:.3g} ms key against a {run * 1e3:.3g} ms "
@@ -241,3 +240,11 @@ class TierBudget:
                     pass
 
         return save
+
+
+def _median(values: Iterable[float]) -> float:
+    # Not statistics.median: every process that enables the cache would import statistics and
+    # fractions for it (docs/benchmarks.md, "What enable() imports").
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2

@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import difflib
 import logging
 import os
 import threading
@@ -933,6 +932,8 @@ def _check_mode(compile_device: object) -> None:
 def warn_unknown_env(environ: Mapping[str, str] | None = None) -> None:
     """Warn once per variable about a CODEGEN_CACHE_* variable that is no setting (a typo: it does nothing)."""
     for var in unknown_env_vars(environ):
+        import difflib  # only for a typo: not an import of every process that enables the cache
+
         close = difflib.get_close_matches(var, list(ENV_VARS), n=1)
         warn_once(logger, ("unknown-env", var), "%s is set but is not a codegen-cache setting, so it has no "
                   "effect%s; `codegen-cache config` lists the settings", var,
