@@ -1,6 +1,6 @@
 """`import codegen_cache` brings in the registry only; the switch imports what a first compile needs, nothing more.
 
-The cache's stores (SQLite, diskcache, platformdirs) load at the first use of a cache; the
+The cache's stores (SQLite, diskcache) load at the first use of a cache; the
 remote tier's client (TLS) only where a remote is configured; kernel preparation, MetaSchedule's
 builder, the CLI and tilelang's frontend at their first use.
 """
