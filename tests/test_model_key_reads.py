@@ -143,21 +143,21 @@ def test_a_redefined_helper_of_a_registered_function_changes_the_key(enabled):
         tvm_ffi.remove_global_func("cgc_test_reads.uses_helper")
 
 
-@pytest.mark.parametrize("held", [tvm.tirx.IntImm("int32", 3), tvm.runtime.convert([1, 2])])
-def test_a_tvm_object_a_registered_closure_holds_is_keyed_by_its_structure(enabled, held):
+@pytest.mark.parametrize("make", [lambda v: tvm.tirx.IntImm("int32", v), lambda v: tvm.runtime.convert([1, v])],
+                         ids=["IntImm", "Array"])
+def test_a_tvm_object_a_registered_closure_holds_is_keyed_by_its_structure(enabled, make):
     def holding(value):
         return lambda x: (value, x)
 
+    def registered_with(value):
+        tvm.register_global_func(name, holding(value), override=True)
+        return _reads.registered_part(frozenset({"llvm"}))
+
     name = "cgc_test_reads.holds_ir"
     try:
-        tvm.register_global_func(name, holding(held), override=True)
-        first = _reads.registered_part(frozenset({"llvm"}))
-        changed = tvm.tirx.IntImm("int32", 4) if isinstance(held, tvm.tirx.IntImm) else tvm.runtime.convert([1, 3])
-        tvm.register_global_func(name, holding(changed), override=True)
-        assert _reads.registered_part(frozenset({"llvm"})) not in ("", first)
-        tvm.register_global_func(name, holding(type(held)("int32", 3) if isinstance(held, tvm.tirx.IntImm)
-                                               else tvm.runtime.convert([1, 2])), override=True)
-        assert _reads.registered_part(frozenset({"llvm"})) == first  # an equal object, another instance
+        first = registered_with(make(3))
+        assert registered_with(make(4)) not in ("", first)
+        assert registered_with(make(3)) == first  # an equal object, another instance
     finally:
         tvm_ffi.remove_global_func(name)
 
