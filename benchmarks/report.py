@@ -53,7 +53,7 @@ def auto_row(row: dict) -> dict[str, Any] | None:
     if fresh_diff is None and fresh_warm is not None and bare_w:
         fresh_diff = fresh_warm - bare_w
     return {"plan": row.get("auto_plan", "-"), "tiers": row.get("auto_tiers", {}), "bare": bare, "cold": cold,
-            "cold_diff": row.get("cold_paired", {}).get("auto_miss_minus_bare", cold - bare if cold and bare else None),
+            "cold_diff": _over_bare(row, "auto_miss", cold, bare),
             "budget": budget,
             "warm": warm, "bare_w": bare_w, "warm_diff": warm_diff, "warm_tier": row.get("auto_warm_tier", "-"),
             "fresh_warm": fresh_warm, "fresh_diff": fresh_diff, "fresh_tier": row.get("auto_fresh_tier", "-"),
@@ -95,6 +95,15 @@ def _m(row: dict, name: str) -> float | None:
     return None if t is None else t["median"]
 
 
+def _over_bare(row: dict, name: str, call: float | None, bare: float | None) -> float | None:
+    """What cold call `name` costs over the bare codegen: the median of its rounds' differences
+    (bench_hits' cold_paired), else the difference of the two medians."""
+    paired = row.get("cold_paired", {}).get(f"{name}_minus_bare")
+    if paired is not None:
+        return paired
+    return call - bare if call and bare else None
+
+
 def rows_of(results: dict) -> list[dict]:
     """Every section-1 row: in-process codegens, then nvcc."""
     return _rows(results)
@@ -114,7 +123,7 @@ def derived(row: dict) -> dict[str, float | None]:
     miss overhead, and the store costs."""
     paired = row.get("paired", {})
     disk, mem, miss, bare = _m(row, "disk"), _m(row, "memory"), _m(row, "miss"), _m(row, "bare")
-    over = row.get("cold_paired", {}).get("miss_minus_bare", miss - bare if miss and bare else None)
+    over = _over_bare(row, "miss", miss, bare)
     put = _m(row, "put_ours") or 0.0
     enc = _m(row, "encode")
     if enc is not None:
