@@ -64,7 +64,7 @@ def test_a_fleet_of_processes_that_end_without_exit_handlers_leaves_one_counter_
         sizes.append(_files(directory))
     files_after_two = {p for p in sizes[1] if not p.startswith("stats/")}
     files_at_end = {p for p in sizes[-1] if not p.startswith("stats/")}
-    assert files_at_end == files_after_two
+    assert files_at_end <= files_after_two  # nothing accumulates (a database's -wal may go)
     assert sum(sizes[-1].values()) <= sum(sizes[1].values()) + 64 * 1024
     stats = cc.CodegenCache(directory).stats()
     assert (stats.hits_disk, stats.misses) == (runs, 1)  # every process's counts, each once

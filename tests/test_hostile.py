@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 import codegen_cache as cc
 from codegen_cache._artifacts import HOT_META, frame
 from codegen_cache._errors import ArtifactError
+from codegen_cache._storage._disk import KEYS_DIR
 from test_reliability import populate
 from workers import check_module, variant
 
@@ -291,8 +292,9 @@ def test_no_code_path_unpickles_planted_rows(tmp_path, monkeypatch, cuda_vadd):
 # ---- planted file names ---------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("named_in", ["row", "key file"])
 @pytest.mark.parametrize("where", ["relative", "absolute"])
-def test_a_row_naming_a_file_outside_its_store_is_never_read_or_deleted(tmp_path, where):
+def test_a_row_naming_a_file_outside_its_store_is_never_read_or_deleted(tmp_path, where, named_in):
     directory = tmp_path / "cache"
     populate(directory, 1)
     victim = tmp_path / "victim.bin"
@@ -300,13 +302,23 @@ def test_a_row_naming_a_file_outside_its_store_is_never_read_or_deleted(tmp_path
     name = "../../victim.bin" if where == "relative" else str(victim)
     cache = cc.CodegenCache(directory, write_behind=False)
     digest = cache.key_for(*variant(1), compile_device=False).digest  # LLVM IR: a value file
-    db = sqlite3.connect(str(directory / "source" / "cache.db"))
-    with db:
-        assert db.execute("UPDATE Cache SET filename = ? WHERE key = ?", (name, digest)).rowcount == 1
-    db.close()
-    check_module(cache.lower(*variant(1), compile_device=False), 1, False)  # refused: a miss
+    key_file = directory / "source" / KEYS_DIR / digest
+    key_file.unlink()  # read-only, replaced by rename, as its writer does
+    if named_in == "key file":
+        key_file.write_text(f"{name}\n{victim.stat().st_size}\n")  # the row still names the entry's file
+    else:  # no key file: read from the row
+        db = sqlite3.connect(str(directory / "source" / "cache.db"))
+        with db:
+            assert db.execute("UPDATE Cache SET filename = ? WHERE key = ?", (name, digest)).rowcount == 1
+        db.close()
+    module, outcome = cache.lower_with_outcome(*variant(1), compile_device=False)
+    check_module(module, 1, False)
+    if named_in == "row":
+        assert outcome.tier == "codegen"  # refused: a miss
+        assert cache.stats(shared=False).errors  # counted, not served
+    else:
+        assert outcome.tier == "disk"  # the key file is not followed: the row's own file is read
     assert victim.read_bytes() == b"precious" * 10_000  # read as a corrupt entry, it was deleted
-    assert cache.stats(shared=False).errors  # counted, not served
     cache.store("source").delete(digest)
     cache.store("source").clear()
     cache.close()

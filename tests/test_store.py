@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import pickle
 import sqlite3
+import time
 
 import diskcache
 import pytest
 
-from codegen_cache._storage._disk import ArtifactStore, UnsafeEntryError
+from codegen_cache._storage._disk import KEYS_DIR, ArtifactStore, UnsafeEntryError
 
 
 class Boom:
@@ -65,15 +66,74 @@ def test_stores_are_separate(tmp_path):
     assert pickle is not None and sqlite3 is not None
 
 
-def test_value_files_are_read_only_and_small_values_stay_in_the_database(tmp_path):
+def test_every_value_is_a_read_only_value_file(tmp_path):
     # Nothing is loaded from a value file in place (a hit loads its own copy of the bytes it
-    # read and checked), so a small library is a row like any small value.
+    # read and checked); a small value has a file too, so that its key file can name it.
     store = ArtifactStore(tmp_path / "s", size_limit=1 << 30)
     store.put("lib", b"\x7fELF" + b"\0" * 1000)
     store.put("big", b"\x7fELF" + b"\0" * (64 << 10))
-    assert store.read("lib").path is None
-    big = store.read("big").path
-    assert big is not None and os.stat(big).st_mode & 0o222 == 0  # never changed in place
+    for key in ("lib", "big"):
+        path = store.read(key).path
+        assert path is not None and os.stat(path).st_mode & 0o222 == 0  # never changed in place
+
+
+DIGEST, OTHER = "0123456789abcdef" * 2, "fedcba9876543210" * 2
+
+
+def _no_sqlite(*args, **kwargs):
+    raise AssertionError("a lookup with a key file opened SQLite")
+
+
+def test_a_lookup_with_a_key_file_reads_no_sqlite(tmp_path, monkeypatch):
+    writer = ArtifactStore(tmp_path / "s", size_limit=1 << 30)
+    assert writer.put(DIGEST, b"small") and writer.add(OTHER, b"b" * 100_000)
+    assert sorted(os.listdir(tmp_path / "s" / KEYS_DIR)) == sorted([DIGEST, OTHER])
+    monkeypatch.setattr(sqlite3, "connect", _no_sqlite)
+    reader = ArtifactStore(tmp_path / "s", size_limit=1 << 30)  # a fresh process's store
+    assert reader.get(DIGEST) == b"small" and reader.get(OTHER) == b"b" * 100_000
+
+
+def test_a_key_file_that_leads_nowhere_sends_the_lookup_to_the_row(tmp_path):
+    store = ArtifactStore(tmp_path / "s", size_limit=1 << 30)
+    key_file = tmp_path / "s" / KEYS_DIR / DIGEST
+    store.put(DIGEST, b"first")
+    stale = key_file.read_bytes()
+    store.put(DIGEST, b"second")  # the first value file is gone with its row
+    assert key_file.read_bytes() != stale
+    key_file.write_bytes(stale)
+    assert store.get(DIGEST) == b"second"
+    for planted in (b"../../../outside.val\n5\n", b"00/00/" + b"0" * 28 + b".val\n5\n", b"nonsense", b""):
+        key_file.write_bytes(planted)
+        assert store.get(DIGEST) == b"second"
+    key_file.unlink()
+    key_file.symlink_to(tmp_path / "elsewhere")
+    assert store.get(DIGEST) == b"second"
+    key_file.unlink()
+    assert store.delete(DIGEST) is True and store.get(DIGEST) is None
+
+
+def test_key_files_go_with_their_entries(tmp_path):
+    store = ArtifactStore(tmp_path / "s", size_limit=1_000_000)
+    keys = [f"{i:032x}" for i in range(40)]
+    for key in keys:
+        store.put(key, bytes(50_000))  # evicts as it goes
+    remaining = set(os.listdir(tmp_path / "s" / KEYS_DIR))
+    assert remaining == {key for key in keys if store.get(key) is not None}
+    assert keys[0] not in remaining and keys[-1] in remaining
+    store.delete(keys[-1])
+    assert keys[-1] not in os.listdir(tmp_path / "s" / KEYS_DIR)
+    store.clear()
+    assert os.listdir(tmp_path / "s" / KEYS_DIR) == []
+
+
+def test_an_expiring_entry_has_no_key_file(tmp_path):
+    # A key file would outlive its row's expiry: such entries are read from their row.
+    store = ArtifactStore(tmp_path / "s", size_limit=1 << 30)
+    store.put(DIGEST, b"remembered", expire=0.05)
+    assert store.get(DIGEST) == b"remembered"
+    assert not (tmp_path / "s" / KEYS_DIR / DIGEST).exists()
+    time.sleep(0.1)
+    assert store.get(DIGEST) is None
 
 
 def test_a_store_whose_table_is_not_made_yet_is_a_miss_then_a_hit(tmp_path):

@@ -48,7 +48,7 @@ from .._log import warn_once
 from .._key import CacheKey, compute_key, ir_hash
 from .._outcome import emit, emit_uncached, run_uncached
 from .._registry import DeviceCodegen, DeviceCodegenRegistry, check_prepared, default_registry
-from .._storage._disk import ArtifactStore
+from .._storage._disk import KEYS_DIR, ArtifactStore
 from .._storage._faults import ensure_dir
 from .._storage._fsprobe import scratch_dir as _usable_scratch_dir
 from .._storage._fsprobe import sweep_leftovers
@@ -83,7 +83,8 @@ __all__ = ["STORE_NAMES", "CodegenCache", "fresh_results_are_the_callers", "stor
 logger = logging.getLogger(__name__)
 
 # The directories entries are read from: held to the cache directory's own ownership rule.
-_ENTRY_DIRS = (*STORE_NAMES, STAGED_DIR, *(f"{STAGED_DIR}/{name}" for name in (*ENTRY_STORES, "index")), FRONTEND_DIR)
+_ENTRY_DIRS = (*STORE_NAMES, *(f"{name}/{KEYS_DIR}" for name in STORE_NAMES), STAGED_DIR,
+               *(f"{STAGED_DIR}/{name}" for name in (*ENTRY_STORES, "index")), FRONTEND_DIR)
 
 _FORMAT = str(FORMAT_VERSION)
 # Set while a caller takes the fresh module of a miss as its own (codegen_cache.build imports its

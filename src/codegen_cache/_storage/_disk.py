@@ -7,6 +7,16 @@ hostile cache directory yields an error that the cache turns into a miss. Reads 
 columns of diskcache's `Cache` table; diskcache is pinned to 5.6.x for that and for
 `SafeDisk._write`, and tests/test_private_internals.py fails when either changes) so that a value file is opened without following symlinks, must be
 a regular file, and is read no further than the size its row recorded.
+
+Every value lives in a value file of its own, and a store keeps beside its rows a *key file*
+per entry, `<store>/keys/<key>`: the name and size of the key's value file. A lookup reads the
+key file and the value file it names, without SQLite: a process's first lookup would otherwise
+open the database, parse its schema and make its write-ahead log, most of a warm compile's
+storage work (docs/benchmarks.md, "Lookups without SQLite"). The rows stay what is stored: a
+key file is written after its row (by whoever stored it), names only a value file of the
+store's own form, read under the size it names, and one that leads nowhere (the entry was
+evicted, replaced or removed) sends the lookup to the row. What a value file holds is checked
+by the reader as any row's value is (its frame names its key and its checksum).
 """
 
 from __future__ import annotations
@@ -19,9 +29,10 @@ import re
 import shutil
 import sqlite3
 import stat
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,12 +40,13 @@ import diskcache
 
 from .._errors import ArtifactError, UnsafeEntryError
 from .._forksafe import on_fork_child, sqlite_gate
-from ._faults import (DIR_MODE, READ_FLAGS, ReadOnlyStoreError, ensure_dir, freeze_file_mode, real_dir, share_file_mode,
-                      storage_fault, warn_read_only, writable)
-from ._fsprobe import on_block_device, warn_if_unsafe
+from ._faults import (DIR_MODE, READ_FLAGS, ReadOnlyStoreError, ensure_dir, freeze_file_mode, read_whole, real_dir,
+                      share_file_mode, storage_fault, warn_read_only, writable)
+from .._artifacts import SCRATCH_PREFIX
+from ._fsprobe import on_block_device, sweep_leftovers, warn_if_unsafe
 from ._readonly import ReadOnlyView
 
-__all__ = ["STORAGE_ERRORS", "ArtifactStore", "Row", "SafeDisk", "storage_fault"]
+__all__ = ["KEYS_DIR", "STORAGE_ERRORS", "ArtifactStore", "Row", "SafeDisk", "storage_fault"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +59,10 @@ _DB_FILES = ("cache.db", "cache.db-wal", "cache.db-shm")
 _SQLITE_CORRUPT, _SQLITE_NOTADB = 11, 26  # result codes (sqlite3 names them only from Python 3.11)
 _SELECT = ("SELECT mode, filename, value, size FROM Cache WHERE key = ? AND raw = 1 "
            "AND (expire_time IS NULL OR expire_time > ?)")
+KEYS_DIR = "keys"  # <store>/keys/<key>: the key files
+# Keys that get a key file: the cache's digests (any other key is looked up in the rows only).
+_KEY_FILE_NAME = re.compile(r"^[0-9a-f]{16,64}$")
+_KEY_FILE_MAX = 128  # "<value file name>\n<size>\n" is under 60 bytes
 
 
 def _is_corrupt(err: sqlite3.DatabaseError) -> bool:
@@ -77,8 +93,7 @@ class SafeDisk(diskcache.Disk):
     def store(self, value, read, key=diskcache.core.UNKNOWN):
         if type(value) is not bytes:
             raise TypeError(f"store values must be bytes, got {type(value).__name__}")
-        # A small shared library stays in the database like any small value: a hit loads a
-        # private copy of the bytes it read (never the value file), and a row is cheaper to read.
+        # Every value in a file (the store's min_file_size is 0): a key file can name it.
         return super().store(value, read, key=key)
 
     def fetch(self, mode, filename, value, read):
@@ -174,6 +189,15 @@ def _read_value_file(directory: str, filename: object, size: int | None) -> tupl
     return data, path
 
 
+def _file_size(path: str) -> int | None:
+    """The size of the regular file at `path` (None: absent, or not a regular file)."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    return info.st_size if stat.S_ISREG(info.st_mode) else None
+
+
 @dataclass(frozen=True, slots=True)
 class Row:
     """A stored value and, when it lives in a file of its own, that file (for tools; never loaded by path)."""
@@ -222,6 +246,7 @@ class ArtifactStore:
         self._lock = threading.Lock()
         self._reader: sqlite3.Connection | None = None
         self._reader_lock = threading.Lock()
+        self._keys_dir: str | None = None  # <store>/keys once looked at ("": not a real directory)
 
     def _read_row(self, key: str) -> tuple | None:
         """The row of `key`, read through a plain SQLite connection of this store's own.
@@ -318,6 +343,7 @@ class ArtifactStore:
             eviction_policy="least-recently-stored",  # no write on every hit
             cull_limit=0,  # we cull after each put, to count what goes
             statistics=False,
+            disk_min_file_size=0,  # every value in a file: its key file names it
         )
 
     def _db_identity(self) -> tuple[int, int] | None:
@@ -387,6 +413,9 @@ class ArtifactStore:
 
     def read(self, key: str) -> Row | None:
         """The row stored under `key`: its bytes and, for a value file, the file's path."""
+        row = self._read_key_file(key)
+        if row is not None:
+            return row
         found = self._read_row(key)
         if found is self._UNREADABLE or isinstance(self._cache, ReadOnlyView):
             cache = self._open()
@@ -407,6 +436,101 @@ class ArtifactStore:
             return None  # evicted by another process between the row and the file
         return Row(blob, path)
 
+    def _read_key_file(self, key: str) -> Row | None:
+        """The value file `key`'s key file names, read without SQLite; None where there is none to read."""
+        named = self._named_by_key_file(key)
+        if named is None:
+            return None
+        try:
+            blob, path = _read_value_file(str(self.directory), named[0], named[1])
+        except (OSError, ArtifactError, UnsafeEntryError):
+            return None  # evicted or replaced meanwhile, or not a file of the store's: the row decides
+        return Row(blob, path)
+
+    def _named_by_key_file(self, key: str) -> tuple[str, int] | None:
+        """(value file name, size) that `key`'s key file holds, when it is one this store wrote."""
+        keys = self._keys_dir
+        if keys is None:
+            keys = self._real_keys_dir()
+        if not keys or not _KEY_FILE_NAME.match(key):
+            return None
+        try:
+            fd = os.open(os.path.join(keys, key), READ_FLAGS)
+        except OSError:
+            return None  # no key file (nor a link: O_NOFOLLOW)
+        try:
+            text = read_whole(fd, _KEY_FILE_MAX)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        try:
+            filename, size, end = (text or b"").decode("ascii").split("\n")
+        except (UnicodeDecodeError, ValueError):
+            return None
+        if end or not size.isdigit() or not _VALUE_FILE.match(filename):
+            return None
+        return filename, int(size)
+
+    def _real_keys_dir(self) -> str | None:
+        """`<store>/keys` where it is a real directory below the cache directory, else None (rows only).
+
+        Kept once found (a link in its place: never looked at again in this process); a missing
+        one is looked for again at the next lookup.
+        """
+        keys = self.directory / KEYS_DIR
+        try:
+            if not real_dir(keys, self.root):
+                return None
+        except OSError:
+            self._keys_dir = ""  # a link or a file in its place: refused (warned once)
+            return None
+        self._keys_dir = str(keys)
+        return self._keys_dir
+
+    def _write_key_file(self, key: str) -> None:
+        """Name the value file of `key`'s row in its key file (after the row: a reader finds the row's file)."""
+        if not _KEY_FILE_NAME.match(key):
+            return
+        found = self._plain_row(key)
+        if not isinstance(found, tuple) or len(found) != 4 or found[0] != diskcache.core.MODE_BINARY:
+            return
+        _mode, filename, _value, size = found
+        keys = self.directory / KEYS_DIR
+        ensure_dir(keys, self.root, make_root=False)
+        fd, temp = tempfile.mkstemp(prefix=SCRATCH_PREFIX, dir=keys)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(f"{filename}\n{int(size)}\n".encode("ascii"))
+            share_file_mode(temp)
+            freeze_file_mode(temp)  # replaced by a rename, never rewritten in place
+            os.replace(temp, keys / key)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+            raise
+
+    def _drop_key_files(self, keys: Iterable[str] | None = None) -> None:
+        """Remove the key files of `keys`; None: those whose value file is gone (evicted, expired, replaced)."""
+        directory = self.directory / KEYS_DIR
+        try:
+            if not real_dir(directory, self.root):
+                return
+            names = list(keys) if keys is not None else os.listdir(directory)
+        except OSError:
+            return
+        if keys is None:
+            sweep_leftovers(str(directory))  # a killed writer's unfinished key file
+        for name in names:
+            if not _KEY_FILE_NAME.match(name):
+                continue
+            if keys is None:
+                named = self._named_by_key_file(name)
+                if named is not None and _file_size(os.path.join(self.directory, named[0])) == named[1]:
+                    continue  # leads to its value file still
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, name))
+
     def get(self, key: str) -> bytes | None:
         """The bytes stored under `key`, or None."""
         row = self.read(key)
@@ -416,22 +540,31 @@ class ArtifactStore:
         """Store `blob` under `key` (atomic for readers), then evict to the size limit."""
         cache = self._writable_cache()
         stored = bool(self._run(cache.set, key, blob, expire=expire, tag=tag, retry=False))
+        if stored and expire is None:
+            self._write_key_file(key)
         if self._run(cache.volume) > self.size_limit:
             evicted = int(self._run(cache.cull, retry=False))
-            if evicted and self.on_evict is not None:
-                self.on_evict(evicted)
+            if evicted:
+                self._drop_key_files()
+                if self.on_evict is not None:
+                    self.on_evict(evicted)
         return stored
 
     def add(self, key: str, blob: bytes, *, expire: float | None = None) -> bool:
         """Store `blob` only if `key` is absent; True when this call stored it."""
-        return bool(self._run(self._writable_cache().add, key, blob, expire=expire, retry=False))
+        stored = bool(self._run(self._writable_cache().add, key, blob, expire=expire, retry=False))
+        if stored and expire is None:
+            self._write_key_file(key)
+        return stored
 
     def delete(self, key: str) -> bool:
         """Remove `key`; True when it was there."""
         cache = self._open()
         if isinstance(cache, ReadOnlyView):
             raise ReadOnlyStoreError(self.directory)
-        return bool(self._run(cache.delete, key, retry=False))
+        deleted = bool(self._run(cache.delete, key, retry=False))
+        self._drop_key_files((key,))
+        return deleted
 
     def keys(self) -> Iterator[str]:
         """Every key in the store."""
@@ -446,15 +579,22 @@ class ArtifactStore:
 
     def expire(self) -> int:
         """Drop expired entries; how many went."""
-        return int(self._run(self._writable_cache().expire, retry=False))
+        expired = int(self._run(self._writable_cache().expire, retry=False))
+        self._drop_key_files()  # and key files left by killed writers' evictions
+        return expired
 
     def clear(self) -> int:
         """Remove every entry; how many went."""
-        return int(self._run(self._writable_cache().clear, retry=False))
+        cleared = int(self._run(self._writable_cache().clear, retry=False))
+        self._drop_key_files()
+        return cleared
 
     def cull(self) -> int:
         """Evict entries until the store fits its size limit."""
-        return int(self._run(self._writable_cache().cull, retry=False))
+        evicted = int(self._run(self._writable_cache().cull, retry=False))
+        if evicted:
+            self._drop_key_files()
+        return evicted
 
     def close(self) -> None:
         """Close the database connections of this process."""
