@@ -289,3 +289,9 @@ def test_the_trust_rule_on_directories_of_this_user(tmp_path, caplog):
     assert found is not None and found.directory == str(own / "compiled")
     cache = cc.CodegenCache(own)
     assert not cache.trusted and "writable by every user" in caplog.text
+    (own / "compiled").chmod(0o755)
+    (own / "compiled" / "keys").mkdir(mode=0o755)
+    (own / "compiled" / "keys").chmod(0o777)  # whoever writes there decides which value file a lookup reads
+    found = untrusted(own, inside=["compiled", "compiled/keys", "source", "source/keys"])
+    assert found is not None and found.directory == str(own / "compiled" / "keys")
+    assert not cc.CodegenCache(own).trusted

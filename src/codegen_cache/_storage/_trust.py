@@ -25,6 +25,7 @@ import grp
 import os
 import pwd
 import stat
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -58,13 +59,18 @@ def untrusted(cache_dir: str | os.PathLike[str], trusted_dirs: Iterable[str] = (
         found = _check_chain(chain)
         if found is not None:
             return found
-    present: dict[str, frozenset[str]] = {}  # directory -> the names in it: one listing, not a failed lstat each
+    inside = list(inside)
+    below = Counter(name.rpartition("/")[0] for name in inside)  # directory -> how many of `inside` lie in it
+    # A directory holding several of them is listed once, not asked a failed lstat for each
+    # absent one; one holding one (a store's keys/) is not listed: the store's own entries are there.
+    present: dict[str, frozenset[str]] = {}
     for name in inside:
         parent, _, leaf = name.rpartition("/")
-        if parent not in present:
-            present[parent] = _names_in(os.path.join(path, parent) if parent else path)
-        if leaf not in present[parent]:
-            continue  # absent: made by this cache when needed (ours), or refused if a link then
+        if below[parent] > 1:
+            if parent not in present:
+                present[parent] = _names_in(os.path.join(path, parent) if parent else path)
+            if leaf not in present[parent]:
+                continue  # absent: made by this cache when needed (ours), or refused if a link then
         sub = os.path.join(path, name)
         try:
             info = os.lstat(sub)
