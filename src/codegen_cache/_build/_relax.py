@@ -19,7 +19,7 @@ comes here. The *model key* is computed from what relax.build is given, before a
     model_format
 
 An entry (codec "relax-executable", in the cache's compiled store, where its library's entries
-are: a warm compile opens one SQLite store) holds the VMExecutable's own
+are: a warm compile reads them through their key files, or from one store's rows) holds the VMExecutable's own
 bytes (VM bytecode, constants, bound params: what its write_to_file writes, without imports)
 and names the parts of the build that made its library (device-level entries by digest). A hit
 loads the executable from those bytes, serves the library from its parts and imports it: no

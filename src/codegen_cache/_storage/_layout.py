@@ -9,7 +9,8 @@ __all__ = ["ALL_STORES", "ENTRY_STORES", "FRONTEND_DIR", "INDEX_CODEC", "INDEX_C
 ENTRY_STORES = ("compiled", "source")
 # Every diskcache store: the two above, remembered codegen failures, and the index of whole builds
 # (codegen_cache.build's index entries). Compiled Relax models are kept in `compiled`, beside the
-# library they import: a warm compile reads one store (_build/_relax.py).
+# library they import: a warm compile reads both through their key files (_storage/_disk.py), or,
+# where those lead nowhere, from one store's rows (_build/_relax.py).
 STORE_NAMES = (*ENTRY_STORES, "failures", "index")
 # Entries written but not yet moved into their store: `<dir>/staged/<store>/` (_storage/_pending.py).
 STAGED_DIR = "staged"
