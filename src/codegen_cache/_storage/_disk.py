@@ -16,7 +16,10 @@ storage work (docs/benchmarks.md, "Lookups without SQLite"). The rows stay what 
 key file is written after its row (by whoever stored it), names only a value file of the
 store's own form, read under the size it names, and one that leads nowhere (the entry was
 evicted, replaced or removed) sends the lookup to the row. What a value file holds is checked
-by the reader as any row's value is (its frame names its key and its checksum).
+by the reader as any row's value is (its frame names its key and its checksum). A delete or a
+clear removes key files with their rows; those of evicted entries go in a sweep once the
+evictions since the last one number a tenth of the entries (at least 64), and at every expire
+(`codegen-cache prune`): the directory holds at most that many more key files than entries.
 """
 
 from __future__ import annotations
@@ -38,11 +41,11 @@ from pathlib import Path
 
 import diskcache
 
+from .._artifacts import SCRATCH_PREFIX
 from .._errors import ArtifactError, UnsafeEntryError
 from .._forksafe import on_fork_child, sqlite_gate
 from ._faults import (DIR_MODE, READ_FLAGS, ReadOnlyStoreError, ensure_dir, freeze_file_mode, read_whole, real_dir,
                       share_file_mode, storage_fault, warn_read_only, writable)
-from .._artifacts import SCRATCH_PREFIX
 from ._fsprobe import on_block_device, sweep_leftovers, warn_if_unsafe
 from ._readonly import ReadOnlyView
 
@@ -63,6 +66,7 @@ KEYS_DIR = "keys"  # <store>/keys/<key>: the key files
 # Keys that get a key file: the cache's digests (any other key is looked up in the rows only).
 _KEY_FILE_NAME = re.compile(r"^[0-9a-f]{16,64}$")
 _KEY_FILE_MAX = 128  # "<value file name>\n<size>\n" is under 60 bytes
+_SWEEP_MIN = 64  # evictions, at least, between two sweeps of key files that lead nowhere
 
 
 def _is_corrupt(err: sqlite3.DatabaseError) -> bool:
@@ -247,6 +251,7 @@ class ArtifactStore:
         self._reader: sqlite3.Connection | None = None
         self._reader_lock = threading.Lock()
         self._keys_dir: str | None = None  # <store>/keys once looked at ("": not a real directory)
+        self._evicted, self._sweep_after = 0, 0  # evictions since the last sweep of key files; when the next comes
 
     def _read_row(self, key: str) -> tuple | None:
         """The row of `key`, read through a plain SQLite connection of this store's own.
@@ -521,15 +526,21 @@ class ArtifactStore:
             return
         if keys is None:
             sweep_leftovers(str(directory))  # a killed writer's unfinished key file
+        kept = 0
         for name in names:
             if not _KEY_FILE_NAME.match(name):
                 continue
             if keys is None:
                 named = self._named_by_key_file(name)
                 if named is not None and _file_size(os.path.join(self.directory, named[0])) == named[1]:
+                    kept += 1
                     continue  # leads to its value file still
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(directory, name))
+        if keys is None:
+            # The next sweep after evictions comes once they number a tenth of the entries: each
+            # eviction pays for about ten key files looked at, and at most that many lead nowhere.
+            self._evicted, self._sweep_after = 0, max(_SWEEP_MIN, kept // 10)
 
     def get(self, key: str) -> bytes | None:
         """The bytes stored under `key`, or None."""
@@ -545,7 +556,9 @@ class ArtifactStore:
         if self._run(cache.volume) > self.size_limit:
             evicted = int(self._run(cache.cull, retry=False))
             if evicted:
-                self._drop_key_files()
+                self._evicted += evicted
+                if self._evicted >= self._sweep_after:
+                    self._drop_key_files()
                 if self.on_evict is not None:
                     self.on_evict(evicted)
         return stored
