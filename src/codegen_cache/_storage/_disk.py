@@ -17,9 +17,9 @@ key file is written after its row (by whoever stored it), names only a value fil
 store's own form, read under the size it names, and one that leads nowhere (the entry was
 evicted, replaced or removed) sends the lookup to the row. What a value file holds is checked
 by the reader as any row's value is (its frame names its key and its checksum). A delete or a
-clear removes key files with their rows; those of evicted entries go in a sweep once the
-evictions since the last one number a tenth of the entries (at least 64), and at every expire
-(`codegen-cache prune`): the directory holds at most that many more key files than entries.
+clear removes key files with their rows; those of evicted entries go in a sweep where they
+outnumber the entries by more than a tenth (at least 64), counted as evictions come
+(`_after_evictions`), and at every expire (`codegen-cache prune`).
 """
 
 from __future__ import annotations
@@ -526,21 +526,34 @@ class ArtifactStore:
             return
         if keys is None:
             sweep_leftovers(str(directory))  # a killed writer's unfinished key file
-        kept = 0
         for name in names:
             if not _KEY_FILE_NAME.match(name):
                 continue
             if keys is None:
                 named = self._named_by_key_file(name)
                 if named is not None and _file_size(os.path.join(self.directory, named[0])) == named[1]:
-                    kept += 1
                     continue  # leads to its value file still
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(directory, name))
-        if keys is None:
-            # The next sweep after evictions comes once they number a tenth of the entries: each
-            # eviction pays for about ten key files looked at, and at most that many lead nowhere.
-            self._evicted, self._sweep_after = 0, max(_SWEEP_MIN, kept // 10)
+
+    def _after_evictions(self, cache: diskcache.Cache, evicted: int) -> None:
+        """Sweep the key files of evicted entries where they outnumber the entries by more than a tenth.
+
+        Counted at this process's first eviction, then once its evictions since number a tenth of
+        the entries (at least _SWEEP_MIN): a count of names and rows each time, a sweep (every key
+        file read) only past the bound, so a full store does not read its key files at every put.
+        """
+        self._evicted += evicted
+        if self._evicted < self._sweep_after:
+            return
+        rows = int(self._run(len, cache))
+        self._evicted, self._sweep_after = 0, max(_SWEEP_MIN, rows // 10)
+        try:
+            names = len(os.listdir(self.directory / KEYS_DIR))
+        except OSError:
+            return
+        if names > rows + self._sweep_after:
+            self._drop_key_files()
 
     def get(self, key: str) -> bytes | None:
         """The bytes stored under `key`, or None."""
@@ -556,9 +569,7 @@ class ArtifactStore:
         if self._run(cache.volume) > self.size_limit:
             evicted = int(self._run(cache.cull, retry=False))
             if evicted:
-                self._evicted += evicted
-                if self._evicted >= self._sweep_after:
-                    self._drop_key_files()
+                self._after_evictions(cache, evicted)
                 if self.on_evict is not None:
                     self.on_evict(evicted)
         return stored
