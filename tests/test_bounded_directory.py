@@ -85,3 +85,42 @@ def test_a_process_that_exits_folds_its_counts_and_leaves_no_counter_file(tmp_pa
         assert _counter_files(directory) == []
     stats = cc.CodegenCache(directory).stats()
     assert (stats.hits_disk, stats.misses, stats.upgrades) == (2, 1, 1)
+
+
+def test_a_counter_file_is_never_folded_between_its_creation_and_its_lock(tmp_path, monkeypatch):
+    # Another process's scan takes the lock of any counter file it can: one whose owner has not
+    # locked it yet would be folded (empty), recorded as folded and removed, and every count of
+    # its owner lost. Here that scan runs in that window: the owner's own lock waits for it.
+    import fcntl
+
+    from codegen_cache._storage import _counters
+
+    owner, scanner = (_counters.CounterTable(tmp_path) for _ in range(2))
+    scanner.add("scanner")
+    lock, scanned = fcntl.flock, []
+
+    def flock_after_a_scan(fd, flags):
+        if not scanned:  # the owner's lock, the first one asked for: the scan (whose locks pass) first
+            scanned.append("scanning")
+            scanner.totals()
+        return lock(fd, flags)
+
+    monkeypatch.setattr(_counters.fcntl, "flock", flock_after_a_scan)
+    owner.add("hits", 3)
+    monkeypatch.setattr(_counters.fcntl, "flock", lock)
+    assert scanned and scanner.totals().get("hits") == 3.0
+    owner.fold_own()
+    assert scanner.totals().get("hits") == 3.0 and len(os.listdir(tmp_path / "stats")) == 1  # the scanner's
+
+
+def test_a_counter_file_left_before_its_lock_is_removed_once_an_hour_old(tmp_path):
+    from codegen_cache._storage import _counters
+
+    table = _counters.CounterTable(tmp_path)
+    table.add("hits")
+    old, new = (tmp_path / "stats" / f"host-{pid}-0123abcd.cnt.new" for pid in (1, 2))
+    for leftover in (old, new):
+        leftover.write_bytes(bytes(64))
+    os.utime(old, (time.time() - 7200,) * 2)
+    table.totals()
+    assert not old.exists() and new.exists()  # the young one may be a process's about to lock it
