@@ -110,6 +110,9 @@ def test_a_key_file_that_leads_nowhere_sends_the_lookup_to_the_row(tmp_path):
     assert store.get(DIGEST) == b"second"
     key_file.unlink()
     assert store.delete(DIGEST) is True and store.get(DIGEST) is None
+    (tmp_path / "s" / KEYS_DIR).rmdir()
+    (tmp_path / "s" / KEYS_DIR).symlink_to(tmp_path / "elsewhere-dir")  # no key file can be written
+    assert store.put(DIGEST, b"third") and store.get(DIGEST) == b"third"  # stored all the same, read from its row
 
 
 def test_key_files_go_with_their_entries(tmp_path):

@@ -494,9 +494,19 @@ class ArtifactStore:
         return self._keys_dir
 
     def _write_key_file(self, key: str) -> None:
-        """Name the value file of `key`'s row in its key file (after the row: a reader finds the row's file)."""
+        """Name the value file of `key`'s row in its key file (after the row: a reader finds the row's file).
+
+        The row is stored already: a key file that cannot be written (a full disk, a link planted at
+        keys/) costs later lookups the row's read, and fails nothing.
+        """
         if not _KEY_FILE_NAME.match(key):
             return
+        try:
+            self._write_key_file_of(key)
+        except (OSError, sqlite3.Error) as err:
+            logger.debug("codegen cache: no key file for %s in %s (%s)", key[:16], self.directory, err)
+
+    def _write_key_file_of(self, key: str) -> None:
         found = self._plain_row(key)
         if not isinstance(found, tuple) or len(found) != 4 or found[0] != diskcache.core.MODE_BINARY:
             return
