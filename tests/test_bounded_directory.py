@@ -118,7 +118,7 @@ def test_a_counter_file_left_before_its_lock_is_removed_once_an_hour_old(tmp_pat
 
     table = _counters.CounterTable(tmp_path)
     table.add("hits")
-    old, new = (tmp_path / "stats" / f"host-{pid}-0123abcd.cnt.new" for pid in (1, 2))
+    old, new = (tmp_path / "stats" / f"cgc-host-{pid}-0123abcd.cnt.new" for pid in (1, 2))
     for leftover in (old, new):
         leftover.write_bytes(bytes(64))
     os.utime(old, (time.time() - 7200,) * 2)

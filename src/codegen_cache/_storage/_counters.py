@@ -1,7 +1,7 @@
 """Counters that survive the process that counted them, with nothing to flush.
 
 Each process counts into a small file of its own, `<dir>/stats/<host>-<pid>-<random>.cnt`
-(made as `<name>.new` and renamed once its process holds its lock), mapped into memory: a count is a store into the page cache, so it survives os._exit,
+(made as `cgc-<name>.new` and renamed once its process holds its lock), mapped into memory: a count is a store into the page cache, so it survives os._exit,
 SIGTERM and SIGKILL, and no thread or exit handler has to write it. The process holds an
 flock on its file while it lives. Totals are the sum of `<dir>/stats.sqlite` and every file;
 a file whose lock can be taken belongs to a process that is gone, and is folded into the
@@ -36,8 +36,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from .._artifacts import SCRATCH_PREFIX
 from .._forksafe import on_fork_child, sqlite_gate
 from ._faults import FILE_MODE, ensure_dir, real_dir, share_file_mode
+from ._fsprobe import sweep_leftovers
 
 __all__ = ["CounterTable"]
 
@@ -48,8 +50,6 @@ _NAME_MAX = 54
 _FILE_SIZE = _HEADER + _SLOTS * _RECORD
 _HEAD = struct.Struct("<4sII")
 _FILE_NAME = re.compile(r"^[\w.-]+-\d+-[0-9a-f]{8}\.cnt$")
-_UNLOCKED = ".new"  # a counter file's name until its process holds its lock (never scanned)
-_UNLOCKED_KEEP = 3600.0  # s; one older was left by a process killed between its creation and its lock
 _FOLDED_KEEP = 86400.0
 _PROBE_FILES = 4  # past this many other files, the writer looks at them all
 # Only its process writes a counter file, through a shared mapping: nobody else may write it (a
@@ -94,18 +94,6 @@ def _fold_at_exit() -> None:
 # Registered at import, before any table counts: atexit runs it after the handlers registered
 # later, and the writer's last jobs run before every atexit handler (_cache/_writer.py).
 atexit.register(_fold_at_exit)
-
-
-def _remove_unlocked_leftovers(files_dir: Path, names: list[str]) -> None:
-    """Remove counter files of processes killed before they locked them (an hour old: never one being made)."""
-    cutoff = time.time() - _UNLOCKED_KEEP
-    for name in names:
-        if not name.endswith(_UNLOCKED) or not _FILE_NAME.match(name[: -len(_UNLOCKED)]):
-            continue
-        path = os.path.join(files_dir, name)
-        with contextlib.suppress(OSError):
-            if os.lstat(path).st_mtime < cutoff:
-                os.unlink(path)
 
 
 class CounterTable:
@@ -167,7 +155,8 @@ class CounterTable:
         # process could lock is one whose process is gone, so a scan between the creation and the
         # lock would fold it, record its name as folded and remove it, and this process's counts
         # would go into a file nobody reads.
-        unlocked = self.files_dir / (name + _UNLOCKED)
+        # One left by a process killed in between is a scratch leftover (swept when an hour old).
+        unlocked = self.files_dir / f"{SCRATCH_PREFIX}{name}.new"
         try:
             ensure_dir(self.files_dir, self.directory, make_root=self.make_root)
             fd = os.open(unlocked, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, _OWN_FILE_MODE)
@@ -342,12 +331,11 @@ class CounterTable:
             if not real_dir(self.files_dir, self.directory):  # never folds (and removes) files a link leads to
                 return live
             with os.scandir(self.files_dir) as entries:
-                found = [e.name for e in entries]
+                names = [e.name for e in entries if _FILE_NAME.match(e.name) and e.name != self._name]
         except OSError:
             return live
-        names = [name for name in found if _FILE_NAME.match(name) and name != self._name]
         if fold:
-            _remove_unlocked_leftovers(self.files_dir, found)
+            sweep_leftovers(str(self.files_dir))
         for name in names:
             path = os.path.join(self.files_dir, name)
             try:
