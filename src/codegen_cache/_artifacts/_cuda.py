@@ -278,6 +278,9 @@ _POSTPROC = "tvm_callback_cuda_postproc"
 _fallback_lock = threading.RLock()
 renew_after_fork(globals(), "_fallback_lock", threading.RLock)
 _DEFAULT_TARGET = {"kind": "cuda", "arch": "sm_90"}
+# The text of the module that fallback_module checks in place of the one it returns.
+_MARKER = "// codegen-cache: this module checks the function map and format of its twin\n"
+_MARKER_BYTES = _MARKER.encode()
 
 
 @contextlib.contextmanager
@@ -303,13 +306,20 @@ def fallback_module(payload: CudaPayload, target: object = None) -> Module | Non
 
     Only target.build.cuda makes one. It is given a module of empty kernels with the payload's
     function map (names, argument types, tensor-map arguments, launch parameters: all that
-    TVM's ExtractFuncInfo reads), and `tvm_callback_cuda_postproc` answers the stored source
-    for this thread's call (for any other thread's, what was registered before, or the source
-    unchanged); the hook is put back after the call. The result is checked: its save-to-bytes
-    payload must equal `payload` (`saves_as`), else None (the caller falls back to a source
-    module with the same text). A malformed function map is an ArtifactError, raised before TVM
-    sees any of it. While the hook is swapped, another thread's CUDA key sees a
-    function of unknown owner and lowers uncached once (docs/cache.md).
+    TVM's ExtractFuncInfo reads), and `tvm_callback_cuda_postproc` answers the text of this
+    thread's call (for any other thread's, what was registered before, or the source
+    unchanged); the hook is put back after the calls. A malformed function map is an
+    ArtifactError, raised before TVM sees any of it. While the hook is swapped, another
+    thread's CUDA key sees a function of unknown owner and lowers uncached once (docs/cache.md).
+
+    The result is checked against the payload without saving it: TVM's save of a module holding
+    the whole source is a fresh copy of it (the largest step of a warm CUDA model,
+    docs/benchmarks.md, "The CUDA check on a module with a marker for its code"). The same
+    kernels and target are built a second time with a short marker for the text, and that
+    module must save to exactly (format, function map, marker): the format and function map
+    are TVM's, and TVM keeps the text it is handed as the hook returned it. Both modules are
+    made under the same lock and environment, from the same input but for the hook's answer.
+    Any difference is None (the caller falls back to a source module with the same text).
     """
     infos = function_infos(payload.fmap)  # ArtifactError: a malformed map never reaches TVM
     remove = getattr(_compat.tvm_ffi, "remove_global_func", None)
@@ -323,17 +333,20 @@ def fallback_module(payload: CudaPayload, target: object = None) -> Module | Non
         return None
     build = codegen_function("target.build.cuda")
     owner = threading.get_ident()
+    answer = [_MARKER]
     with _fallback_lock:
         previous = _compat.tvm_ffi.get_global_func(_POSTPROC, allow_missing=True)
 
         def postproc(text, target):
             if threading.get_ident() == owner:
-                return code
+                return answer[0]
             return previous(text, target) if previous is not None else text
 
         _compat.tvm_ffi.register_global_func(_POSTPROC, postproc, override=True)
         try:
             with forced_fallback():
+                marked = call_codegen_function("target.build.cuda", build, kernels, target)
+                answer[0] = code
                 module = call_codegen_function("target.build.cuda", build, kernels, target)
         except (RuntimeError, TypeError, ValueError):
             return None
@@ -343,7 +356,7 @@ def fallback_module(payload: CudaPayload, target: object = None) -> Module | Non
             else:
                 _compat.tvm_ffi.register_global_func(_POSTPROC, previous, override=True)  # the same handle
     try:
-        if module.kind != "cuda" or not saves_as(module, payload):
+        if module.kind != "cuda" or not saves_as(marked, CudaPayload(payload.fmt, payload.fmap, _MARKER_BYTES)):
             return None
     except (ArtifactError, RuntimeError, struct.error):
         return None
