@@ -164,28 +164,36 @@ def test_a_cuda_source_entry_tvm_cannot_make_again_is_a_source_module_with_its_t
     assert hit.kind == "source" and hit.inspect_source("") == fresh.inspect_source("")
 
 
-def test_a_cuda_source_entry_whose_function_map_tvm_makes_otherwise_is_a_source_module(tmp_path, cuda_vadd):
-    # A well-formed map that target.build.cuda does not reproduce: its last argument tagged 2,
-    # a tag TVM never writes (0: none, 1: a tensor map). Served as TVM's own module, the kernel
-    # would be launched by another map than the one stored; the check sees it and serves the text.
+@pytest.mark.parametrize("padding", [0, 64 * 1024], ids=["short text: TVM's save checked", "long text: a twin checked"])
+def test_a_cuda_source_entry_is_served_as_tvms_module_only_with_the_function_map_tvm_makes(tmp_path, cuda_vadd, padding):
+    # The entry's text padded past the size where the check builds a twin with a marker for it
+    # instead of saving the module. Retagged, a well-formed map that target.build.cuda does not
+    # reproduce (its last argument tagged 2, a tag TVM never writes: 0 none, 1 a tensor map):
+    # served as TVM's own module, the kernel would be launched by another map than the one
+    # stored; the check sees it and serves the text.
     import struct
 
     from codegen_cache._artifacts import frame, unframe
-    from codegen_cache._artifacts._cuda import function_infos
+    from codegen_cache._artifacts._cuda import CudaPayload, function_infos, module_payload
 
     mod, target = cuda_vadd
     cache = cc.CodegenCache(tmp_path, write_behind=False)
     fresh, outcome = cache.lower_with_outcome(mod, target, compile_device=False)
     art = unframe(cache.store("source").get(outcome.key))
-    fmap = bytes(art.fields[0])
+    fmap, text = bytes(art.fields[0]), bytes(art.fields[1]) + b"\n" + b"/" * 2 + b" " * padding + b"\n"
+    cache.store("source").put(outcome.key, frame("cuda-fallback", art.meta, [fmap, text]))
+    hit, outcome = cc.CodegenCache(tmp_path).lower_with_outcome(mod, target, compile_device=False)
+    assert outcome.tier == "disk" and hit.kind == "cuda"
+    assert module_payload(hit) == CudaPayload("cuda", fmap, text) and hit.inspect_source("") == text.decode()
+
     (info,) = function_infos(fmap).values()
     assert info["arg_extra_tags"][-1] == 0
     retagged = fmap[:-4] + struct.pack("<I", 2)
     assert function_infos(retagged) != function_infos(fmap)
-    cache.store("source").put(outcome.key, frame("cuda-fallback", art.meta, [retagged, art.fields[1]]))
+    cache.store("source").put(outcome.key, frame("cuda-fallback", art.meta, [retagged, text]))
     hit, outcome = cc.CodegenCache(tmp_path).lower_with_outcome(mod, target, compile_device=False)
     assert outcome.tier == "disk"
-    assert hit.kind == "source" and hit.inspect_source("") == fresh.inspect_source("")
+    assert hit.kind == "source" and hit.inspect_source("") == text.decode()
 
 
 def _flip_every_file(directory: Path) -> int:

@@ -278,9 +278,12 @@ _POSTPROC = "tvm_callback_cuda_postproc"
 _fallback_lock = threading.RLock()
 renew_after_fork(globals(), "_fallback_lock", threading.RLock)
 _DEFAULT_TARGET = {"kind": "cuda", "arch": "sm_90"}
-# The text of the module that fallback_module checks in place of the one it returns.
+# fallback_module checks a twin with this text where the text is longer than _TWIN_ABOVE bytes
+# per kernel: the crossover of a save's copy of the text against one more codegen of empty
+# kernels (docs/benchmarks.md, "A warm CUDA model's check on a twin").
 _MARKER = "// codegen-cache: this module checks the function map and format of its twin\n"
 _MARKER_BYTES = _MARKER.encode()
+_TWIN_ABOVE = 16 * 1024
 
 
 @contextlib.contextmanager
@@ -312,14 +315,14 @@ def fallback_module(payload: CudaPayload, target: object = None) -> Module | Non
     ArtifactError, raised before TVM sees any of it. While the hook is swapped, another
     thread's CUDA key sees a function of unknown owner and lowers uncached once (docs/cache.md).
 
-    The result is checked against the payload without saving it: TVM's save of a module holding
-    the whole source is a fresh copy of it (the largest step of a warm CUDA model,
-    docs/benchmarks.md, "The CUDA check on a module with a marker for its code"). The same
-    kernels and target are built a second time with a short marker for the text, and that
-    module must save to exactly (format, function map, marker): the format and function map
-    are TVM's, and TVM keeps the text it is handed as the hook returned it. Both modules are
-    made under the same lock and environment, from the same input but for the hook's answer.
-    Any difference is None (the caller falls back to a source module with the same text).
+    The result is checked against the payload: TVM's save of it must be exactly the payload
+    (format, function map and text). Where the text is long for its kernels, that save (a
+    fresh copy of the whole text) costs more than making the module a second time: then the
+    same kernels and target are built again with a short marker for the text, and that twin
+    must save to exactly (format, function map, marker) while the module returned is a `cuda`
+    module; TVM keeps the text it is handed as the hook returned it, and both are made under
+    the same lock and environment from the same input but for the hook's answer. Any difference
+    is None (the caller falls back to a source module with the same text).
     """
     infos = function_infos(payload.fmap)  # ArtifactError: a malformed map never reaches TVM
     remove = getattr(_compat.tvm_ffi, "remove_global_func", None)
@@ -333,7 +336,8 @@ def fallback_module(payload: CudaPayload, target: object = None) -> Module | Non
         return None
     build = codegen_function("target.build.cuda")
     owner = threading.get_ident()
-    answer = [_MARKER]
+    twin = len(payload.code) > _TWIN_ABOVE * len(infos)
+    answer = [_MARKER if twin else code]
     with _fallback_lock:
         previous = _compat.tvm_ffi.get_global_func(_POSTPROC, allow_missing=True)
 
@@ -345,9 +349,12 @@ def fallback_module(payload: CudaPayload, target: object = None) -> Module | Non
         _compat.tvm_ffi.register_global_func(_POSTPROC, postproc, override=True)
         try:
             with forced_fallback():
-                marked = call_codegen_function("target.build.cuda", build, kernels, target)
-                answer[0] = code
-                module = call_codegen_function("target.build.cuda", build, kernels, target)
+                checked = call_codegen_function("target.build.cuda", build, kernels, target)
+                if twin:
+                    answer[0] = code
+                    module = call_codegen_function("target.build.cuda", build, kernels, target)
+                else:
+                    module = checked
         except (RuntimeError, TypeError, ValueError):
             return None
         finally:
@@ -356,7 +363,8 @@ def fallback_module(payload: CudaPayload, target: object = None) -> Module | Non
             else:
                 _compat.tvm_ffi.register_global_func(_POSTPROC, previous, override=True)  # the same handle
     try:
-        if module.kind != "cuda" or not saves_as(marked, CudaPayload(payload.fmt, payload.fmap, _MARKER_BYTES)):
+        expected = CudaPayload(payload.fmt, payload.fmap, _MARKER_BYTES) if twin else payload
+        if module.kind != "cuda" or not saves_as(checked, expected):
             return None
     except (ArtifactError, RuntimeError, struct.error):
         return None
