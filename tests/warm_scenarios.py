@@ -276,11 +276,17 @@ def relax_cuda_source(out: str, jobs: list) -> dict:
     """A Relax model for CUDA where no driver is: TVM's source-only CUDA module in the executable, exported."""
     import relax_models
 
+    from codegen_cache._artifacts import _cuda
+
     mod, _named = relax_models.mlp()
     ex = tvm.compile(mod, tvm.target.Target({"kind": "cuda", "arch": "sm_90"}))
     library = ex.mod.imports[0]
     seen = {"executable": ex.mod.kind, "library": library.kind,
-            "devices": [_cuda_source_facts(m) for m in library.imports]}
+            "devices": [_cuda_source_facts(m) for m in library.imports],
+            # Which check a hit of these modules makes (_cuda.fallback_module): a model's CUDA text
+            # (TVM's headers and its kernels) is long for its kernels, so a twin is checked.
+            "checked_on_a_twin": [len(_cuda.module_payload(m).code) > _cuda._TWIN_ABOVE  # noqa: SLF001
+                                  * len(_cuda.function_infos(_cuda.module_payload(m).fmap)) for m in library.imports]}
     for name in ("model.so", "model.tar"):
         seen[f"export[{name}]"] = _error(lambda: ex.export_library(os.path.join(out, name)))
     # Without a driver the exported file cannot be loaded here (no CUDA loader), cached or not;
