@@ -285,8 +285,8 @@ def relax_cuda_source(out: str, jobs: list) -> dict:
             "devices": [_cuda_source_facts(m) for m in library.imports],
             # Which check a hit of these modules makes (_cuda.fallback_module): a model's CUDA text
             # (TVM's headers and its kernels) is long for its kernels, so a twin is checked.
-            "checked_on_a_twin": [len(_cuda.module_payload(m).code) > _cuda._TWIN_ABOVE  # noqa: SLF001
-                                  * len(_cuda.function_infos(_cuda.module_payload(m).fmap)) for m in library.imports]}
+            "checked_on_a_twin": [len(p.code) > _cuda._TWIN_ABOVE * len(_cuda.function_infos(p.fmap))  # noqa: SLF001
+                                  for p in map(_cuda.module_payload, library.imports)]}
     for name in ("model.so", "model.tar"):
         seen[f"export[{name}]"] = _error(lambda: ex.export_library(os.path.join(out, name)))
     # Without a driver the exported file cannot be loaded here (no CUDA loader), cached or not;
