@@ -243,10 +243,13 @@ def test_corrupt_or_dangling_index_falls_back_to_a_correct_build(tmp_path, caplo
         key = _build.build_with_record(kernels.vadd, "llvm")[1].key
     store = cache.store("index")
     store.put(key.digest, frame("build-index", {"key": "someone else"}, []))
-    with cc.use_cache(cc.CodegenCache(tmp_path)):
+    with cc.use_cache(cc.CodegenCache(tmp_path)) as second:
         module, record = _build.build_with_record(kernels.vadd, "llvm")
     assert record.tier == "codegen" and "bad build-index entry" in caplog.text
     assert np.array_equal(_run(module), _run(tvm.tirx.build(kernels.vadd, "llvm")))
+    # Its writer stores the rebuilt parts, and the llvm upgrader links them, in the background:
+    # done before the clear, or they would be found again (parts served, no codegen run).
+    assert second.flush(timeout=120, upgrades=True)
     cache.clear()  # the index now names entries that are gone
     # min_codegen_time=0: the tiers this directory learnt may run a cheap codegen without a key
     # (counted uncached_cheap, not codegen_runs), as they do at a high load.
