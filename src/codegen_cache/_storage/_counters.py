@@ -1,8 +1,9 @@
 """Counters that survive the process that counted them, with nothing to flush.
 
 Each process counts into a small file of its own, `<dir>/stats/<host>-<pid>-<random>.cnt`
-(made as `cgc-<name>.new` and renamed once its process holds its lock), mapped into memory: a count is a store into the page cache, so it survives os._exit,
-SIGTERM and SIGKILL, and no thread or exit handler has to write it. The process holds an
+(made as `cgc-<name>.new` and renamed once its process holds its lock), mapped into memory: a
+count is a store into the page cache, so it survives os._exit, SIGTERM and SIGKILL, and no
+thread or exit handler has to write it. The process holds an
 flock on its file while it lives. Totals are the sum of `<dir>/stats.sqlite` and every file;
 a file whose lock can be taken belongs to a process that is gone, and is folded into the
 database (once: the file's name is recorded in the same transaction) and removed.
