@@ -43,7 +43,8 @@ from ._version import __version__ as __version__
 from .codegens import install_builtins as _install_builtin_codegens
 
 if _TYPE_CHECKING:
-    from ._cache import CacheStats, CodegenCache
+    from ._cache import CodegenCache
+    from ._cache._snapshot import CacheStats
     from ._config import Settings, settings_from_env
 
 _compat.require_installed()
@@ -69,7 +70,7 @@ _LAZY = {
     "build_key": ("._build", "build_key"),
     "build_with_record": ("._build", "build_with_record"),
     "cached_export": ("._build", "cached_export"),
-    "CacheStats": ("._cache", "CacheStats"),
+    "CacheStats": ("._cache._snapshot", "CacheStats"),
     "CodegenCache": ("._cache", "CodegenCache"),
     "Settings": ("._config", "Settings"),
     "settings_from_env": ("._config", "settings_from_env"),

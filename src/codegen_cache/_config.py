@@ -16,6 +16,7 @@ import stat
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import NamedTuple
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from ._errors import ConfigError
@@ -459,8 +460,7 @@ def format_age(seconds: float) -> str:
     return f"{seconds:.0f}s"
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class SettingRow:
+class SettingRow(NamedTuple):
     """One setting as `codegen-cache config` shows it."""
 
     variable: str

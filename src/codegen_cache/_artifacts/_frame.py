@@ -20,8 +20,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import xxhash
 
@@ -50,8 +49,7 @@ HOT_META = frozenset({"key", "build_seconds", "source_format", "c_func_names", "
                       "ir_digest", "llvm_queries", "property_mask", "triple"})
 
 
-@dataclass(frozen=True, slots=True)
-class Artifact:
+class Artifact(NamedTuple):
     """An unframed artifact: codec name, metadata and payload fields (bytes, or views of the blob)."""
 
     codec: str
@@ -78,8 +76,7 @@ def frame(codec: str, meta: Mapping[str, Any], fields: Sequence[bytes]) -> bytes
     return b"".join(parts)
 
 
-@dataclass(frozen=True, slots=True)
-class _Layout:
+class _Layout(NamedTuple):
     codec: str
     meta_start: int
     meta_len: int

@@ -1,6 +1,5 @@
 """The cache: CodegenCache over the memory, disk and remote tiers, single-flight, failures, writer."""
 
 from ._cache import CodegenCache
-from ._stats import CacheStats
 
-__all__ = ["CacheStats", "CodegenCache"]
+__all__ = ["CodegenCache"]

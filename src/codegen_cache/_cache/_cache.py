@@ -73,10 +73,10 @@ from .._storage._outbox import Outbox
 from .._storage._plain import PlainFiles
 from .._validate import check_bool, check_timeout
 from . import _upgrade
-from ._stats import CacheStats
 
 if TYPE_CHECKING:
     from .._compat import IRModule, Module, Target
+    from ._snapshot import CacheStats
 
 __all__ = ["STORE_NAMES", "CodegenCache", "fresh_results_are_the_callers", "store_in_every_tier"]
 

@@ -24,8 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from .._errors import ReentrantLoweringError
 from .._forksafe import on_fork_child
@@ -139,8 +138,7 @@ class SingleFlight(Generic[T]):
 # ---- across hosts: a build lease in the remote ------------------------------------------------
 
 
-@dataclass(slots=True)
-class Lease:
+class Lease(NamedTuple):
     """A build lease this process holds in the remote: renewed by the keeper until released."""
 
     digest: str

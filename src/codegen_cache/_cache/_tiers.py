@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import xxhash
 
@@ -37,16 +36,24 @@ def ir_digest(mod: IRModule) -> str:
     return xxhash.xxh3_128_hexdigest(_compat.save_json(mod).encode())
 
 
-@dataclass(slots=True)
+# The records of a lookup are plain slotted classes and NamedTuples, not dataclasses: making
+# a dataclass costs the cache layer's import (every process's first lowering) far more than
+# these few lines (docs/benchmarks.md, "What the cache layer's import costs").
+
+
 class Probe:
     """What a lookup asks for: a key digest in one store, for one IRModule."""
 
-    digest: str
-    mode: str  # "compiled" or "source": the store
-    ir: IRModule | None  # None: trust the digest (codegen_cache.build's index)
-    verify: bool = False
-    _ir_digest: str | None = None
-    library: bool = False  # an llvm build: the remote may hold its shared library (asked for first)
+    __slots__ = ("digest", "mode", "ir", "verify", "_ir_digest", "library")
+
+    def __init__(self, digest: str, mode: str, ir: IRModule | None, verify: bool = False, *,
+                 library: bool = False) -> None:
+        self.digest = digest
+        self.mode = mode  # "compiled" or "source": the store
+        self.ir = ir  # None: trust the digest (codegen_cache.build's index)
+        self.verify = verify
+        self._ir_digest: str | None = None
+        self.library = library  # an llvm build: the remote may hold its shared library (asked for first)
 
     @property
     def ir_digest(self) -> str:
@@ -56,20 +63,25 @@ class Probe:
         return self._ir_digest
 
 
-@dataclass(slots=True)
 class Entry:
     """An entry as the tiers store it: the module, the IRModule it was built from, its bytes."""
 
-    digest: str
-    mode: str
-    module: Module
-    ir: IRModule
-    meta: dict[str, Any]
-    blob: bytes | memoryview | None = None  # a remote hit's: a read-only view of the checked value
+    __slots__ = ("digest", "mode", "module", "ir", "meta", "blob")
+
+    def __init__(self, digest: str, mode: str, module: Module, ir: IRModule, meta: dict[str, Any],
+                 blob: bytes | memoryview | None = None) -> None:
+        self.digest = digest
+        self.mode = mode
+        self.module = module
+        self.ir = ir
+        self.meta = meta
+        self.blob = blob  # a remote hit's: a read-only view of the checked value
+
+    def __repr__(self) -> str:
+        return f"Entry({self.digest!r}, {self.mode!r}, {self.module!r})"
 
 
-@dataclass(slots=True)
-class Hit:
+class Hit(NamedTuple):
     """A tier served a module: which tier, the entry, and how long reading and decoding took."""
 
     tier: str
@@ -118,20 +130,24 @@ class MemoryTier:
         self.memory.put(entry.digest, MemoryEntry(entry.module, entry.ir, size, entry.meta))
 
 
-@dataclass(kw_only=True)
 class DiskTier:
     """`<dir>/compiled` and `<dir>/source` (diskcache), with entries still staged in `<dir>/staged`."""
 
-    stores: dict[str, ArtifactStore]
-    staged: dict[str, PendingFiles]
-    guard: StorageGuard
-    scratch: Callable[[], str]
-    on_staged_hit: Callable[[str, str, bytes], None]  # (mode, digest, blob): promote it
-    on_raw_hit: Callable[[str, str], None]  # (mode, digest): an llvm entry to upgrade
-    # (mode, digest, blob): keep a remote hit's copy (the cache's writer does); None: stored now
-    on_fill: Callable[[str, str, bytes | memoryview], None] | None = None
-    name: str = "disk"
-    _checked: set = field(default_factory=set)
+    name = "disk"
+
+    def __init__(self, *, stores: dict[str, ArtifactStore], staged: dict[str, PendingFiles], guard: StorageGuard,
+                 scratch: Callable[[], str], on_staged_hit: Callable[[str, str, bytes], None],
+                 on_raw_hit: Callable[[str, str], None],
+                 on_fill: Callable[[str, str, bytes | memoryview], None] | None = None) -> None:
+        self.stores = stores
+        self.staged = staged
+        self.guard = guard
+        self.scratch = scratch
+        self.on_staged_hit = on_staged_hit  # (mode, digest, blob): promote it
+        self.on_raw_hit = on_raw_hit  # (mode, digest): an llvm entry to upgrade
+        # (mode, digest, blob): keep a remote hit's copy (the cache's writer does); None: stored now
+        self.on_fill = on_fill
+        self._checked: set = set()
 
     def get(self, probe: Probe) -> Hit | _Collision | None:
         t0 = time.perf_counter()
@@ -170,7 +186,6 @@ class DiskTier:
             self.guard("write", self.stores[entry.mode].put, entry.digest, bytes(entry.blob))
 
 
-@dataclass(kw_only=True)
 class RemoteTierView:
     """A shared tier (Redis): `get(digest) -> framed bytes | None`, `put(digest, framed bytes)`.
 
@@ -180,10 +195,12 @@ class RemoteTierView:
     stores it (a process that dies first costs a later remote hit, nothing else).
     """
 
-    remote: Any
-    guard: StorageGuard
-    scratch: Callable[[], str]
-    name: str = "remote"
+    name = "remote"
+
+    def __init__(self, *, remote: Any, guard: StorageGuard, scratch: Callable[[], str]) -> None:
+        self.remote = remote
+        self.guard = guard
+        self.scratch = scratch
 
     def get(self, probe: Probe) -> Hit | _Collision | None:
         t0 = time.perf_counter()

@@ -11,7 +11,6 @@ why. Remote: one round trip to CODEGEN_CACHE_REMOTE.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import site
@@ -145,7 +144,7 @@ def check_filesystem(directory: Path, settings) -> dict[str, Any]:
     if distrust is not None:
         problems.append(f"not trusted: {distrust}, so another user could make you run their code; lowerings run "
                         "uncached there (docs/reliability.md; CODEGEN_CACHE_TRUSTED_DIRS trusts it explicitly)")
-    return {**dataclasses.asdict(report), "directory": str(directory), "exists": directory.is_dir(),
+    return {**report._asdict(), "directory": str(directory), "exists": directory.is_dir(),
             "is_file": is_file, "trusted": distrust is None, "problems": problems}
 
 

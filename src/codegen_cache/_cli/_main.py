@@ -8,7 +8,6 @@ in _parser; exit codes are in _commands.EXIT_CODES and docs/cli.md.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 
@@ -171,7 +170,7 @@ def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
     rows = [_redacted(r) for r in describe_settings(directory=args.dir)]
     unknown = unknown_env_vars()
     if args.json:
-        print_json({"settings": [dataclasses.asdict(r) for r in rows], "unknown_env_vars": unknown})
+        print_json({"settings": [r._asdict() for r in rows], "unknown_env_vars": unknown})
         return EXIT_OK
     table = [["VARIABLE", "VALUE", "FROM", "DEFAULT"]]
     for r in rows:
@@ -185,9 +184,9 @@ def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
 def _redacted(row):
     """The row with secrets hidden: the HMAC key, and a password in the remote URL."""
     if row.field == "remote_secret" and row.value:
-        return dataclasses.replace(row, value="***")
+        return row._replace(value="***")
     if row.field == "remote" and row.value:
-        return dataclasses.replace(row, value=redact_url(str(row.value)))
+        return row._replace(value=redact_url(str(row.value)))
     return row
 
 

@@ -36,8 +36,8 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import diskcache
 
@@ -202,8 +202,7 @@ def _file_size(path: str) -> int | None:
     return info.st_size if stat.S_ISREG(info.st_mode) else None
 
 
-@dataclass(frozen=True, slots=True)
-class Row:
+class Row(NamedTuple):
     """A stored value and, when it lives in a file of its own, that file (for tools; never loaded by path)."""
 
     blob: bytes

@@ -17,7 +17,8 @@ import shutil
 import stat
 import tempfile
 import time
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from typing import NamedTuple
 
 from .._artifacts import SCRATCH_PREFIX
 from .._log import warn_once
@@ -50,8 +51,7 @@ SCRATCH_MAX_AGE = 3600.0
 _OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")
 
 
-@dataclass(frozen=True, slots=True)
-class FsReport:
+class FsReport(NamedTuple):
     """The mount holding a path: its type, flags, free space and what to worry about."""
 
     fs_type: str
@@ -60,7 +60,7 @@ class FsReport:
     read_only: bool
     noexec: bool
     free_bytes: int | None
-    warnings: list[str] = field(default_factory=list)
+    warnings: Sequence[str] = ()
 
 
 def _unescape(text: str) -> str:

@@ -36,8 +36,8 @@ import stat
 import struct
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import xxhash
 
@@ -64,8 +64,7 @@ def _offset(key: str) -> int:
     return xxhash.xxh3_64_intdigest(key.encode()) >> 2
 
 
-@dataclass(slots=True)
-class Held:
+class Held(NamedTuple):
     """A lock this process holds: its descriptor and path (fd -1: building without a lock)."""
 
     fd: int

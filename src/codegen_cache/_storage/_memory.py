@@ -5,8 +5,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._forksafe import on_fork_child
 
@@ -16,8 +15,7 @@ if TYPE_CHECKING:
 __all__ = ["MemoryEntry", "ModuleLRU"]
 
 
-@dataclass(frozen=True, slots=True)
-class MemoryEntry:
+class MemoryEntry(NamedTuple):
     """A loaded module, the IRModule it was built from (for exact hits) and its size."""
 
     module: Module

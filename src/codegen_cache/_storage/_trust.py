@@ -25,15 +25,13 @@ import grp
 import os
 import pwd
 import stat
-from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = ["Untrusted", "is_trusted_by_setting", "untrusted"]
 
 
-@dataclass(frozen=True, slots=True)
-class Untrusted:
+class Untrusted(NamedTuple):
     """Why nothing is loaded from a cache directory: which directory, who owns it, what is wrong."""
 
     directory: str
@@ -60,7 +58,12 @@ def untrusted(cache_dir: str | os.PathLike[str], trusted_dirs: Iterable[str] = (
         if found is not None:
             return found
     inside = list(inside)
-    below = Counter(name.rpartition("/")[0] for name in inside)  # directory -> how many of `inside` lie in it
+    below: dict[str, int] = {}  # directory -> how many of `inside` lie in it
+    for name in inside:
+        parent = name.rpartition("/")[0]
+        # A plain dict: Counter(generator) checks it against every Mapping registered (TVM
+        # registers its own), on a fresh process's first hit (docs/benchmarks.md).
+        below[parent] = below.get(parent, 0) + 1
     # A directory holding several of them is listed once, not asked a failed lstat for each
     # absent one; one holding one (a store's keys/) is not listed: the store's own entries are there.
     present: dict[str, frozenset[str]] = {}
