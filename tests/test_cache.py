@@ -166,7 +166,8 @@ def test_a_cuda_source_entry_tvm_cannot_make_again_is_a_source_module_with_its_t
 
 @pytest.mark.parametrize("padding", [0, 64 * 1024],
                          ids=["short text: TVM's save checked", "long text: a twin checked"])
-def test_a_cuda_source_entry_is_served_as_tvms_module_only_with_the_function_map_tvm_makes(tmp_path, cuda_vadd, padding):
+def test_a_cuda_source_entry_is_served_as_tvms_module_only_with_the_function_map_tvm_makes(tmp_path, cuda_vadd,
+                                                                                         padding):
     # The entry's text padded past the size where the check builds a twin with a marker for it
     # instead of saving the module. Retagged, a well-formed map that target.build.cuda does not
     # reproduce (its last argument tagged 2, a tag TVM never writes: 0 none, 1 a tensor map):

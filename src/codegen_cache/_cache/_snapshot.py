@@ -53,9 +53,10 @@ BREAKDOWN = ("hits", "misses", "codegen_runs", "stores", "uncacheable", "uncache
 class CacheStats:
     """A snapshot of the counters; `errors` maps an error kind to its count.
 
-    `by_codegen` maps "codegen/mode" (e.g. "cuda/source") to that pair's hits, misses, codegen_runs,
-    stores, uncacheable, uncached_cheap, memory_only, codegen_seconds and saved_seconds. `zeroed_at`: when the counters were
-    last reset (seconds since the epoch; None: never).
+    `by_codegen` maps "codegen/mode" (e.g. "cuda/source") to that pair's hits, misses,
+    codegen_runs, stores, uncacheable, uncached_cheap, memory_only, codegen_seconds and
+    saved_seconds. `zeroed_at`: when the counters were last reset (seconds since the epoch;
+    None: never).
     """
 
     hits_memory: int = 0
