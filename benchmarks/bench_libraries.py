@@ -84,7 +84,7 @@ def locks(rounds: int, tmp: Path) -> None:
 def staging(rounds: int, tmp: Path) -> None:
     import diskcache
 
-    from codegen_cache._storage._disk import SafeDisk
+    from codegen_cache._storage._safedisk import SafeDisk
     from codegen_cache._storage._pending import PendingFiles
     for size in (4 << 10, 256 << 10):
         root = tmp / f"s{size}"

@@ -103,7 +103,7 @@ def target_pair(rounds: int) -> None:
 def write_pair(rounds: int) -> None:
     import diskcache
 
-    from codegen_cache._storage._disk import SafeDisk
+    from codegen_cache._storage._safedisk import SafeDisk
 
     class PlainWrite(SafeDisk):
         _write = diskcache.Disk._write  # diskcache's own: makedirs, a BytesIO written line by line

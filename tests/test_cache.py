@@ -380,6 +380,35 @@ def test_unwritable_directory_still_compiles(tmp_path, llvm_vadd):
     assert cache.lower_with_outcome(mod, target)[1].tier == "memory"
 
 
+def test_a_store_locked_past_its_timeout_by_another_writer_still_compiles(tmp_path, llvm_vadd):
+    # Another process holds the store's write lock for longer than the store waits: the write
+    # fails (counted as a storage error, warned), the compile is not lost, and once the lock
+    # goes the entry is found by a fresh process's cache.
+    import sqlite3
+
+    mod, target = llvm_vadd
+    cache = cc.CodegenCache(tmp_path / "cache", write_behind=False, min_codegen_time=0, memory_entries=0)
+    other, _ = cc.prepare_for_codegen(kernels.vmul, "llvm")
+    assert cache.lower_with_outcome(other, target)[1].tier == "codegen"  # the store is made
+    assert cache.flush(timeout=120, upgrades=True)
+    holder = sqlite3.connect(tmp_path / "cache" / "compiled" / "cache.db", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        module, outcome = cache.lower_with_outcome(mod, target)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert outcome.tier == "codegen"
+    np.testing.assert_array_equal(run_binary(module), 2 * np.arange(1024, dtype="float32"))
+    stats = cache.stats(shared=False)
+    assert stats.errors == {"write": 1}
+    cache.lower(mod, target)
+    assert cache.flush(timeout=120, upgrades=True)
+    module, outcome = cc.CodegenCache(tmp_path / "cache", write_behind=False).lower_with_outcome(mod, target)
+    assert outcome.tier == "disk"
+    np.testing.assert_array_equal(run_binary(module), 2 * np.arange(1024, dtype="float32"))
+
+
 def test_a_codegen_result_that_is_no_module_goes_back_to_its_caller_unstored(tmp_path, llvm_vadd):
     # tilelang's registry returns whatever a codegen returns; the cache cannot store such a result,
     # and must neither raise for it nor serve it later.

@@ -20,7 +20,9 @@ import pytest
 from processes import python
 
 from codegen_cache._forksafe import _imports_of_other_threads
-from codegen_cache._storage._disk import ArtifactStore, SafeDisk
+from codegen_cache._storage import _disk
+from codegen_cache._storage._disk import ArtifactStore
+from codegen_cache._storage._safedisk import SafeDisk
 from codegen_cache.codegens import _common
 
 
@@ -73,7 +75,7 @@ def test_diskcache_table_has_the_columns_the_plain_reader_selects(tmp_path):
         columns = {row[1] for row in db.execute("PRAGMA table_info(Cache)")}
     db.close()
     assert {"key", "raw", "mode", "filename", "value", "size", "expire_time"} <= columns
-    assert (diskcache.core.MODE_RAW, diskcache.core.MODE_BINARY) == (1, 2)
+    assert (diskcache.core.MODE_RAW, diskcache.core.MODE_BINARY) == (_disk._MODE_RAW, _disk._MODE_BINARY)
     # The reader's answer, through a store this process never opened through diskcache.
     fresh = ArtifactStore(tmp_path / "s", size_limit=1 << 20)
     assert fresh.get("k") == b"x" and fresh._cache is None

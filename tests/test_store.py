@@ -10,7 +10,7 @@ import time
 import diskcache
 import pytest
 
-from codegen_cache._storage._disk import KEYS_DIR, ArtifactStore, UnsafeEntryError
+from codegen_cache._storage._disk import KEYS_DIR, STORAGE_ERRORS, ArtifactStore, UnsafeEntryError
 
 
 class Boom:
@@ -162,4 +162,24 @@ def test_a_store_removed_under_its_process_is_read_again_after_the_next_write(tm
     shutil.rmtree(tmp_path / "s")
     assert store.put("after", b"2")
     assert store.get("after") == b"2" and store.get("before") is None
+    store.close()
+
+
+def test_a_write_that_finds_the_store_locked_past_its_timeout_is_a_storage_error(tmp_path):
+    # diskcache raises its own Timeout there; the cache turns only STORAGE_ERRORS into a miss or
+    # a skipped store, so what reaches it must be one of them (an escaping Timeout would fail a
+    # compile). Reads go on meanwhile; the write succeeds once the lock is let go.
+    store = ArtifactStore(tmp_path / "s", size_limit=1 << 20, timeout=0.05)
+    assert store.put("before", b"1")
+    holder = sqlite3.connect(tmp_path / "s" / "cache.db", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process's write in progress
+    try:
+        with pytest.raises(STORAGE_ERRORS) as caught:
+            store.put("during", b"2")
+        assert isinstance(caught.value, TimeoutError) and "locked" in str(caught.value)
+        assert store.get("before") == b"1" and store.get("during") is None
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert store.put("during", b"2") and store.get("during") == b"2"
     store.close()

@@ -293,7 +293,7 @@ def test_a_read_only_store_serves_rows_and_refuses_writes(tmp_path, entries):
     store.close()
     os.chmod(directory, 0o555)
     try:
-        view = ReadOnlyView(directory, __import__("codegen_cache._storage._disk", fromlist=["SafeDisk"]).SafeDisk(
+        view = ReadOnlyView(directory, __import__("codegen_cache._storage._safedisk", fromlist=["SafeDisk"]).SafeDisk(
             str(directory)))
         assert view.get(DIGEST) == entries["cuda"].blob and len(view) == 1 and list(view) == [DIGEST]
         with pytest.raises(ReadOnlyStoreError):

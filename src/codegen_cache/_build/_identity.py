@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import os
 import sys
-import sysconfig
 import types
 from typing import Any
 
@@ -39,8 +38,6 @@ __all__ = ["DECLARE_HINT", "declare_salt", "identity", "in_tvm"]
 
 _TVM_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (tvm, tvm_ffi))
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_LIBRARY_DIRS = tuple(sorted({os.path.normpath(os.path.abspath(p)) + os.sep for p in (
-    sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"])}))
 _SIMPLE = (type(None), bool, int, float, complex, str, bytes)
 # Bounds of one walk: deeper helpers, or more of them, are keyed by their names only.
 _MAX_DEPTH = 8
@@ -113,7 +110,18 @@ def _owner(filename: str) -> str:
         return "tvm"
     if path.startswith(_OWN_DIR):
         return "own"
-    return "library" if path.startswith(_LIBRARY_DIRS) else "user"
+    return "library" if path.startswith(_library_dirs()) else "user"
+
+
+@functools.cache
+def _library_dirs() -> tuple[str, ...]:
+    """The standard library's and installed distributions' directories (sysconfig: imported at
+    the first callable of a user's walked, not by `enable()`)."""
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    return tuple(sorted({os.path.normpath(os.path.abspath(paths[name])) + os.sep
+                         for name in ("stdlib", "purelib", "platlib")}))
 
 
 def in_tvm(filename: str) -> bool:

@@ -1,12 +1,12 @@
-"""diskcache stores that hold only str keys and bytes values, and never unpickle.
+"""A cache directory's stores: str keys, bytes values, never unpickled.
 
-diskcache pickles anything that is not bytes/str/int/float and unpickles whatever rows of
-mode PICKLE are in its database (CVE-2025-69872). `SafeDisk` refuses both directions, so a
-hostile cache directory yields an error that the cache turns into a miss. Reads go through
-`ArtifactStore.read`, which looks the row up itself through its own SQLite connection (the
-columns of diskcache's `Cache` table; diskcache is pinned to 5.6.x for that and for
-`SafeDisk._write`, and tests/test_private_internals.py fails when either changes) so that a value file is opened without following symlinks, must be
-a regular file, and is read no further than the size its row recorded.
+A store is a diskcache `Cache` whose Disk (`_safedisk.SafeDisk`) stores and returns only
+bytes. Reads go through `ArtifactStore.read`, which looks the row up itself through its own
+SQLite connection (the columns of diskcache's `Cache` table; diskcache is pinned to 5.6.x for
+that and for `SafeDisk._write`, and tests/test_private_internals.py fails when either changes)
+so that a value file is opened without following symlinks, must be a regular file, and is read
+no further than the size its row recorded. diskcache itself is imported where a store is first
+opened through it (a write, an eviction, a clear, a read-only directory): never by a lookup.
 
 Every value lives in a value file of its own, and a store keeps beside its rows a *key file*
 per entry, `<store>/keys/<key>`: the name and size of the key's value file. A lookup reads the
@@ -25,39 +25,40 @@ outnumber the entries by more than a tenth (at least 64), counted as evictions c
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import os
 import re
 import shutil
 import sqlite3
-import stat
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import NamedTuple
-
-import diskcache
+from typing import TYPE_CHECKING, NamedTuple
 
 from .._artifacts import SCRATCH_PREFIX
 from .._errors import ArtifactError, UnsafeEntryError
 from .._forksafe import on_fork_child, sqlite_gate
-from ._faults import (DIR_MODE, READ_FLAGS, ReadOnlyStoreError, ensure_dir, freeze_file_mode, read_whole, real_dir,
+from ._faults import (READ_FLAGS, ReadOnlyStoreError, ensure_dir, freeze_file_mode, read_whole, real_dir,
                       share_file_mode, storage_fault, warn_read_only, writable)
 from ._fsprobe import on_block_device, sweep_leftovers, warn_if_unsafe
 from ._readonly import ReadOnlyView
+from ._values import VALUE_FILE, file_size, read_value_file
 
-__all__ = ["KEYS_DIR", "STORAGE_ERRORS", "ArtifactStore", "Row", "SafeDisk", "storage_fault"]
+if TYPE_CHECKING:
+    import diskcache
+
+__all__ = ["KEYS_DIR", "STORAGE_ERRORS", "ArtifactStore", "Row", "storage_fault"]
 
 logger = logging.getLogger(__name__)
 
-# What the storage can raise; the cache turns each into a miss or a skipped store.
-STORAGE_ERRORS = (sqlite3.Error, OSError, diskcache.Timeout)
-# diskcache names value files <2 hex>/<2 hex>/<28 hex>.val; a row naming anything else was
-# planted, and following it would read or delete files outside the store.
-_VALUE_FILE = re.compile(r"^[0-9a-f]{2}[/\\][0-9a-f]{2}[/\\][0-9a-f]{28}\.val$")
+# What the storage can raise; the cache turns each into a miss or a skipped store. diskcache's
+# Timeout (a write that found the store locked past its timeout) is raised as TimeoutError.
+STORAGE_ERRORS = (sqlite3.Error, OSError)
+# The modes of diskcache's rows that hold bytes: raw in the row, or in a value file.
+_MODE_RAW, _MODE_BINARY = 1, 2
 _DB_FILES = ("cache.db", "cache.db-wal", "cache.db-shm")
 _SQLITE_CORRUPT, _SQLITE_NOTADB = 11, 26  # result codes (sqlite3 names them only from Python 3.11)
 _SELECT = ("SELECT mode, filename, value, size FROM Cache WHERE key = ? AND raw = 1 "
@@ -76,130 +77,6 @@ def _is_corrupt(err: sqlite3.DatabaseError) -> bool:
         return code & 0xFF in (_SQLITE_CORRUPT, _SQLITE_NOTADB)
     text = str(err).lower()
     return "malformed" in text or "not a database" in text
-
-
-_MKDIR_ATTEMPTS = 3
-
-
-class SafeDisk(diskcache.Disk):
-    """A diskcache Disk that stores and returns only bytes (values) and str (keys)."""
-
-    def put(self, key):
-        if type(key) is not str:
-            raise TypeError(f"store keys must be str, got {type(key).__name__}")
-        return super().put(key)
-
-    def get(self, key, raw):
-        if not raw:
-            raise UnsafeEntryError("refusing to unpickle a key read from the cache database")
-        return super().get(key, raw)
-
-    def store(self, value, read, key=diskcache.core.UNKNOWN):
-        if type(value) is not bytes:
-            raise TypeError(f"store values must be bytes, got {type(value).__name__}")
-        # Every value in a file (the store's min_file_size is 0): a key file can name it.
-        return super().store(value, read, key=key)
-
-    def fetch(self, mode, filename, value, read):
-        if mode != diskcache.core.MODE_RAW and mode != diskcache.core.MODE_BINARY:
-            raise UnsafeEntryError(f"refusing to read a cache row of mode {mode} (only bytes are stored)")
-        if mode == diskcache.core.MODE_BINARY:
-            return _read_value_file(self._directory, filename, None)[0]
-        return bytes(value)
-
-    def remove(self, file_path):
-        # diskcache removes the file a row names when the row goes (delete, cull, clear):
-        # a planted '../../x' must not delete files outside the store, nor a FIFO or link
-        # planted at a store name be treated as ours.
-        if not _VALUE_FILE.match(str(file_path)):
-            logger.warning("codegen cache: not removing %r named by a store row (not a store file name)",
-                           str(file_path)[:200])
-            return
-        full = os.path.join(self._directory, file_path)
-        with contextlib.suppress(OSError):
-            if not stat.S_ISREG(os.lstat(full).st_mode):
-                logger.warning("codegen cache: not removing %s: not a regular file (left in place)", full)
-                return
-        super().remove(file_path)
-
-    def _write(self, full_path, iterator, mode, encoding=None):
-        # Written here rather than by diskcache's own _write, which makes missing directories
-        # with os.makedirs, parents included: a store (or a whole cache directory) removed
-        # meanwhile would be made again, by the upgrader too. Only the two levels of a value
-        # file's name are made, below a store directory that exists. And a failed write (a
-        # full disk) leaves no partly written file: no row would refer to it, it would hold
-        # that space for good.
-        subdir = os.path.dirname(full_path)
-        # Another thread's or process's remove of the last file in these levels removes them
-        # (diskcache's os.removedirs) between our mkdir and open: made again, a few times.
-        # The store directory gone: FileNotFoundError.
-        for attempt in range(_MKDIR_ATTEMPTS):
-            try:
-                for path in (os.path.dirname(subdir), subdir):
-                    with contextlib.suppress(FileExistsError):
-                        os.mkdir(path, DIR_MODE)
-                    if not stat.S_ISDIR(os.lstat(path).st_mode):
-                        raise UnsafeEntryError(f"{path} is not a directory of the store (a symlink?)")
-                writer = open(full_path, mode, encoding=encoding)  # mode "xb": a file of its own, never a link
-                break
-            except FileNotFoundError:
-                if attempt == _MKDIR_ATTEMPTS - 1 or not os.path.isdir(self._directory):
-                    raise
-        if isinstance(iterator, io.BytesIO):
-            # diskcache iterates a BytesIO line by line: thousands of write() calls for a
-            # binary. One chunk (same file, same size).
-            iterator = iter((iterator.getvalue(),))
-        size = 0
-        try:
-            with writer:
-                for chunk in iterator:
-                    size += len(chunk)
-                    writer.write(chunk)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.remove(full_path)
-            raise
-        for path in (full_path, subdir, os.path.dirname(subdir)):
-            share_file_mode(path)
-        freeze_file_mode(full_path)
-        return size
-
-
-def _read_value_file(directory: str, filename: object, size: int | None) -> tuple[bytes, str]:
-    """The bytes of a value file and its path: a regular file, read up to `size` bytes."""
-    if not _VALUE_FILE.match(str(filename)):
-        raise UnsafeEntryError(f"refusing to read value file {str(filename)[:80]!r} (not a store file name)")
-    path = os.path.join(directory, str(filename))
-    fd = os.open(path, READ_FLAGS)  # a symlink fails here (ELOOP); a FIFO opens without blocking
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise UnsafeEntryError(f"value file {path} is not a regular file")
-        if size is not None and info.st_size != size:
-            raise ArtifactError(f"value file holds {info.st_size} bytes, its row says {size}")
-        wanted = info.st_size if size is None else size
-        chunks, got = [], 0
-        while got < wanted:
-            chunk = os.read(fd, wanted - got)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            got += len(chunk)
-        data = b"".join(chunks)
-    finally:
-        os.close(fd)
-    if len(data) != wanted:
-        raise ArtifactError(f"value file ended after {len(data)} of {wanted} bytes")
-    return data, path
-
-
-def _file_size(path: str) -> int | None:
-    """The size of the regular file at `path` (None: absent, or not a regular file)."""
-    try:
-        info = os.lstat(path)
-    except OSError:
-        return None
-    return info.st_size if stat.S_ISREG(info.st_mode) else None
 
 
 class Row(NamedTuple):
@@ -319,6 +196,7 @@ class ArtifactStore:
         if not writable(self.directory):
             real_dir(self.directory, self.root)  # a symlink in its place is refused here too
             warn_read_only(self.root)
+            from ._safedisk import SafeDisk
             return ReadOnlyView(self.directory, SafeDisk(str(self.directory)))
         # The cache directory too, when this call makes it (an existing one is left as it is).
         made_root = not self.root.exists()
@@ -339,16 +217,8 @@ class ArtifactStore:
         return cache
 
     def _connect(self) -> diskcache.Cache:
-        return diskcache.Cache(
-            str(self.directory),
-            timeout=self.timeout,
-            disk=SafeDisk,
-            size_limit=self.size_limit,
-            eviction_policy="least-recently-stored",  # no write on every hit
-            cull_limit=0,  # we cull after each put, to count what goes
-            statistics=False,
-            disk_min_file_size=0,  # every value in a file: its key file names it
-        )
+        from ._safedisk import open_cache
+        return open_cache(str(self.directory), timeout=self.timeout, size_limit=self.size_limit)
 
     def _db_identity(self) -> tuple[int, int] | None:
         try:
@@ -364,7 +234,7 @@ class ArtifactStore:
         # delete it; the caller opens an empty store in its place.
         logger.warning("codegen cache: the index of %s is corrupt (%s); starting that store afresh",
                        self.directory, err)
-        if isinstance(self._cache, diskcache.Cache):
+        if self._cache is not None and not isinstance(self._cache, ReadOnlyView):
             with contextlib.suppress(*STORAGE_ERRORS):
                 self._cache.close()
         self._cache = None
@@ -386,9 +256,14 @@ class ArtifactStore:
             try:
                 return func(*args, **kwargs)
             except sqlite3.DatabaseError as err:
-                if _is_corrupt(err) and isinstance(self._cache, diskcache.Cache):
+                if _is_corrupt(err) and self._cache is not None and not isinstance(self._cache, ReadOnlyView):
                     with self._lock:
                         self._start_afresh(err)
+                raise
+            except Exception as err:
+                safedisk = sys.modules.get(f"{__package__}._safedisk")  # a Timeout comes only from an open store
+                if safedisk is not None and isinstance(err, safedisk.Timeout):
+                    raise TimeoutError(f"{self.directory} stayed locked past its timeout ({self.timeout} s)") from err
                 raise
 
     def _writable_cache(self) -> diskcache.Cache:
@@ -428,14 +303,14 @@ class ArtifactStore:
         if found is None:
             return None
         mode, filename, value, size = found
-        if mode == diskcache.core.MODE_RAW:
+        if mode == _MODE_RAW:
             if not isinstance(value, bytes):
                 raise UnsafeEntryError(f"row of mode {mode} holds a {type(value).__name__}")
             return Row(value, None)
-        if mode != diskcache.core.MODE_BINARY:
+        if mode != _MODE_BINARY:
             raise UnsafeEntryError(f"refusing to read a cache row of mode {mode} (only bytes are stored)")
         try:
-            blob, path = _read_value_file(str(self.directory), filename, int(size))
+            blob, path = read_value_file(str(self.directory), filename, int(size))
         except FileNotFoundError:
             return None  # evicted by another process between the row and the file
         return Row(blob, path)
@@ -446,7 +321,7 @@ class ArtifactStore:
         if named is None:
             return None
         try:
-            blob, path = _read_value_file(str(self.directory), named[0], named[1])
+            blob, path = read_value_file(str(self.directory), named[0], named[1])
         except (OSError, ArtifactError, UnsafeEntryError):
             return None  # evicted or replaced meanwhile, or not a file of the store's: the row decides
         return Row(blob, path)
@@ -472,7 +347,7 @@ class ArtifactStore:
             filename, size, end = (text or b"").decode("ascii").split("\n")
         except (UnicodeDecodeError, ValueError):
             return None
-        if end or not size.isdigit() or not _VALUE_FILE.match(filename):
+        if end or not size.isdigit() or not VALUE_FILE.match(filename):
             return None
         return filename, int(size)
 
@@ -507,7 +382,7 @@ class ArtifactStore:
 
     def _write_key_file_of(self, key: str) -> None:
         found = self._plain_row(key)
-        if not isinstance(found, tuple) or len(found) != 4 or found[0] != diskcache.core.MODE_BINARY:
+        if not isinstance(found, tuple) or len(found) != 4 or found[0] != _MODE_BINARY:
             return
         _mode, filename, _value, size = found
         keys = self.directory / KEYS_DIR
@@ -540,7 +415,7 @@ class ArtifactStore:
                 continue
             if keys is None:
                 named = self._named_by_key_file(name)
-                if named is not None and _file_size(os.path.join(self.directory, named[0])) == named[1]:
+                if named is not None and file_size(os.path.join(self.directory, named[0])) == named[1]:
                     continue  # leads to its value file still
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(directory, name))

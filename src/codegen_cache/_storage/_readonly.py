@@ -7,10 +7,12 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-
-import diskcache
+from typing import TYPE_CHECKING
 
 from ._faults import ReadOnlyStoreError
+
+if TYPE_CHECKING:
+    import diskcache
 
 __all__ = ["ReadOnlyView"]
 
