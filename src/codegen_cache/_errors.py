@@ -6,6 +6,8 @@ import errno
 import os
 
 __all__ = [
+    "CACHEABLE_FAILURES",
+    "ENVIRONMENT_FAILURES",
     "ArtifactError",
     "CacheLinkError",
     "CachedCodegenError",
@@ -320,3 +322,11 @@ class RemoteValueTooLargeError(RemoteReplyError):
 
     def __reduce__(self):
         return (RemoteValueTooLargeError, (self.size, self.limit))
+
+
+# What a codegen raises, sorted (the cache's miss and its failures store, _cache/_failures.py):
+# errors of a bad kernel or config are remembered; errors of the environment, not the kernel,
+# never are. A RecursionError depends on how deep the caller's stack was (and a re-entered cache
+# raises one, ReentrantLoweringError).
+CACHEABLE_FAILURES = (RuntimeError, ValueError, TypeError, AttributeError, IndexError, KeyError)
+ENVIRONMENT_FAILURES = (CudaRuntimeUnavailableError, CachedCodegenError, RecursionError, OSError, MemoryError)

@@ -42,7 +42,7 @@ from .._artifacts import FORMAT_VERSION, frame
 from .. import _compat
 from .._config import (ENV_VARS, Settings, disabled_by_env, own_env_vars, refuse_file_as_directory, settings_from_env,
                        unknown_env_vars)
-from .._errors import ReentrantLoweringError, UncacheableError
+from .._errors import CACHEABLE_FAILURES, ENVIRONMENT_FAILURES, ReentrantLoweringError, UncacheableError
 from .._forksafe import build_gate, renew_after_fork
 from .._log import warn_once
 from .._key import CacheKey, compute_key, ir_hash
@@ -52,30 +52,27 @@ from .._storage._disk import KEYS_DIR, ArtifactStore
 from .._storage._faults import ensure_dir
 from .._storage._fsprobe import scratch_dir as _usable_scratch_dir
 from .._storage._fsprobe import sweep_leftovers
-from .._storage._locks import KeyLocks
 from .._storage._memory import ModuleLRU
 from .._storage._pending import PendingFiles
 from .._storage._trust import untrusted
 from .._targets import TargetLike, as_target
 from ._budget import EVERY_TIER, Plan, TierBudget
-from ._failures import CACHEABLE_FAILURES, ENVIRONMENT_FAILURES, FailureCache
-from ._flight import FleetFlight, Lease, SingleFlight
 from ._guard import StorageGuard
 from ._mutation import changed, parts_of
-from ._promotion import Promoter
-from ._push import Pusher
 from ._stats import StatsRecorder
 from ._tiers import COLLISION, DiskTier, Entry, Hit, MemoryTier, Probe, RemoteTierView, TierChain
 from ._writer import writer
 from .._storage._layout import ENTRY_STORES, FRONTEND_DIR, STAGED_DIR, STORE_NAMES
 from .._storage._memory import MemoryEntry
-from .._storage._outbox import Outbox
 from .._storage._plain import PlainFiles
 from .._validate import check_bool, check_timeout
-from . import _upgrade
 
 if TYPE_CHECKING:
     from .._compat import IRModule, Module, Target
+    from ._failures import FailureCache
+    from ._flight import FleetFlight, Lease, SingleFlight
+    from ._promotion import Promoter
+    from ._push import Pusher
     from ._snapshot import CacheStats
 
 __all__ = ["STORE_NAMES", "CodegenCache", "fresh_results_are_the_callers", "store_in_every_tier"]
@@ -216,8 +213,11 @@ class CodegenCache:
         self._remote = self._make_remote(remote, self.settings)
         leases = getattr(self._remote, "leases", None)
         # Fleet-wide single-flight where the remote has build leases (a RedisTier that may write).
-        self._fleet: FleetFlight[Hit] | None = FleetFlight(leases, wait=self.settings.lease_wait, count=self._stats.add) \
-            if getattr(leases, "enabled", False) else None
+        self._fleet: FleetFlight[Hit] | None = None
+        if getattr(leases, "enabled", False):
+            from ._flight import FleetFlight
+
+            self._fleet = FleetFlight(leases, wait=self.settings.lease_wait, count=self._stats.add)
         self._pusher = self._pusher_for(self._remote)
         self._scratch_dir: tuple[int, str] | None = None
         self._swept: int | None = None  # the pid that swept leftovers (_sweep_once)
@@ -264,11 +264,16 @@ class CodegenCache:
 
     @_made_once
     def _failures(self) -> FailureCache:
+        from ._failures import FailureCache
+
         return FailureCache(self._stores["failures"], ttl=self.settings.failure_ttl, guard=self._guard,
                             count=self._stats.add)
 
     @_made_once
     def _flight(self) -> SingleFlight[Hit]:
+        from .._storage._locks import KeyLocks
+        from ._flight import SingleFlight
+
         return SingleFlight(KeyLocks(self.directory / "locks"), wait=self.settings.lease_wait, count=self._stats.add)
 
     @_made_once
@@ -283,8 +288,8 @@ class CodegenCache:
     @_made_once
     def _disk(self) -> DiskTier:
         return DiskTier(stores=self._stores, staged=self._staged, guard=self._guard, scratch=self.scratch_dir,
-                        on_staged_hit=self._promoter.promote_later, on_raw_hit=self._ask_upgrade,
-                        on_fill=self._promoter.promote_fill)
+                        on_staged_hit=self._promote_later, on_raw_hit=self._ask_upgrade,
+                        on_fill=self._promote_fill)
 
     @_made_once
     def _chain(self) -> TierChain:
@@ -295,6 +300,8 @@ class CodegenCache:
 
     @_made_once
     def _promoter(self) -> Promoter:
+        from ._promotion import Promoter
+
         return Promoter(self.directory, stores=self._stores, staged=self._staged, staged_index=self._staged_index,
                         guard=self._guard, pusher=self._pusher, write_behind=self.write_behind)
 
@@ -322,6 +329,8 @@ class CodegenCache:
         """What pushes this directory's entries to `remote`; None where it takes no writes (read-only)."""
         if remote is None or getattr(remote, "read_only", False):
             return None
+        from ._push import Pusher
+
         return Pusher(remote, self.directory, max_age=getattr(remote, "ttl", None) or None)
 
     def __repr__(self) -> str:
@@ -473,6 +482,8 @@ class CodegenCache:
         They, and the entries marked for the remote, are pushed to this cache's remote, or to
         the `remote` URL given (a tool that opens the cache without its remote tier).
         """
+        from .._storage._outbox import Outbox
+
         pusher = self._pusher
         if remote is not None and pusher is None and (any(next(s.digests(), None) for s in self._staged.values())
                                                       or Outbox(self.directory).pending()):
@@ -496,7 +507,9 @@ class CodegenCache:
         done = writer.wait(timeout)
         if upgrades:
             remaining = 600.0 if deadline is None else max(0.0, deadline - time.monotonic())
-            done = _upgrade.wait_idle(self.directory, remaining) and done
+            from ._upgrade import wait_idle
+
+            done = wait_idle(self.directory, remaining) and done
             if self._pusher is not None:
                 self._promoter.push_pending()  # the libraries the upgrader made and could not push itself
         return done
@@ -747,8 +760,8 @@ class CodegenCache:
             raise
         finally:
             self._flight.release(held)
-            if promote is None:
-                FleetFlight.release(lease)  # nothing to push: let the next host in now
+            if promote is None and lease is not None:
+                self._fleet.release(lease)  # nothing to push: let the next host in now
         emit(tier="codegen", key=key.digest, codegen=codegen.name, mode=mode, key_seconds=key_seconds, load_seconds=0.0,
              codegen_seconds=codegen_seconds, total_seconds=time.perf_counter() - start, stored=promote is not None)
         if promote is not None:
@@ -807,7 +820,15 @@ class CodegenCache:
         """A hit was served from LLVM IR: have it turned into a shared library (once per process)."""
         if digest not in self._upgrades_asked:
             self._upgrades_asked.add(digest)
-            writer.submit(lambda: _upgrade.request(self.directory, mode, digest))
+            from ._upgrade import request
+
+            writer.submit(lambda: request(self.directory, mode, digest))
+
+    def _promote_later(self, mode: str, digest: str, blob: bytes) -> None:
+        self._promoter.promote_later(mode, digest, blob)
+
+    def _promote_fill(self, mode: str, digest: str, blob: bytes | memoryview) -> None:
+        self._promoter.promote_fill(mode, digest, blob)
 
     # ---- a miss: the codegen, then the entry staged or kept -----------------------------
 

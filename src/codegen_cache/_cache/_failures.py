@@ -21,20 +21,14 @@ from collections.abc import Callable
 
 from .. import _compat
 from .._artifacts import frame, unframe
-from .._errors import ArtifactError, CachedCodegenError, CudaRuntimeUnavailableError, remembered_error
+from .._errors import ArtifactError, CachedCodegenError, remembered_error
 from .._storage._disk import ArtifactStore
 from .._storage._faults import FILE_MODE, ensure_dir, share_file_mode
 from ._guard import StorageGuard
 
-__all__ = ["CACHEABLE_FAILURES", "ENVIRONMENT_FAILURES", "MARKER", "FailureCache"]
+__all__ = ["MARKER", "FailureCache"]
 
 MARKER = ".remembered"  # in the failures store's directory, once a failure was written there
-
-# Errors a codegen raises for a bad kernel or config: remembered.
-CACHEABLE_FAILURES = (RuntimeError, ValueError, TypeError, AttributeError, IndexError, KeyError)
-# Errors of the environment, not the kernel: never remembered. A RecursionError depends on how
-# deep the caller's stack was (and a re-entered cache raises one, ReentrantLoweringError).
-ENVIRONMENT_FAILURES = (CudaRuntimeUnavailableError, CachedCodegenError, RecursionError, OSError, MemoryError)
 
 
 class FailureCache:
