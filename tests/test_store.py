@@ -183,3 +183,29 @@ def test_a_write_that_finds_the_store_locked_past_its_timeout_is_a_storage_error
         holder.close()
     assert store.put("during", b"2") and store.get("during") == b"2"
     store.close()
+
+
+def test_a_put_over_what_is_stored_reads_and_stores_in_one_transaction(tmp_path):
+    # The llvm upgrader replaces an entry by its better form only where the entry is still the
+    # one it read: no other process's put, delete or clear may come between the check and the put.
+    store = ArtifactStore(tmp_path / "s", size_limit=1 << 20)
+    other = ArtifactStore(tmp_path / "s", size_limit=1 << 20, timeout=0.05)
+    assert store.put("k", b"old") and other.put("unrelated", b"1")  # both open
+    assert not store.put("k", b"new", over=lambda current: current == b"something else")
+    assert store.get("k") == b"old"
+    seen = []
+
+    def over(current):
+        seen.append(current)
+        with pytest.raises(TimeoutError):  # another writer waits for this transaction
+            other.put("k", b"theirs")
+        with pytest.raises(TimeoutError):
+            other.clear()
+        return current == b"old"
+
+    assert store.put("k", b"new", over=over)
+    assert seen == [b"old"] and store.get("k") == b"new" and other.get("k") == b"new"
+    assert store.delete("k")
+    assert not store.put("k", b"newer", over=lambda current: current == b"new")  # gone: not brought back
+    assert store.get("k") is None
+    store.close(), other.close()

@@ -192,11 +192,11 @@ def _upgrade_one(directory: Path, store_name: str, digest: str, stores: dict, co
                          host_triple=tvm[0], libraries=tvm[1:])
         if better is None:
             return
-        # Only over the entry we read: a rebuild (recache) may have replaced it meanwhile, and
-        # one that is gone (cleared, evicted, its directory removed) is not brought back.
-        current = store.read(digest)
-        if current.blob == blob if current is not None else staged.read(digest) == blob:
-            store.put(digest, better)
+        # Only over the entry we read, checked and stored in one transaction: a rebuild
+        # (recache) may have replaced it meanwhile, and one that is gone (cleared, evicted, its
+        # directory removed) is not brought back.
+        if store.put(digest, better, over=lambda current: current == blob if current is not None
+                     else staged.read(digest) == blob):
             staged.remove(digest, blob)
             counters.add("upgrades")
             _push.upgraded(directory, store_name, digest, better, counters.add)  # the library, for the fleet

@@ -79,6 +79,12 @@ def _is_corrupt(err: sqlite3.DatabaseError) -> bool:
     return "malformed" in text or "not a database" in text
 
 
+def _set_over(cache: diskcache.Cache, key: str, blob: bytes, over: Callable[[bytes | None], bool],
+              expire: float | None, tag: str | None) -> bool:
+    with cache.transact(retry=False):  # holds the store's write lock: reads go on, writes wait
+        return over(cache.get(key)) and bool(cache.set(key, blob, expire=expire, tag=tag, retry=False))
+
+
 class Row(NamedTuple):
     """A stored value and, when it lives in a file of its own, that file (for tools; never loaded by path)."""
 
@@ -444,10 +450,19 @@ class ArtifactStore:
         row = self.read(key)
         return None if row is None else row.blob
 
-    def put(self, key: str, blob: bytes, *, expire: float | None = None, tag: str | None = None) -> bool:
-        """Store `blob` under `key` (atomic for readers), then evict to the size limit."""
+    def put(self, key: str, blob: bytes, *, expire: float | None = None, tag: str | None = None,
+            over: Callable[[bytes | None], bool] | None = None) -> bool:
+        """Store `blob` under `key` (atomic for readers), then evict to the size limit.
+
+        over: store only where over(the bytes stored under `key` now, None where none) is true,
+        read and stored in one transaction of the store: no other process's put, delete or clear
+        comes between the two (an entry replaced by its better form is the one that was read).
+        """
         cache = self._writable_cache()
-        stored = bool(self._run(cache.set, key, blob, expire=expire, tag=tag, retry=False))
+        if over is None:
+            stored = bool(self._run(cache.set, key, blob, expire=expire, tag=tag, retry=False))
+        else:
+            stored = bool(self._run(_set_over, cache, key, blob, over, expire, tag))
         if stored and expire is None:
             self._write_key_file(key)
         if self._run(cache.volume) > self.size_limit:
