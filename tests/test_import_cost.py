@@ -34,6 +34,8 @@ MISS = ("diskcache", "codegen_cache._storage._safedisk", "codegen_cache._storage
         "codegen_cache._storage._holders", "codegen_cache._storage._outbox", "codegen_cache._cache._flight",
         "codegen_cache._cache._failures", "codegen_cache._cache._promotion", "codegen_cache._cache._push",
         "codegen_cache._cache._upgrade")
+# The CUDA codecs: a process that caches no CUDA (enable(), an llvm hit or miss) never imports them.
+CUDA = ("codegen_cache._artifacts._cuda", "codegen_cache.codegens.cuda")
 # Standard and third-party modules only a rarer path needs: the default directory (platformdirs,
 # where none is given), a typo's suggestion (difflib); statistics is not used.
 RARE = ("platformdirs", "difflib", "statistics")
@@ -53,6 +55,7 @@ def test_import_codegen_cache_after_tvm_imports_no_cache_store_and_enable_no_rem
     assert not {m for m in enabled if m.startswith(AT_FIRST_USE)}
     assert not enabled & set(RARE), sorted(enabled & set(RARE))
     assert not enabled & set(MISS), sorted(enabled & set(MISS))
+    assert not enabled & set(CUDA), sorted(enabled & set(CUDA))
     assert not (tmp_path / "cache").exists()  # enabling opens no store: the first compile does
 
 
@@ -86,3 +89,4 @@ def test_a_process_that_only_hits_imports_nothing_only_a_miss_uses(tmp_path):
     assert not set(found["hit"]) & set(MISS), sorted(set(found["hit"]) & set(MISS))
     # The same modules do come with the first miss (where the list above is what a miss uses).
     assert {"codegen_cache._cache._flight", "codegen_cache._cache._promotion", "diskcache"} <= set(found["miss"])
+    assert not set(found["miss"]) & set(CUDA), sorted(set(found["miss"]) & set(CUDA))

@@ -26,14 +26,17 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import _compat
 from .._compat import Module
 from .._errors import ArtifactError, CudaRuntimeUnavailableError, EntryKeyError
-from . import _cuda, _llvm, _packed
+from . import _llvm, _packed
 from ._link import ir_triple
 from ._frame import CODEC_FIELDS, Artifact, check, frame, unframe
+
+if TYPE_CHECKING:
+    from ._cuda import CudaPayload
 
 __all__ = ["CODECS", "check", "decode", "encode_cuda_binary", "function_names", "needs_upgrade", "portable",
            "prepare", "symbol_names", "upgradable"]
@@ -78,6 +81,8 @@ def prepare(module: Module, meta: Mapping[str, Any], *, func_names: Sequence[str
                 "triple": ir_triple(ir)}
         return "llvm-ir", meta, [ir]
     if kind == "cuda":
+        from . import _cuda  # the CUDA codecs' module: imported by processes that cache CUDA only
+
         payload = _cuda.module_payload(module)
         if payload.fmt == _cuda.FALLBACK_FMT:
             # TVM's source-only module: its function map too, so that a hit is that module again.
@@ -104,7 +109,7 @@ def prepare(module: Module, meta: Mapping[str, Any], *, func_names: Sequence[str
     return "source", {**meta, "source_format": fmt}, [module.inspect_source("").encode()]
 
 
-def encode_cuda_binary(payload: _cuda.CudaPayload, source: str, meta: Mapping[str, Any],
+def encode_cuda_binary(payload: CudaPayload, source: str, meta: Mapping[str, Any],
                        *, func_names: Sequence[str]) -> bytes:
     """Frame a compiled CUDA payload without loading it (a GPU-less host filling a cache)."""
     meta = {**meta, "module_kind": "cuda", "func_names": list(func_names)}
@@ -142,6 +147,8 @@ def _llvm_so(fields, meta, path, scratch) -> Module:
 
 
 def _cuda_bin(fields, meta, path, scratch) -> Module:
+    from . import _cuda
+
     fmt, fmap, code, source = (bytes(f) for f in fields)
     if fmt not in (b"fatbin", b"cubin", b"ptx") or not code:
         raise ArtifactError(f"CUDA binary format {fmt[:16]!r} or empty code", kind="cuda-bin")
@@ -153,6 +160,8 @@ def _cuda_bin(fields, meta, path, scratch) -> Module:
 
 
 def _cuda_module(fields, meta, path, scratch) -> Module:
+    from . import _cuda
+
     fmt, fmap, code, sources_json = (bytes(f) for f in fields)  # a hit may hand views of a mapped file
     if fmt not in (b"fatbin", b"cubin", b"ptx") or not code:
         raise ArtifactError(f"CUDA format {fmt[:16]!r} or empty data", kind="cuda-module")
@@ -170,6 +179,8 @@ def _cuda_module(fields, meta, path, scratch) -> Module:
 def _cuda_fallback(fields, meta, path, scratch) -> Module:
     # The code stays a view of the checked entry (a large kernel source is copied once, into
     # the text TVM is handed); fallback_module parses the function map before TVM sees any of it.
+    from . import _cuda
+
     fmap, code = bytes(fields[0]), fields[1]
     module = _cuda.fallback_module(_cuda.CudaPayload(_cuda.FALLBACK_FMT, fmap, code), _entry_target(meta))
     if module is not None:
