@@ -1,4 +1,4 @@
-"""Every exception this package raises on purpose, each owning its message."""
+"""Every exception this package raises on purpose, each owning its message; which of a codegen's are remembered."""
 
 from __future__ import annotations
 
