@@ -6,8 +6,8 @@ hostile cache directory yields an error that the cache turns into a miss.
 
 Imported where a store is first opened through diskcache (a write, an eviction, a clear, a
 read-only directory); a lookup, through key files or the plain SQLite reader (`_disk.py`),
-needs none of diskcache, whose import is a tenth of `enable()` (docs/benchmarks.md, "What the
-cache layer's import costs").
+needs none of diskcache, so a process that only hits never imports it (what that saves:
+docs/benchmarks.md, "What a hit does not import").
 """
 
 from __future__ import annotations
