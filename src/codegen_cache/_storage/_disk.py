@@ -79,6 +79,13 @@ def _is_corrupt(err: sqlite3.DatabaseError) -> bool:
     return "malformed" in text or "not a database" in text
 
 
+def _lock_timeout() -> type[BaseException] | tuple[()]:
+    """diskcache's Timeout where a store was opened through it, else nothing to catch: no other
+    code raises it. Named only where an exception is being matched, so a lookup imports none of it."""
+    safedisk = sys.modules.get(f"{__package__}._safedisk")
+    return safedisk.Timeout if safedisk is not None else ()
+
+
 def _set_over(cache: diskcache.Cache, key: str, blob: bytes, over: Callable[[bytes | None], bool],
               expire: float | None, tag: str | None) -> bool:
     with cache.transact(retry=False):  # holds the store's write lock: reads go on, writes wait
@@ -203,6 +210,7 @@ class ArtifactStore:
             real_dir(self.directory, self.root)  # a symlink in its place is refused here too
             warn_read_only(self.root)
             from ._safedisk import SafeDisk
+
             return ReadOnlyView(self.directory, SafeDisk(str(self.directory)))
         # The cache directory too, when this call makes it (an existing one is left as it is).
         made_root = not self.root.exists()
@@ -224,6 +232,7 @@ class ArtifactStore:
 
     def _connect(self) -> diskcache.Cache:
         from ._safedisk import open_cache
+
         return open_cache(str(self.directory), timeout=self.timeout, size_limit=self.size_limit)
 
     def _db_identity(self) -> tuple[int, int] | None:
@@ -266,11 +275,8 @@ class ArtifactStore:
                     with self._lock:
                         self._start_afresh(err)
                 raise
-            except Exception as err:
-                safedisk = sys.modules.get(f"{__package__}._safedisk")  # a Timeout comes only from an open store
-                if safedisk is not None and isinstance(err, safedisk.Timeout):
-                    raise TimeoutError(f"{self.directory} stayed locked past its timeout ({self.timeout} s)") from err
-                raise
+            except _lock_timeout() as err:
+                raise TimeoutError(f"{self.directory} stayed locked past its timeout ({self.timeout} s)") from err
 
     def _writable_cache(self) -> diskcache.Cache:
         """The open store for a write; reopened (recreated) if its directory was removed."""
