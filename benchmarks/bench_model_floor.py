@@ -1,6 +1,6 @@
 """A warm Relax model in a fresh process against its floor: what a user builds by hand with export_library.
 
-    python benchmarks/bench_model_floor.py [--layers 1 4 16] [--targets llvm cuda] [--rounds 7] [--json out.json]
+    python benchmarks/bench_model_floor.py [--layers 1 4 16] [--targets llvm cuda] [--rounds 7] [--second] [--json out.json]
 
 For each target and model (tests/relax_models.llama: hidden 256, seq 32), once, untimed: a cold
 compile through the cache fills a directory of its own (the llvm upgrader is waited for), and
@@ -15,6 +15,11 @@ time, what other jobs on a loaded machine disturb least) one of:
             model key scans what was registered into TVM before enable();
 - env:      the same hit in a process started with CODEGEN_CACHE_ENABLE=1 (the switch turned on
             as `import tvm` completed), tvm.compile timed.
+
+--second adds, as a diagnostic with no goal, the floor and the `env` hit in processes that first
+loaded or compiled another model (tests/relax_models.mlp, exported and stored by the setup): what
+a warm model costs once the process's own setup (the cache object, its trust check, the tiers,
+the counter file, the llvm codegen's import and its first resolve) is done.
 
 Each process also times TVM's structural hash of the model (the part of a hit no cache can
 skip) before anything else of ours runs, and the warm ones time a second tvm.compile of the same
@@ -61,14 +66,16 @@ target = tvm.target.Target(json.loads(text) if text.startswith("{") else text)
 mod, _ = relax_models.llama(layers=layers)
 cache = cc.CodegenCache(directory)
 cc.enable(cache, children=False)
-executable = tvm.compile(mod, target)
-assert cc.last_outcome().tier == "codegen", cc.last_outcome()
-host = executable.mod.imports[0]
-if len(host.imports):  # source-only CUDA: the host library is exported, the CUDA text kept beside it
-    with open(library + ".cu", "w") as f:
-        f.write(host.imports[0].inspect_source())
-    tvm.get_global_func("ffi.ModuleClearImports")(host)
-executable.export_library(library)
+# The model, then another one (relax_models.mlp) that --second's variants compile or load first.
+for model, path in ((mod, library), (relax_models.mlp()[0], library + ".other.so")):
+    executable = tvm.compile(model, target)
+    assert cc.last_outcome().tier == "codegen", cc.last_outcome()
+    host = executable.mod.imports[0]
+    if len(host.imports):  # source-only CUDA: the host library is exported, the CUDA text kept beside it
+        with open(path + ".cu", "w") as f:
+            f.write(host.imports[0].inspect_source())
+        tvm.get_global_func("ffi.ModuleClearImports")(host)
+    executable.export_library(path)
 cache.flush(upgrades=True, timeout=300)
 """
 
@@ -83,18 +90,31 @@ from tvm import relax
 import relax_models
 target = tvm.target.Target(json.loads(text) if text.startswith("{") else text)
 mod, _ = relax_models.llama(layers=layers)
+second = variant.endswith("2")  # --second: another model compiled or loaded first, untimed
+variant = variant.rstrip("2")
 clock = time.thread_time
 found = {}
 t0 = clock()
 tvm_ffi.structural_hash(mod, map_free_vars=True)
 found["hash"] = clock() - t0
-if variant == "floor":
-    t0 = clock()
-    exe = tvm.runtime.load_module(library)
+
+
+def load(path):
+    exe = tvm.runtime.load_module(path)
     vm = relax.VirtualMachine(exe, tvm.cpu())
     if text.startswith("{"):  # after the VM: a source module answers every function lookup with an error
-        with open(library + ".cu") as f:
+        with open(path + ".cu") as f:
             exe.imports[0].import_module(tvm.get_global_func("runtime.SourceModuleCreate")(f.read(), "cu"))
+    return vm
+
+
+if second and variant == "floor":
+    load(library + ".other.so")
+elif second:
+    tvm.compile(relax_models.mlp()[0], target)  # a warm model: the process's setup is done before the timer
+if variant == "floor":
+    t0 = clock()
+    load(library)
     found["time"] = clock() - t0
 else:
     copy = mod.clone()
@@ -102,7 +122,7 @@ else:
     assert tvm_ffi.structural_equal(mod, copy, map_free_vars=True)
     found["equal"] = clock() - t0
     import codegen_cache as cc  # its import is --import-rounds' figure
-    if variant == "enable":
+    if variant == "enable" and not second:
         t0 = clock()
         cc.enable(cc.CodegenCache(directory), children=False)  # imports the cache layer and the switch
         found["enable"] = clock() - t0
@@ -118,12 +138,14 @@ print(json.dumps(found))
 """
 
 VARIANTS = ("floor", "enable", "env")
+# --second: the floor and the env variant in a process that loaded or compiled another model first.
+SECOND = ("floor2", "env2")
 
 
 def _env(variant: str, directory: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CODEGEN_CACHE_")}
     env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
-    if variant == "env":
+    if variant in ("env", "env2"):
         env["CODEGEN_CACHE_ENABLE"] = "1"
         env["CODEGEN_CACHE_DIR"] = directory
     return env
@@ -137,15 +159,16 @@ def _python(code: str, args: list[str], env: dict[str, str]) -> str:
     return out.stdout
 
 
-def bench_model(target: str, layers: int, rounds: int, scratch: Path) -> dict:
+def bench_model(target: str, layers: int, rounds: int, scratch: Path, second: bool = False) -> dict:
     directory = str(scratch / f"cache-{target}-{layers}")
     library = str(scratch / f"m-{target}-{layers}.so")
     _python(SETUP, [TARGETS[target], str(layers), directory, library], _env("setup", directory))
-    samples: dict[str, dict[str, list[float]]] = {v: {} for v in VARIANTS}
+    variants = VARIANTS + (SECOND if second else ())
+    samples: dict[str, dict[str, list[float]]] = {v: {} for v in variants}
     tiers: set[str] = set()
     for r in range(rounds):
-        k = r % len(VARIANTS)
-        for variant in VARIANTS[k:] + VARIANTS[:k]:
+        k = r % len(variants)
+        for variant in variants[k:] + variants[:k]:
             args = [variant, TARGETS[target], str(layers), directory, library, PTH.read_text()]
             found = json.loads(_python(CHILD, args, _env(variant, directory)).strip().splitlines()[-1])
             for name, value in found.items():
@@ -162,7 +185,7 @@ def bench_model(target: str, layers: int, rounds: int, scratch: Path) -> dict:
     rerun_budget = hash_median + equal + 0.2e-3
     return {"target": target, "layers": layers, "rounds": rounds, "load": os.getloadavg(), "tiers": sorted(tiers),
             "hash": hash_median, "equal": equal, "floor": floor, "budget": budget, "rerun_budget": rerun_budget,
-            "medians": medians, "samples": samples,
+            "medians": medians, "samples": samples, "second": second,
             "pass": {"enable": medians["enable"]["time"] <= budget, "env": medians["env"]["time"] <= budget,
                      "rerun": max(medians["enable"]["rerun"], medians["env"]["rerun"]) <= rerun_budget}}
 
@@ -182,6 +205,10 @@ def report(found: dict) -> None:
         time = m[variant]["time"]
         print(f"  warm, {label:38s} {fmt_time(time):>8s}  {time / (found['hash'] + found['floor']):5.2f} x (hash + "
               f"floor)  {_verdict(found['pass'][variant])}")
+    if found["second"]:  # a diagnostic, no goal: the process's own setup is done before the timer
+        floor2, warm2 = m["floor2"]["time"], m["env2"]["time"]
+        print(f"  after another model in the process: floor {fmt_time(floor2)}   warm, CODEGEN_CACHE_ENABLE=1, "
+              f"tvm.compile {fmt_time(warm2)}  {warm2 / (found['hash'] + floor2):5.2f} x (hash + that floor)")
     rerun = max(m["enable"]["rerun"], m["env"]["rerun"])
     print(f"  re-run in that process (memory hit) {fmt_time(rerun)}   goal hash + equal + 0.2 ms = "
           f"{fmt_time(found['rerun_budget'])} (equal {fmt_time(found['equal'])})  {_verdict(found['pass']['rerun'])}")
@@ -229,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--import-rounds", type=int, default=0,
                         help="time `import codegen_cache` after `import tvm` instead (goal: at most 2%% of it)")
+    parser.add_argument("--second", action="store_true",
+                        help="also time the floor and the warm compile after another model in the process "
+                             "(no goal: what a hit costs once the process's own setup is done)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     if args.import_rounds:
@@ -248,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-model-floor-") as scratch:
         for target in args.targets:
             for layers in args.layers:
-                found = bench_model(target, layers, args.rounds, Path(scratch))
+                found = bench_model(target, layers, args.rounds, Path(scratch), args.second)
                 results.append(found)
                 report(found)
     verdicts = [v for found in results for v in found["pass"].values()]
