@@ -48,7 +48,7 @@ def test_every_tier_is_used_until_a_codegen_has_run_three_times():
 
 def test_a_codegen_cheaper_than_its_key_uses_no_tier():
     plan = _fed([20e-6] * 5, key_share=1.0).plan("cg", "source")
-    assert plan == dataclasses.replace(NO_TIER, why=plan.why) and "no tier pays" in plan.why
+    assert plan == NO_TIER._replace(why=plan.why) and "no tier pays" in plan.why
 
 
 def test_a_key_that_breaks_the_miss_budget_uses_no_tier():
@@ -73,7 +73,7 @@ def test_a_codegen_at_the_minimum_uses_every_tier():
 
 def test_a_slow_codegen_uses_every_tier():
     # nvcc: 0.4 s runs against a key of microseconds.
-    assert _fed([0.4] * WINDOW, key_share=1e-4).plan("cg", "source") == dataclasses.replace(EVERY_TIER)
+    assert _fed([0.4] * WINDOW, key_share=1e-4).plan("cg", "source") == EVERY_TIER
 
 
 def test_one_slow_call_changes_no_decision():

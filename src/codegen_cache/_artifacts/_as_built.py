@@ -32,7 +32,6 @@ import tempfile
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _compat
@@ -54,15 +53,23 @@ _FFI_PREFIX = "__tvm_ffi_"
 _EXPORTABLE_LLVM = _compat.module_property_mask(runnable=True, exportable=True, serializable=False)
 
 
-@dataclass(slots=True)
 class Record:
-    """What a registered module answers from: its stored IR, and (for a library) the library bytes."""
+    """What a registered module answers from: its stored IR, and (for a library) the library bytes.
 
-    ir: str | bytes | memoryview  # bytes: the stored field, plain or packed (_packed)
-    library: bytes | memoryview | None  # None: the module is itself parsed from the IR
-    func_names: Sequence[str] = ()
-    queries: dict[str, Any] = field(default_factory=dict)  # LLVM_QUERIES as the built module answered
-    mask: int = _EXPORTABLE_LLVM
+    A plain class, not a dataclass: it is made when the switch is imported (docs/benchmarks.md,
+    "Records made at import").
+    """
+
+    __slots__ = ("ir", "library", "func_names", "queries", "mask")
+
+    def __init__(self, ir: str | bytes | memoryview, library: bytes | memoryview | None,
+                 func_names: Sequence[str] = (), queries: dict[str, Any] | None = None,
+                 mask: int = _EXPORTABLE_LLVM) -> None:
+        self.ir = ir  # bytes: the stored field, plain or packed (_packed)
+        self.library = library  # None: the module is itself parsed from the IR
+        self.func_names = func_names
+        self.queries = {} if queries is None else queries  # LLVM_QUERIES as the built module answered
+        self.mask = mask
 
     def ir_text(self) -> str:
         """The stored LLVM IR: the built module's `inspect_source("ll")`, byte for byte."""

@@ -22,7 +22,7 @@ import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import xxhash
 
@@ -58,9 +58,13 @@ _sources_lock = threading.Lock()
 renew_after_fork(globals(), "_sources_lock")
 
 
-@dataclass(frozen=True, slots=True)
-class CudaPayload:
-    """TVM's CUDA module save format: [fmt][function map][code], each length-prefixed."""
+class CudaPayload(NamedTuple):
+    """TVM's CUDA module save format: [fmt][function map][code], each length-prefixed.
+
+    A NamedTuple (immutable, compared by its fields), not a frozen dataclass: the class is made
+    in every process that reads or writes a CUDA entry, and a dataclass is several times as dear
+    to make (docs/benchmarks.md, "Records made at import").
+    """
 
     fmt: str
     fmap: bytes

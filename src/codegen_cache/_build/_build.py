@@ -22,8 +22,7 @@ import contextvars
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._compat import tvm, IRModule, Module, PrimFunc, Target
 
@@ -62,11 +61,11 @@ def capture_builds() -> Iterator[list[tuple[BuildRecord, Module]]]:
         _captured.reset(token)
 
 
-@dataclass(frozen=True, slots=True)
-class BuildRecord:
+class BuildRecord(NamedTuple):
     """How a build was served: tier ('memory', 'disk', 'codegen', 'uncached': as Outcome.tier), its key, its parts.
 
     codegen_seconds: the codegen time of the build's parts (for a hit: what serving it saved).
+    A NamedTuple, not a frozen dataclass (docs/benchmarks.md, "Records made at import").
     """
 
     tier: str

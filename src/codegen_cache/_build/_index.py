@@ -18,9 +18,8 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from .._compat import tvm, tvm_ffi
 import xxhash
@@ -53,9 +52,12 @@ _HOST_KINDS = frozenset({"llvm", "c", "cuda_host"})
 INDEX_ERRORS = (*STORAGE_ERRORS, TypeError, ArtifactError)
 
 
-@dataclass(frozen=True, slots=True)
-class BuildPart:
-    """One codegen call of a build: which codegen, in which mode, and its cache key digest."""
+class BuildPart(NamedTuple):
+    """One codegen call of a build: which codegen, in which mode, and its cache key digest.
+
+    A NamedTuple, not a frozen dataclass: the class is made when the switch is imported
+    (docs/benchmarks.md, "Records made at import").
+    """
 
     role: str  # "device" or "host"
     kind: str

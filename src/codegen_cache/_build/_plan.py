@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._compat import tvm, DLDeviceType, IRModule, PrimFunc, split_host_device_mods, Target
 from .. import _compat
@@ -13,9 +12,12 @@ from .._targets import as_target
 __all__ = ["Plan", "prepare_plan", "plan", "tirx_host"]
 
 
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """The input and tvm.tirx.build's steps 0-2: the target to bind, the pipeline's target, the host."""
+class Plan(NamedTuple):
+    """The input and tvm.tirx.build's steps 0-2: the target to bind, the pipeline's target, the host.
+
+    A NamedTuple, not a frozen dataclass: the class is made when the switch is imported
+    (docs/benchmarks.md, "Records made at import").
+    """
 
     mod: IRModule
     original: PrimFunc | IRModule  # what the caller passed: memory hits are compared with it

@@ -34,8 +34,8 @@ import math
 import os
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from .._storage._faults import FILE_MODE, READ_FLAGS, read_whole
 
@@ -72,23 +72,27 @@ def no_slower_budget(codegen_seconds: float) -> float:
     return max(0.1 * codegen_seconds, NO_SLOWER_SECONDS)
 
 
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """Where one lowering's entry may be read from and stored: `why` says what decided."""
+class Plan(NamedTuple):
+    """Where one lowering's entry may be read from and stored: `why` says what decided (made by `_plan`).
+
+    A NamedTuple, not a frozen dataclass: the class is made when the cache layer is imported,
+    and a dataclass is several times as dear to make (docs/benchmarks.md, "Records made at import").
+    """
 
     memory: bool
     disk: bool  # the disk tier, and with it single-flight (the key's build lock)
     remote: bool
     why: str
-    keyed: bool = field(init=False)  # whether the key is computed at all (False: the codegen runs uncached)
-
-    def __post_init__(self) -> None:
-        # A field, not a property: every lowering reads it.
-        object.__setattr__(self, "keyed", self.memory or self.disk)
+    keyed: bool  # memory or disk: whether the key is computed at all (False: the codegen runs uncached)
 
 
-EVERY_TIER = Plan(True, True, True, "every tier")
-NO_TIER = Plan(False, False, False, "no tier pays")
+def _plan(memory: bool, disk: bool, remote: bool, why: str) -> Plan:
+    # keyed is a field, not a property: every lowering reads it.
+    return Plan(memory, disk, remote, why, memory or disk)
+
+
+EVERY_TIER = _plan(True, True, True, "every tier")
+NO_TIER = _plan(False, False, False, "no tier pays")
 
 
 class _Runs:
@@ -168,11 +172,11 @@ class TierBudget:
         key = (_median(runs.key_share) if runs.key_share else 0.0) * run
         budget = no_slower_budget(run)
         if key + MEMORY_HIT_SECONDS >= run or key + MEMORY_MISS_SECONDS > budget:
-            return Plan(False, False, False, f"no tier pays: a {key * 1e3:.3g} ms key against a {run * 1e3:.3g} ms "
-                                             f"codegen run (budget {budget * 1e3:.3g} ms)")
+            return _plan(False, False, False, f"no tier pays: a {key * 1e3:.3g} ms key against a {run * 1e3:.3g} ms "
+                                              f"codegen run (budget {budget * 1e3:.3g} ms)")
         if run < self._shared_minimum:
-            return Plan(True, False, False, f"memory only: the codegen runs in {run * 1e3:.3g} ms, under "
-                                            f"min_codegen_time ({self._shared_minimum * 1e3:.3g} ms)")
+            return _plan(True, False, False, f"memory only: the codegen runs in {run * 1e3:.3g} ms, under "
+                                             f"min_codegen_time ({self._shared_minimum * 1e3:.3g} ms)")
         return EVERY_TIER
 
     # ---- what earlier processes learnt ------------------------------------------------------
