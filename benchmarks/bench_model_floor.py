@@ -61,13 +61,14 @@ import json, sys
 import tvm
 import relax_models
 import codegen_cache as cc
-text, layers, directory, library = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+text, layers, directory, library, second = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5] == "1"
 target = tvm.target.Target(json.loads(text) if text.startswith("{") else text)
 mod, _ = relax_models.llama(layers=layers)
 cache = cc.CodegenCache(directory)
 cc.enable(cache, children=False)
-# The model, then another one (relax_models.mlp) that --second's variants compile or load first.
-for model, path in ((mod, library), (relax_models.mlp()[0], library + ".other.so")):
+# The model, and with --second another one (relax_models.mlp) that its variants compile or load first.
+models = [(mod, library)] + ([(relax_models.mlp()[0], library + ".other.so")] if second else [])
+for model, path in models:
     executable = tvm.compile(model, target)
     assert cc.last_outcome().tier == "codegen", cc.last_outcome()
     host = executable.mod.imports[0]
@@ -162,7 +163,7 @@ def _python(code: str, args: list[str], env: dict[str, str]) -> str:
 def bench_model(target: str, layers: int, rounds: int, scratch: Path, second: bool = False) -> dict:
     directory = str(scratch / f"cache-{target}-{layers}")
     library = str(scratch / f"m-{target}-{layers}.so")
-    _python(SETUP, [TARGETS[target], str(layers), directory, library], _env("setup", directory))
+    _python(SETUP, [TARGETS[target], str(layers), directory, library, "1" if second else "0"], _env("setup", directory))
     variants = VARIANTS + (SECOND if second else ())
     samples: dict[str, dict[str, list[float]]] = {v: {} for v in variants}
     tiers: set[str] = set()
