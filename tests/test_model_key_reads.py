@@ -304,6 +304,8 @@ def test_tvms_registration_functions_call_the_points_the_hooks_wrap():
     assert "_ffi_api.RegisterOpAttr(" in inspect.getsource(tvm.ir.register_op_attr)
     assert "_ffi_api.OpSetAttr(" in inspect.getsource(tvm.ir.Op.set_attr)
     assert "_ffi_api.OpResetAttr(" in inspect.getsource(tvm.ir.Op.reset_attr)
+    assert "_ffi_api.RegisterOpLowerIntrinsic(op_name, f, target, level)" in inspect.getsource(
+        tvm.tirx.register_intrin_lowering)
 
 
 # ---- fresh processes ------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from ._artifacts import as_built_root
 from ._build import build as cached_tirx_build
 from ._build._index import compile_device
 from ._build._reads import install_hooks, uninstall_hooks
+from ._build._state import own
 from ._build._relax import relax_build
 from ._cache import CodegenCache
 from ._compat import IRModule, PrimFunc, tvm_ffi
@@ -64,10 +65,8 @@ _ROUTED_KINDS = ("llvm", "c", "cuda", "nvptx", "opencl", "metal", "rocm", "vulka
 _lock = threading.RLock()
 # While enabled: the replaced attributes ((module, name) -> TVM's function), the routed global
 # functions (name -> (router Function, TVM's Function)), the environment values enable() set
-# (name -> the value before), whether tilelang's switch is the one on, and whether enable() runs
-# from the start-up hook as `import tvm` completes (at_import).
-_state: dict[str, Any] = {"on": False, "attributes": {}, "globals": {}, "environ": {}, "tilelang": False,
-                          "at_import": False}
+# (name -> the value before), and whether tilelang's switch is the one on.
+_state: dict[str, Any] = {"on": False, "attributes": {}, "globals": {}, "environ": {}, "tilelang": False}
 
 # The state itself holds in a child of fork (a forked worker is as enabled as its parent).
 renew_after_fork(globals(), "_lock", threading.RLock)
@@ -110,8 +109,7 @@ def enable(cache: CodegenCache | None = None, *, children: bool = True) -> None:
             else:
                 _patch_attributes()
                 _route_globals()
-                # Enabled as `import tvm` completes: nothing but TVM's own was registered before.
-                install_hooks(registered_before=not _state["at_import"])
+                install_hooks()
         except BaseException:
             disable()  # never half enabled: what was replaced before the failure is put back
             raise
@@ -154,11 +152,7 @@ def enable_from_environment() -> bool:
     if not settings.enable or settings.disable:
         return False
     refuse_file_as_directory(settings.directory)
-    _state["at_import"] = True
-    try:
-        enable(children=False)  # the variable is set already: children inherit it as it is
-    finally:
-        _state["at_import"] = False
+    enable(children=False)  # the variable is set already: children inherit it as it is
     return True
 
 
@@ -234,7 +228,9 @@ def _patch_attributes() -> None:
             continue  # already ours (enable() after a fork of an enabled process)
         original = originals.setdefault(kind, current)
         _state["attributes"][(module_name, attribute)] = (module, current)
-        setattr(module, attribute, _router_for(kind, original))
+        router = _router_for(kind, original)
+        own(router, current)  # a key of TVM's state counts the router as what it replaced
+        setattr(module, attribute, router)
 
 
 _made_routers: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {}
@@ -264,7 +260,9 @@ def _route_globals() -> None:
         replaced = tvm_ffi.get_global_func(name, allow_missing=True)
         if replaced is None:
             continue
-        tvm_ffi.register_global_func(name, _codegen_router(name, replaced), override=True)
+        route = _codegen_router(name, replaced)
+        own(route, replaced)  # a key of TVM's state counts the router as what it replaced
+        tvm_ffi.register_global_func(name, route, override=True)
         router = tvm_ffi.get_global_func(name)
         _registry.route_global(name, router, replaced)
         _state["globals"][name] = (router, replaced)

@@ -34,7 +34,7 @@ from .._errors import UncacheableError
 from .._version import __version__
 from ..codegens._pyfunc import python_callable
 
-__all__ = ["DECLARE_HINT", "declare_salt", "identity", "in_tvm"]
+__all__ = ["DECLARE_HINT", "code_owner", "declare_salt", "fingerprint", "identity", "in_tvm"]
 
 _TVM_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (tvm, tvm_ffi))
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -101,8 +101,22 @@ def identity(obj: Any, what: str) -> str | None:
     return walk.digest.hexdigest()
 
 
+def fingerprint(obj: Any, what: str) -> str:
+    """A digest of `obj` that tells any two different registrations apart, TVM's own included.
+
+    TVM's code counts by where it is defined (its module, qualified name and line: the install
+    digest pins the code there) and by what it holds (defaults, closure cells, a partial's or a
+    bound method's values); a user's as identity() digests it. UncacheableError where `obj` holds
+    something of a user's no digest stands for.
+    """
+    walk = _Walk(what, whole=True)
+    walk.value(obj, 0, strict=True)
+    walk.digest.update(sys.version.encode())
+    return walk.digest.hexdigest()
+
+
 @functools.lru_cache(maxsize=4096)
-def _owner(filename: str) -> str:
+def code_owner(filename: str) -> str:
     """Whose code a file holds: 'tvm' (the installed tvm, tvm_ffi), 'own' (this package), 'library'
     (the standard library or an installed distribution: keyed by its name and version), else 'user'."""
     path = os.path.normpath(os.path.abspath(filename))
@@ -126,7 +140,7 @@ def _library_dirs() -> tuple[str, ...]:
 
 def in_tvm(filename: str) -> bool:
     """Whether `filename` is code of the installed tvm or tvm_ffi package."""
-    return _owner(filename) == "tvm"
+    return code_owner(filename) == "tvm"
 
 
 def _library_version(module: str | None) -> str:
@@ -137,8 +151,9 @@ def _library_version(module: str | None) -> str:
 class _Walk:
     """One digest over an object graph; `users` counts the non-TVM objects that went into it."""
 
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, *, whole: bool = False) -> None:
         self.what = what
+        self.whole = whole  # fingerprint(): TVM's own code too, with what it holds
         self.digest = xxhash.xxh3_128()
         self.seen: dict[int, int] = {}
         self.held: list[Any] = []  # keeps every visited object alive, so no id is reused during the walk
@@ -214,14 +229,24 @@ class _Walk:
                                       "which no digest of code stands for")
 
     def function(self, func: types.FunctionType, depth: int) -> None:
-        owner = _owner(func.__code__.co_filename)
+        owner = code_owner(func.__code__.co_filename)
         self.put("function", owner, func.__module__, func.__qualname__)
         if owner == "own":
             self.put(__version__)
         elif owner == "library":
             self.put(_library_version(func.__module__))
         self.users += owner not in ("tvm", "own")
-        if owner != "user" or depth > _MAX_DEPTH or len(self.seen) > _MAX_OBJECTS:
+        bounded = depth > _MAX_DEPTH or len(self.seen) > _MAX_OBJECTS
+        if owner != "user" and self.whole and not bounded:
+            # Its code is keyed by the install (or a version); what it was made to hold is not:
+            # TVM code bound to a user's value differs from the same code bound to TVM's.
+            self.put(func.__code__.co_firstlineno)
+            self.value(func.__defaults__, depth, strict=False)
+            self.value(func.__kwdefaults__, depth, strict=False)
+            for cell in func.__closure__ or ():
+                self.cell(cell, depth, skip_values=False, strict=False)
+            return
+        if owner != "user" or bounded:
             # Keyed by a version (and, past the bounds, by name); a user's function may still be in its closure.
             for cell in func.__closure__ or ():
                 self.cell(cell, depth, skip_values=True)
@@ -237,7 +262,7 @@ class _Walk:
                 self.put("global", name)
                 self.value(scope[name], depth + 1, strict=False)
 
-    def cell(self, cell: types.CellType, depth: int, *, skip_values: bool) -> None:
+    def cell(self, cell: types.CellType, depth: int, *, skip_values: bool, strict: bool | None = None) -> None:
         try:
             content = cell.cell_contents
         except ValueError:  # an empty cell (a name assigned later)
@@ -245,7 +270,7 @@ class _Walk:
             return
         if skip_values and not callable(content):
             return
-        self.value(content, depth + 1, strict=not skip_values)
+        self.value(content, depth + 1, strict=not skip_values if strict is None else strict)
 
     def code(self, code: types.CodeType, depth: int) -> None:
         self.put("code", code.co_code, code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars,
@@ -255,7 +280,7 @@ class _Walk:
 
     def klass(self, klass: type, depth: int) -> None:
         owner = "library" if klass.__module__ == "builtins" else \
-            _owner(getattr(sys.modules.get(klass.__module__), "__file__", None) or "<unknown>")
+            code_owner(getattr(sys.modules.get(klass.__module__), "__file__", None) or "<unknown>")
         self.put("class", owner, klass.__module__, klass.__qualname__)
         if owner == "library":
             self.put(_library_version(klass.__module__))

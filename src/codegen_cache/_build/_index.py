@@ -36,6 +36,7 @@ from .._storage._disk import STORAGE_ERRORS
 from .._storage._layout import INDEX_CODEC
 from .._targets import canonical_target
 from ._plan import Plan
+from ._reads import tvm_parts
 
 __all__ = ["INDEX_CODEC", "INDEX_ERRORS", "INDEX_FORMAT", "BuildPart", "codegen_seconds_of", "codegens_json",
            "compile_device", "input_key", "key_of", "parse_part", "pass_context_part", "read_entry", "read_index", "write_entry",
@@ -46,7 +47,7 @@ T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 # Bump when the index entry's layout or the build key's parts change.
-INDEX_FORMAT = "2"
+INDEX_FORMAT = "3"
 # Function targets of these kinds stay in the host module (tvm.tirx.build's is_host_func).
 _HOST_KINDS = frozenset({"llvm", "c", "cuda_host"})
 INDEX_ERRORS = (*STORAGE_ERRORS, TypeError, ArtifactError)
@@ -195,8 +196,15 @@ def key_of(plan: Plan, registry: DeviceCodegenRegistry) -> CacheKey | None:
         # A codegen reads an input no key can hold (a callback without an identity): no build
         # key; each lowering then steps aside by itself, counted and warned about once.
         return None
+    kinds = frozenset(t.kind.name for t in (plan.bind, plan.host, *plan.func_targets))
+    try:
+        # The TIR pipeline reads TVM's registered state (lowering rules, global functions its
+        # passes call, pipelines by name) as a whole compile does.
+        state = tvm_parts(kinds)
+    except UncacheableError:
+        return None  # warned about once where it was found
     return input_key(plan.hashed[0], *_tail(plan.bind, pipeline_target, plan.pipeline, context, codegens,
-                                             static_salts()))
+                                             static_salts() + state))
 
 
 def input_key(structural: int, tail: tuple[tuple[str, str], ...], tail_bytes: bytes) -> CacheKey:

@@ -1,33 +1,34 @@
-"""What a Relax compile reads besides its input: Python registered into TVM, and the tuning database in context.
+"""What a whole compile reads besides its input: TVM's registered state, and the tuning database in context.
 
-Two parts of the model key (_relax.py):
+Two parts of the model key (_relax.py) and of the build key (_index.py):
 
-    registered   every Python object registered into TVM that is not TVM's own, by its identity
-                 (_identity.py: a declared salt, else a digest of its code): global functions
-                 (tvm_ffi.register_global_func), the operator attributes the compile reads
-                 (RELAX_ATTRS of Relax operators; the lowering rules of the compile's target
-                 kinds, lowering_attrs, of the others), pipelines registered by name (Relax's
-                 and TIR's PIPELINE_MAP). TVM's own are keyed by TVM's version, a static salt:
-                 which of TVM's modules a process imported does not change the key. Functions
-                 of C++ code (TVM's libraries, a library the user loaded) are not seen.
+    registered   the difference between TVM's registered state in this process and what a clean
+                 import of this TVM installs (_baseline.py): every slot (global functions backed
+                 by Python, the operator attributes and lowering rules a compile for its target
+                 kinds reads, pipelines by name) and every imported TVM module (its callable
+                 attributes) whose fingerprint (_state.py) is not the clean one, with that
+                 fingerprint. Nothing is judged by whose an object is or where it was
+                 registered from: TVM's own function at another place, TVM code bound to a
+                 user's value, a function assigned over one of TVM's are all differences. ''
+                 where there are none, so processes that imported different parts of TVM share
+                 keys. A difference no fingerprint stands for (UncacheableError) makes that
+                 compile skip the whole-compile cache, with a warning naming declare_salt.
     database     the MetaSchedule database in context (`with database:`): a digest of all its
                  records (a superset of those that apply), memoized per (database, record count).
 
-Something unidentifiable (UncacheableError) makes that compile skip the model-level cache.
-
-Finding the registrations is a scan of TVM's registries (every global function, those operator
-attributes), done once per process at the first model key (the lowering rules once per target
-kind), and not at all where enable() ran as `import tvm` completed (nothing else can have
-registered before). Afterwards
-registrations are tracked through wrappers that enable() installs over the module attributes
-TVM's Python registration functions call (_compat.REGISTRATION_POINTS) and disable() removes;
-enable() marks the scan stale, so what was registered while not enabled is found again. Where
-a point is missing (another tvm-ffi), the scan runs on every model key. Per compile, only the
-registrations found not to be TVM's are looked up again and digested (a redefined helper is seen).
+The first key in a process reads the whole state; later keys read again only what changed:
+the slots registered into since (enable() wraps TVM's registration points,
+_compat.REGISTRATION_POINTS, so registrations from any thread, through any of TVM's helpers,
+are seen), the target kinds not read yet, the pipelines, and the modules whose attributes are
+not the objects they were (an identity check). enable() marks the state stale, so what was
+registered while not enabled is found again. Where a point is missing (another tvm-ffi), the
+whole state is read on every key.
 """
 
 from __future__ import annotations
 
+import logging
+import operator
 import sys
 import threading
 import types
@@ -37,238 +38,265 @@ from typing import Any
 import xxhash
 
 from .. import _compat
-from .._compat import tvm_ffi
 from .._errors import UncacheableError
 from .._forksafe import renew_after_fork
+from .._log import warn_once
+from . import _baseline, _state
+from ._install import install_part
 from ..codegens._pyfunc import python_callable
-from ._identity import identity, in_tvm
+from ._identity import DECLARE_HINT
 
-__all__ = ["RELAX_ATTRS", "database_part", "install_hooks", "lowering_attrs", "registered_part", "uninstall_hooks"]
+__all__ = ["database_part", "install_hooks", "registered_part", "tvm_parts", "uninstall_hooks"]
 
-# Operator attributes TVM 0.27's Relax passes read whose value may be a Python function (the
-# attribute names in its compiler library), on Relax operators (`relax.*`). FCallPacked (a
-# string), FPurity and FDataDependent (booleans) hold no function: a plain value set from outside
-# TVM is found through the wrapped registration points only.
-RELAX_ATTRS = ("FLegalize", "FPrimalGradient", "FInferMixedPrecision", "FLowerBuiltin", "FNormalize",
-               "FRelaxInferLayout", "FValidate", "FInferStructInfo")
-RELAX_OPS = "relax."
-
-
-def lowering_attrs(kind: str) -> tuple[str, ...]:
-    """The TIR lowering rules a compile for target kind `kind` reads (on the other operators)."""
-    return (f"{kind}.FLowerIntrinsic", f"{kind}.FLegalize", f"{kind}.fastmath.FLowerIntrinsic",
-            f"{kind}.fastmath.FLegalize")
-
-
-# Read by a compile for any target kind.
-DEFAULT_KINDS = ("default", "fastmath")
+logger = logging.getLogger(__name__)
 
 _lock = threading.RLock()
 renew_after_fork(globals(), "_lock", threading.RLock)  # the state itself holds in the child
-# scanned: the global functions and Relax attributes were scanned (False: at the next model key);
-# kinds: the target kinds whose lowering rules were (None: all, nothing was registered before
-# the wrappers); hooked: every registration point is
-# wrapped; globals / attrs: the registrations found not to be TVM's (name, (op, attr)).
-_state: dict[str, Any] = {"scanned": False, "kinds": set(), "hooked": False, "globals": set(), "attrs": set(),
-                          "dirty_globals": set(), "dirty_attrs": {}, "wrapped": []}
+
+
+class _Read:
+    """This process's state as last read: slots and module digests, and what to read again."""
+
+    def __init__(self) -> None:
+        self.fresh = False  # False: read everything at the next key
+        self.hooked = False
+        self.kinds: set[str] = set()
+        self.slots: dict[str, str] = {}
+        self.inner: dict[str, Any] = {}  # global:<name> -> the Python callable read there
+        self.modules: dict[str, str] = {}
+        # name -> (module, attribute names, attribute values) as last digested
+        self.seen: dict[str, tuple[types.ModuleType, tuple, tuple]] = {}
+        self.module_count = -1
+        self.memo: dict[tuple[str, frozenset[str]], str] = {}  # the last answers, while nothing changed
+        self.differing: list[str] = []  # labels that differed from the clean state at the last key
+        self.dirty_globals: set[str] = set()
+        self.dirty_attrs: set[tuple[str, str]] = set()
+        self.wrapped: list[tuple[Any, str, Any, Any]] = []
+
+
+_read = _Read()
 _database_memo: dict[str, Any] = {"held": None, "size": -1, "digest": ""}
 
 
-def registered_part(kinds: frozenset[str]) -> str:
-    """The `registered` key part of a compile for target kinds `kinds`: '' where only TVM's own is
-    registered; UncacheableError where something is unidentifiable."""
-    read = {*DEFAULT_KINDS, *kinds}
+def tvm_parts(kinds: frozenset[str]) -> tuple[tuple[str, str], ...]:
+    """The key parts of TVM as this process runs it, for a compile for target kinds `kinds`:
+    `tvm_install` (what is installed, _install.py) and `registered` (the difference from a
+    clean import of it). UncacheableError where the state cannot be keyed."""
+    install = install_part(_baseline.directory())
+    return ("tvm_install", install), ("registered", registered_part(kinds, install))
+
+
+def registered_part(kinds: frozenset[str], install: str | None = None) -> str:
+    """The `registered` key part of a compile for target kinds `kinds` (module docstring), against
+    the clean state of `install` (None: the installed one)."""
+    if install is None:
+        install = install_part(_baseline.directory())
     with _lock:
-        ops = None  # listed once for both scans: a listing walks all ~1,000 operators
-        if not (_state["scanned"] and _state["hooked"]):
-            ops = _compat.operators()
-            _scan(ops)
-            _state["scanned"], _state["kinds"] = True, set()
-        new = set() if _state["kinds"] is None else read - _state["kinds"]
-        if new:
-            _scan_lowering(new, ops if ops is not None else _compat.operators())
-            if _state["hooked"]:
-                _state["kinds"] |= new
-        _recheck()
-        names = sorted(_state["globals"])
-        attrs = sorted(slot for slot in _state["attrs"] if _reads_attr(slot[1], read))
-    found: list[tuple[str, str]] = []
-    for name in names:
-        func = _compat.global_func(name, missing_ok=True)
-        if func is not None:
-            _add(found, f"global:{name}", func)
-    for op, attr in attrs:
-        _add(found, f"op:{op}:{attr}", _compat.op_attr(op, attr))
-    for kind, table in _compat.named_pipelines():
-        for name, factory in sorted(table.items(), key=lambda item: str(item[0])):
-            if not _tvms(factory):
-                _add(found, f"{kind}_pipeline:{name}", factory)
+        kinds = frozenset({*_state.DEFAULT_KINDS, *kinds})
+        if not (_read.fresh and _read.hooked):
+            _read_all(kinds)
+        elif _read_changes(kinds) or _read.differing:
+            _read.memo = {}
+        elif (install, kinds) in _read.memo:
+            return _read.memo[(install, kinds)]
+        slots, modules = dict(_read.slots), dict(_read.modules)
+    part = _difference(kinds, install, slots, modules)
+    with _lock:
+        _read.memo[(install, kinds)] = part
+    return part
+
+
+def _difference(kinds: frozenset[str], install: str, slots: dict[str, str], modules: dict[str, str]) -> str:
+    clean = _baseline.load(install, list(modules))
+    wanted = {f"{kind}." for kind in kinds}
+    found = []
+    for label, fp in sorted(slots.items()):
+        if clean.slots.get(label) != fp and _reads(label, wanted):
+            found.append((label, fp))
+    for name, digest in sorted(modules.items()):
+        if clean.modules.get(name) != digest:
+            found.append((f"module:{name}", digest))
+    with _lock:
+        # What differs is read again at every key: a user's function may name a helper redefined since.
+        _read.differing = [label for label, _ in found]
+    for label, fp in found:
+        if fp.startswith("unidentifiable:"):
+            what = label.replace(":", " ", 1)
+            reason = fp.partition(":")[2]
+            warn_once(logger, ("state-unidentified", label), "codegen cache: %s", UncacheableError(
+                what, reason, f"{DECLARE_HINT}; compiling without the whole-compile cache (its codegen calls still "
+                "go through the cache)"))
+            raise UncacheableError(what, reason, "see the warning above")
     if not found:
         return ""
     digest = xxhash.xxh3_128()
-    for label, value in found:
-        digest.update(f"{len(label)}:{label}={value};".encode())
+    for label, fp in found:
+        digest.update(f"{len(label)}:{label}={fp};".encode())
     return digest.hexdigest()
 
 
-def _add(found: list[tuple[str, str]], label: str, value: Any) -> None:
-    if value is None:
-        return
-    if isinstance(value, tvm_ffi.Function) or callable(value):
-        digest = identity(value, label.replace(":", " ", 1))
-        if digest is not None:
-            found.append((label, digest))
-    else:
-        # A plain value (an int, a string, an IR object) set from outside TVM's own code.
-        found.append((label, f"{type(value).__qualname__}:{_plain(value)}"))
-
-
-def _plain(value: Any) -> str:
-    if isinstance(value, tvm_ffi.Object):
-        return f"{_compat.structural_hash(value) & 0xFFFFFFFFFFFFFFFF:016x}"
-    return repr(value)
-
-
-def _tvms(value: Any) -> bool:
-    """Whether a registered value is TVM's own (or C++ code, which is not seen)."""
-    if isinstance(value, tvm_ffi.Function):
-        value = python_callable(value)
-        if value is None:
-            return True  # C++ code: TVM's libraries, or one the user loaded (not seen, docs/key.md)
-    if isinstance(value, types.FunctionType) and value.__closure__ is None and in_tvm(value.__code__.co_filename):
+def _reads(label: str, kinds: set[str]) -> bool:
+    """Whether a compile for `kinds` reads the slot `label` (lowering rules: only its kinds')."""
+    if not label.startswith("op:"):
         return True
-    try:
-        return identity(value, "") is None
-    except UncacheableError:
-        return False  # a user's: the model key says so when it is taken
+    attr = label.rsplit(":", 1)[1]
+    return "." not in attr or attr.startswith(tuple(kinds))
 
 
-def _reads_attr(attr: str, kinds: set[str]) -> bool:
-    """Whether a compile for `kinds` reads attribute `attr` (Relax attributes, its kinds' lowering rules)."""
-    return "." not in attr or attr.split(".", 1)[0] in kinds
+def _read_all(kinds: frozenset[str]) -> None:
+    _read.memo = {}
+    _read.dirty_globals, _read.dirty_attrs = set(), set()
+    _read.slots = _state.read_slots(kinds)
+    _read.inner = {}
+    _remember([label.split(":", 1)[1] for label in _read.slots if label.startswith("global:")])
+    _read.kinds = set(kinds)
+    _read.modules, _read.seen, _read.module_count = {}, {}, -1
+    _read_modules()
+    _read.fresh = True
 
 
-def _scan(ops: list[tuple[str, Any]]) -> None:
-    """Find the users' global functions, and their Relax attributes of `ops` (from _compat.operators())."""
-    users = set()
-    for name in _compat.global_func_names():
+def _read_changes(kinds: frozenset[str]) -> bool:
+    """Read again what may have changed since the last key; whether anything did."""
+    before = (len(_read.slots), len(_read.modules))
+    slots = dict(_read.slots)
+    modules = dict(_read.modules)
+    new = kinds - _read.kinds
+    if new:
+        _read.slots.update(_state.read_attrs(frozenset(new)))
+        _read.kinds |= new
+    again = set(_read.dirty_globals)
+    again.update(label.split(":", 1)[1] for label in _read.differing if label.startswith("global:"))
+    for label in _read.inner:
+        if not _same_global(label):
+            again.add(label.split(":", 1)[1])  # removed, or registered again where no wrapper saw it
+    if again:
+        for name in again:
+            _read.slots.pop(f"global:{name}", None)
+        _read.slots.update(_state.read_globals(sorted(again)))
+        _remember(again)
+    attrs = set(_read.dirty_attrs)
+    attrs.update(tuple(label.split(":")[1:]) for label in _read.differing if label.startswith("op:"))
+    for op, attr in attrs:
+        label = f"op:{op}:{attr}"
+        _read.slots.pop(label, None)
+        value = _compat.op_attr(op, attr)
+        if value is not None:
+            _read.slots[label] = _state.slot_fingerprint_or_reason(label, value)
+    _read.dirty_globals, _read.dirty_attrs = set(), set()
+    pipelines = _state.read_pipelines()
+    if any(_read.slots.get(label) != fp for label, fp in pipelines.items()) or \
+            sum(label.startswith("pipeline:") for label in _read.slots) != len(pipelines):
+        for label in [label for label in _read.slots if label.startswith("pipeline:")]:
+            del _read.slots[label]
+        _read.slots.update(pipelines)
+    for label in _read.differing:
+        if label.startswith("module:"):
+            name = label.split(":", 1)[1]
+            if name in sys.modules:
+                _digest_module(name, sys.modules[name])
+    _read_modules()
+    return before != (len(_read.slots), len(_read.modules)) or slots != _read.slots or modules != _read.modules
+
+
+def _remember(names) -> None:
+    """Keep the Python callable at each global function `names`, for _same_global."""
+    for name in names:
         func = _compat.global_func(name, missing_ok=True)
-        if func is not None and not _tvms(func):
-            users.add(name)
-    # A plain value a user set (found through a wrapped point only) stays until it is reset.
-    plain = {slot for slot in _state["attrs"] if not isinstance(_compat.op_attr(*slot), (tvm_ffi.Function, type(None)))}
-    _state["globals"], _state["attrs"] = users, _users_attrs(ops, RELAX_ATTRS, relax=True) | plain
+        inner = python_callable(func) if func is not None else None
+        if inner is None:
+            _read.inner.pop(f"global:{name}", None)
+        else:
+            _read.inner[f"global:{name}"] = inner
 
 
-def _scan_lowering(kinds: set[str], ops: list[tuple[str, Any]]) -> None:
-    """Add the users' lowering rules of `kinds` (scanned once per kind while the wrappers hold)."""
-    attrs = tuple(attr for kind in sorted(kinds) for attr in lowering_attrs(kind))
-    _state["attrs"] |= _users_attrs(ops, attrs, relax=False)
+def _same_global(label: str) -> bool:
+    func = _compat.global_func(label.split(":", 1)[1], missing_ok=True)
+    held = _read.inner.get(label)
+    return func is not None and held is not None and python_callable(func) is held
 
 
-def _users_attrs(ops: list[tuple[str, Any]], attrs: tuple[str, ...], *, relax: bool) -> set[tuple[str, str]]:
-    found = set()
-    chosen = [(name, op) for name, op in ops if name.startswith(RELAX_OPS) == relax]
-    for op, attr, value in _compat.op_attr_values(chosen, attrs):
-        if isinstance(value, tvm_ffi.Function) and not _tvms(value):
-            found.add((op, attr))
-    return found
+def _read_modules() -> None:
+    """Digest the modules imported since, and those whose attributes are not the objects they were."""
+    if len(sys.modules) != _read.module_count:
+        _read.module_count = len(sys.modules)
+        for name, module in _state.tvm_modules():
+            if name not in _read.seen:
+                _digest_module(name, module)
+    for name, (module, keys, values) in list(_read.seen.items()):
+        attributes = vars(module)
+        if len(attributes) != len(keys) or not all(map(operator.is_, attributes.values(), values)):
+            _digest_module(name, module)
 
 
-def _recheck() -> None:
-    """Classify what was registered through a wrapped point since the last model key."""
-    for name in _state["dirty_globals"]:
-        func = _compat.global_func(name, missing_ok=True)
-        (_state["globals"].discard if func is None or _tvms(func) else _state["globals"].add)(name)
-    for slot, by_tvm in _state["dirty_attrs"].items():
-        value = _compat.op_attr(*slot)
-        keep = value is not None and not by_tvm and not (isinstance(value, tvm_ffi.Function) and _tvms(value))
-        (_state["attrs"].add if keep else _state["attrs"].discard)(slot)
-    _state["dirty_globals"], _state["dirty_attrs"] = set(), {}
+def _digest_module(name: str, module: types.ModuleType) -> None:
+    attributes = vars(module)
+    _read.seen[name] = (module, tuple(attributes), tuple(attributes.values()))
+    _read.modules[name] = _state.module_digest(name, module)
 
 
 # ---- the registration points ------------------------------------------------------------------
 
 
-def install_hooks(*, registered_before: bool = True) -> None:
-    """Wrap TVM's registration points (enable()); the scan is stale: what was registered meanwhile is found.
-
-    registered_before=False: the wrappers go in as `import tvm` completes (CODEGEN_CACHE_ENABLE),
-    before any other code can register; what is registered then is TVM's own, so no scan is needed.
-    """
+def install_hooks() -> None:
+    """Wrap TVM's registration points (enable()); the state is stale: what was registered meanwhile is found."""
     with _lock:
-        _state["scanned"] = False
-        if _state["wrapped"]:
+        _read.fresh = False
+        if _read.wrapped:
             return
         hooked = True
         for module, attribute in _compat.REGISTRATION_POINTS:
             original = getattr(module, attribute, None) if module is not None else None
             if not callable(original):
-                hooked = False  # the fallback: a full scan on every model key
+                hooked = False  # the fallback: the whole state is read on every key
                 continue
             wrapper = _wrapper(attribute, original)
+            _state.own(wrapper, original)
             setattr(module, attribute, wrapper)
-            _state["wrapped"].append((module, attribute, original, wrapper))
-        _state["hooked"] = hooked
-        _state["dirty_globals"], _state["dirty_attrs"] = set(), {}
-        if hooked and not registered_before:
-            _state["scanned"], _state["globals"], _state["attrs"] = True, set(), set()
-            _state["kinds"] = None  # every kind: nothing to scan for any
+            _read.wrapped.append((module, attribute, original, wrapper))
+        _read.hooked = hooked
 
 
 def uninstall_hooks() -> None:
     """Undo install_hooks (disable()); a point someone wrapped over ours keeps their wrapper, ours forwarding."""
     with _lock:
-        for module, attribute, original, wrapper in _state["wrapped"]:
+        for module, attribute, original, wrapper in _read.wrapped:
             if getattr(module, attribute, None) is wrapper:
                 setattr(module, attribute, original)
-        _state["wrapped"] = []
-        _state["hooked"] = False
-        _state["scanned"] = False
+        _read.wrapped = []
+        _read.hooked = False
+        _read.fresh = False
 
 
 def _wrapper(attribute: str, original: Callable[..., Any]) -> Callable[..., Any]:
     if attribute == "_register_global_func":
         def register_global_func(name, func, override, *args):
-            result = original(name, func, override, *args)
-            _touched_global(name)
-            return result
+            try:
+                return original(name, func, override, *args)
+            finally:
+                with _lock:
+                    _read.dirty_globals.add(str(name))
 
         return register_global_func
 
+    if attribute == "RegisterOpLowerIntrinsic":
+        def register_lowering(op, func, kind, *args):
+            try:
+                return original(op, func, kind, *args)
+            finally:
+                with _lock:
+                    _read.dirty_attrs.add((str(op), f"{kind}.FLowerIntrinsic"))
+
+        return register_lowering
+
     def register_op_attr(op, key, *args):
-        result = original(op, key, *args)
-        _touched_attr(op if isinstance(op, str) else getattr(op, "name", str(op)), key)
-        return result
+        try:
+            return original(op, key, *args)
+        finally:
+            with _lock:
+                _read.dirty_attrs.add((op if isinstance(op, str) else getattr(op, "name", str(op)), str(key)))
 
     register_op_attr.__name__ = attribute
     return register_op_attr
-
-
-def _touched_global(name: Any) -> None:
-    with _lock:
-        if _state["hooked"]:
-            _state["dirty_globals"].add(str(name))
-
-
-def _touched_attr(op: str, key: Any) -> None:
-    # A plain value (an int, a string) cannot say whose it is: the code that registered it does.
-    by_tvm = _registered_by_tvm()
-    with _lock:
-        if _state["hooked"]:
-            _state["dirty_attrs"][(op, str(key))] = by_tvm
-
-
-def _registered_by_tvm() -> bool:
-    """Whether the first caller outside the registration functions is TVM's code."""
-    frame = sys._getframe(1)
-    while frame is not None and (frame.f_code.co_filename == __file__
-                                 or frame.f_code.co_filename.endswith(_REGISTRATION_FILES)):
-        frame = frame.f_back
-    return frame is not None and in_tvm(frame.f_code.co_filename)
-
-
-_REGISTRATION_FILES = ("tvm/ir/op.py", "tvm/relax/transform/legalize_ops/common.py", "tvm/tirx/op.py")
 
 
 # ---- the tuning database ------------------------------------------------------------------------

@@ -10,8 +10,9 @@ comes here. The *model key* is computed from what relax.build is given, before a
     target         the target given, canonical, host included; Target.current() when none is
     relax_pipeline, tir_pipeline, exec_mode, system_lib
     pass_context   opt level, config, required and disabled passes (as codegen_cache.build)
-    registered     what the pipeline reads that Python registered into TVM and is not TVM's own:
-                   global functions, op attributes, pipelines by name (_reads.py, _identity.py)
+    tvm_install    a digest of the installed tvm and tvm_ffi (their sources and libraries, _install.py)
+    registered     TVM's registered state as its difference from a clean import of that TVM:
+                   global functions, op attributes, pipelines by name, module attributes (_reads.py)
     database       the records of the MetaSchedule database in context
     codegen_cache  the package version (its own functions registered into TVM: the switch's routers)
     tvm, tvm_ffi, llvm    the static salts
@@ -73,14 +74,14 @@ from ._identity import DECLARE_HINT
 from ._index import (codegen_seconds_of, codegens_json, input_key, pass_context_part, parse_part, read_entry,
                      write_entry)
 from ._plan import tirx_host
-from ._reads import database_part, registered_part
+from ._reads import database_part, tvm_parts
 
 __all__ = ["MODEL_CODEC", "MODEL_FORMAT", "model_key", "relax_build"]
 
 logger = logging.getLogger(__name__)
 
 # Bump when the entry's layout or the model key's parts change.
-MODEL_FORMAT = "2"
+MODEL_FORMAT = "3"
 _MEMO_PREFIX = "relax:"
 # The row a Relax compile's one count goes to (Outcome.codegen and .mode of a compile).
 _ROW = ("relax.build", "model")
@@ -105,7 +106,7 @@ def model_key(mod: IRModule, target: Target | None, params: Mapping[str, Any] | 
     try:
         targets = _targets_read(scope, _vdevice_targets(mod))
         codegens = codegens_json(targets, registry)
-        registered = registered_part(frozenset(t.kind.name for t in targets))
+        tvm_state = tvm_parts(frozenset(t.kind.name for t in targets))
         database = database_part()
         structural = _compat.structural_hash(mod)
     except UncacheableError as err:
@@ -125,7 +126,7 @@ def model_key(mod: IRModule, target: Target | None, params: Mapping[str, Any] | 
         ("exec_mode", exec_mode),
         ("system_lib", "auto" if system_lib is None else str(system_lib)),
         ("pass_context", context),
-        ("registered", registered),
+        *tvm_state,
         ("database", database),
         ("codegen_cache", __version__),
         *static_salts(),

@@ -49,6 +49,7 @@ __all__ = [
     "llvm_version_major",
     "module_property_mask",
     "named_pipelines",
+    "target_kinds",
     "op_attr",
     "op_attr_values",
     "operators",

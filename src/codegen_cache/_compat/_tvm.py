@@ -326,6 +326,8 @@ REGISTRATION_POINTS: tuple[tuple[Any, str], ...] = (
     (tvm.ir._ffi_api, "RegisterOpAttr"),
     (tvm.ir._ffi_api, "OpSetAttr"),
     (tvm.ir._ffi_api, "OpResetAttr"),
+    # tvm.tirx.register_intrin_lowering: (op name, function, target kind, level)
+    (getattr(getattr(tvm, "tirx", None), "_ffi_api", None), "RegisterOpLowerIntrinsic"),
 )
 
 
@@ -358,6 +360,11 @@ def op_attr_values(ops: list[tuple[str, Any]], keys: tuple[str, ...]) -> list[tu
         except tvm.error.InternalError:  # "Attribute 'X' is not registered": no operator has it
             continue
     return found
+
+
+def target_kinds() -> list[str]:
+    """The name of every registered target kind."""
+    return [str(kind) for kind in tvm.target.Target.list_kinds()]
 
 
 def named_pipelines() -> tuple[tuple[str, dict], ...]:

@@ -1,0 +1,169 @@
+"""What a clean import of this TVM installs: the baseline the `registered` key part is a difference from.
+
+A helper process (this module run with -m, in a session of its own, with the cache switched
+off) imports tvm and the TVM modules the asking process has imported, nothing of the user's,
+and reports the state a compile reads (_state.py): every slot's fingerprint and each module's
+digest. It is taken once per install (the `tvm_install` digest and this package's version name
+the file) and per set of modules, kept as JSON in `<default cache dir>/tvm-state/` (beside the install digests, _install.py), and merged
+when a process has imported TVM modules the file does not cover yet. Nothing in the file is
+code: a damaged or planted file can only make keys differ (misses), never run anything.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import xxhash
+
+from .._config import default_directory, settings_from_env
+from .._errors import UncacheableError
+from .._forksafe import renew_after_fork
+from .._log import warn_once
+from .._version import __version__
+
+__all__ = ["Baseline", "directory", "load"]
+
+logger = logging.getLogger(__name__)
+
+_TIMEOUT = 300.0
+# The code that reads and fingerprints the state: a file taken by other code is not compared.
+_READERS = ("_state.py", "_identity.py", "_baseline.py")
+_lock = threading.Lock()
+renew_after_fork(globals(), "_lock", threading.Lock)
+
+
+class Baseline:
+    """A clean import's state: `slots` (label -> fingerprint) and `modules` (name -> digest)."""
+
+    __slots__ = ("modules", "slots")
+
+    def __init__(self, slots: dict[str, str], modules: dict[str, str]) -> None:
+        self.slots = slots
+        self.modules = modules
+
+
+_loaded: dict[str, Baseline] = {}
+
+
+def directory() -> Path:
+    """Where clean states and install digests are kept: `<default cache dir>/tvm-state`."""
+    return (settings_from_env().directory or default_directory()) / "tvm-state"
+
+
+def load(install: str, wanted: list[str]) -> Baseline:
+    """The baseline of this install covering the modules `wanted` (in import order); taken by a
+    helper process where none is kept."""
+    with _lock:
+        held = _loaded.get(install)
+        if held is not None and all(name in held.modules for name in wanted):
+            return held
+        path = directory() / f"{install}-{__version__}-{_readers_digest()}.json"
+        kept = _read(path)
+        if kept is not None and all(name in kept.modules for name in wanted):
+            _loaded[install] = kept
+            return kept
+        # In the order they were imported here (sys.modules' order): some of TVM's modules import
+        # only after others, as in any process that imported them.
+        modules = list(dict.fromkeys([*wanted, *(kept.modules if kept is not None else ()),
+                                      *(held.modules if held else ())]))
+        taken = _take(modules)
+        _write(path, taken)
+        _loaded[install] = taken
+        return taken
+
+
+@functools.cache
+def _readers_digest() -> str:
+    digest = xxhash.xxh3_64()
+    for name in _READERS:
+        digest.update((Path(__file__).parent / name).read_bytes())
+    return digest.hexdigest()
+
+
+def _read(path: Path) -> Baseline | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    slots, modules = data.get("slots"), data.get("modules")
+    if not isinstance(slots, dict) or not isinstance(modules, dict):
+        return None
+    if not all(isinstance(v, str) for v in (*slots.values(), *modules.values())):
+        return None
+    return Baseline(slots, modules)
+
+
+def _write(path: Path, baseline: Baseline) -> None:
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(temporary, "w", encoding="utf-8") as f:
+            json.dump({"slots": baseline.slots, "modules": baseline.modules}, f, separators=(",", ":"))
+        os.replace(temporary, path)
+    except OSError as err:
+        warn_once(logger, ("tvm-state", str(path)), "codegen cache: cannot keep TVM's clean state in %s (%s); "
+                  "each process takes it again", path, err)
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+
+
+def _take(modules: list[str]) -> Baseline:
+    """Run the helper process over `modules`; UncacheableError where it gives no baseline."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CODEGEN_CACHE_")}
+    env["CODEGEN_CACHE_DISABLE"] = "1"  # a clean import: the start-up hook must not enable the switch
+    request = json.dumps({"path": [p for p in sys.path if isinstance(p, str)], "modules": modules})
+    try:
+        done = subprocess.run([sys.executable, "-m", __name__], input=request, capture_output=True, text=True,
+                              env=env, timeout=_TIMEOUT, start_new_session=True, check=False)
+    except (OSError, subprocess.SubprocessError) as err:
+        raise _unavailable(str(err)) from err
+    if done.returncode != 0:
+        raise _unavailable(f"the helper process exited with {done.returncode}: {done.stderr.strip()[-500:]}")
+    try:
+        data = json.loads(done.stdout)
+        return Baseline(dict(data["slots"]), dict(data["modules"]))
+    except (ValueError, KeyError, TypeError) as err:
+        raise _unavailable(f"the helper process's reply is not a baseline ({err})") from err
+
+
+def _unavailable(reason: str) -> UncacheableError:
+    warn_once(logger, "tvm-state-unavailable", "codegen cache: cannot learn what a clean import of TVM installs "
+              "(%s); whole compiles run without the model-level cache", reason)
+    return UncacheableError("TVM's clean state", reason, "see the warning above")
+
+
+def _main() -> None:
+    request = json.loads(sys.stdin.read())
+    sys.path[:] = request["path"]
+    import importlib
+    import warnings
+
+    warnings.simplefilter("ignore")
+    from . import _state
+
+    failed = []
+    for name in request["modules"]:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001  a module the asking process imported may not import alone
+            failed.append(name)
+    # A module that does not import alone has no clean digest: "" differs from any digest, so a
+    # process that imported it keys that module's state (a miss at worst, never a wrong hit).
+    modules = {**dict.fromkeys(failed, ""), **_state.read_modules()}
+    json.dump({"slots": _state.read_slots(None), "modules": modules}, sys.stdout)
+
+
+if __name__ == "__main__":
+    _main()
