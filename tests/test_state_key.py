@@ -10,6 +10,7 @@ would give the stock numbers. Then the state goes back and the first executable 
 from __future__ import annotations
 
 import functools
+import types
 
 import numpy as np
 import pytest
@@ -243,3 +244,55 @@ def test_every_registration_function_in_tvms_sources_is_a_wrapped_point():
         called |= set(re.findall(r"_ffi_api\.(Register\w*|Op(?:Set|Reset)Attr)\(", path.read_text(errors="replace")))
     # RegisterPatterns: the BYOC pattern table, which the key does not see (docs/key.md).
     assert called - {"RegisterPatterns"} <= wrapped
+
+
+# ---- what the key does not see (docs/key.md, "What the key cannot see") -----------------------
+
+_SETTINGS = types.SimpleNamespace(factor=1)
+
+
+def _reads_an_attribute(bb, call):
+    return bb.call_te(topi.multiply if _SETTINGS.factor == 1 else topi.subtract, call.args[0], call.args[1])
+
+
+def test_what_the_key_does_not_see_what_a_function_reads_when_called_but_a_declared_salt_is_seen(enabled):
+    name = "cgc_test_state.reads_an_attribute"
+    tvm.register_global_func(name, _reads_an_attribute, override=True)
+    try:
+        before = _reads.registered_part(LLVM)
+        _SETTINGS.factor = 2
+        assert _reads.registered_part(LLVM) == before  # an object's attributes are not in the key
+        cc.declare_salt(_reads_an_attribute, "factor=2")
+        assert _reads.registered_part(LLVM) != before  # the way out
+    finally:
+        _SETTINGS.factor = 1
+        tvm_ffi.remove_global_func(name)
+
+
+def test_what_the_key_does_not_see_a_method_of_tvms_class_replaced(enabled):
+    before = _reads.registered_part(LLVM)
+    original = relax.BlockBuilder.call_te
+    relax.BlockBuilder.call_te = lambda self, *args, **kwargs: original(self, *args, **kwargs)
+    try:
+        assert _reads.registered_part(LLVM) == before
+    finally:
+        relax.BlockBuilder.call_te = original
+
+
+def test_what_the_key_does_not_see_module_data_changed_in_place_but_a_function_assigned_is_seen(enabled):
+    from tvm.relax.backend import pattern_registry
+
+    before = _reads.registered_part(LLVM)
+    table = vars(tvm.relax.transform.legalize_ops.common)
+    table["cgc_test_data"] = {"changed": True}
+    try:
+        assert _reads.registered_part(LLVM) == before
+    finally:
+        del table["cgc_test_data"]
+    original = pattern_registry.get_patterns_with_prefix
+    pattern_registry.get_patterns_with_prefix = lambda prefix: original(prefix)
+    try:
+        assert _reads.registered_part(LLVM) != before
+    finally:
+        pattern_registry.get_patterns_with_prefix = original
+    assert _reads.registered_part(LLVM) == before
