@@ -63,6 +63,7 @@ class _Read:
         self.kinds: set[str] = set()
         self.slots: dict[str, str] = {}
         self.inner: dict[str, Any] = {}  # global:<name> -> the Python callable read there
+        self.pipelines: tuple = ()  # the pipeline tables' items as last read (held: compared by identity)
         self.modules: dict[str, str] = {}
         # name -> (module, attribute names, attribute values) as last digested
         self.seen: dict[str, tuple[types.ModuleType, tuple, tuple]] = {}
@@ -151,18 +152,17 @@ def _read_all(kinds: frozenset[str]) -> None:
     _remember([label.split(":", 1)[1] for label in _read.slots if label.startswith("global:")])
     _read.kinds = set(kinds)
     _read.modules, _read.seen, _read.module_count = {}, {}, -1
+    _read.pipelines = tuple((kind, tuple(table.items())) for kind, table in _compat.named_pipelines())
     _read_modules()
     _read.fresh = True
 
 
 def _read_changes(kinds: frozenset[str]) -> bool:
     """Read again what may have changed since the last key; whether anything did."""
-    before = (len(_read.slots), len(_read.modules))
-    slots = dict(_read.slots)
-    modules = dict(_read.modules)
+    changed = False
     new = kinds - _read.kinds
     if new:
-        _read.slots.update(_state.read_attrs(frozenset(new)))
+        changed |= _update(_state.read_attrs(frozenset(new)))
         _read.kinds |= new
     again = set(_read.dirty_globals)
     again.update(label.split(":", 1)[1] for label in _read.differing if label.startswith("global:"))
@@ -170,32 +170,37 @@ def _read_changes(kinds: frozenset[str]) -> bool:
         if not _same_global(label):
             again.add(label.split(":", 1)[1])  # removed, or registered again where no wrapper saw it
     if again:
-        for name in again:
-            _read.slots.pop(f"global:{name}", None)
-        _read.slots.update(_state.read_globals(sorted(again)))
+        read = _state.read_globals(sorted(again))
+        changed |= _update(read, [f"global:{name}" for name in again])
         _remember(again)
     attrs = set(_read.dirty_attrs)
     attrs.update(tuple(label.split(":")[1:]) for label in _read.differing if label.startswith("op:"))
     for op, attr in attrs:
         label = f"op:{op}:{attr}"
-        _read.slots.pop(label, None)
         value = _compat.op_attr(op, attr)
-        if value is not None:
-            _read.slots[label] = _state.slot_fingerprint_or_reason(label, value)
+        fp = _state.slot_fingerprint_or_reason(label, value) if value is not None else None
+        changed |= _update({} if fp is None else {label: fp}, [label])
     _read.dirty_globals, _read.dirty_attrs = set(), set()
-    pipelines = _state.read_pipelines()
-    if any(_read.slots.get(label) != fp for label, fp in pipelines.items()) or \
-            sum(label.startswith("pipeline:") for label in _read.slots) != len(pipelines):
-        for label in [label for label in _read.slots if label.startswith("pipeline:")]:
-            del _read.slots[label]
-        _read.slots.update(pipelines)
+    tables = tuple((kind, tuple(table.items())) for kind, table in _compat.named_pipelines())
+    if tables != _read.pipelines:  # compared by the registered objects' identity
+        _read.pipelines = tables
+        changed |= _update(_state.read_pipelines(), [label for label in _read.slots if label.startswith("pipeline:")])
     for label in _read.differing:
         if label.startswith("module:"):
             name = label.split(":", 1)[1]
             if name in sys.modules:
-                _digest_module(name, sys.modules[name])
-    _read_modules()
-    return before != (len(_read.slots), len(_read.modules)) or slots != _read.slots or modules != _read.modules
+                changed |= _digest_module(name, sys.modules[name])
+    return _read_modules() or changed
+
+
+def _update(found: dict[str, str], gone: list[str] = ()) -> bool:
+    """Put `found` into the slots read, after dropping the labels `gone`; whether any slot changed."""
+    before = {label: _read.slots.pop(label, None) for label in gone}
+    changed = False
+    for label, fp in found.items():
+        changed |= _read.slots.get(label, before.get(label)) != fp
+        _read.slots[label] = fp
+    return changed or any(label not in _read.slots and fp is not None for label, fp in before.items())
 
 
 def _remember(names) -> None:
@@ -215,23 +220,29 @@ def _same_global(label: str) -> bool:
     return func is not None and held is not None and python_callable(func) is held
 
 
-def _read_modules() -> None:
-    """Digest the modules imported since, and those whose attributes are not the objects they were."""
+def _read_modules() -> bool:
+    """Digest the modules imported since, and those whose attributes are not the objects they were;
+    whether any digest changed."""
+    changed = False
     if len(sys.modules) != _read.module_count:
         _read.module_count = len(sys.modules)
         for name, module in _state.tvm_modules():
             if name not in _read.seen:
-                _digest_module(name, module)
+                changed |= _digest_module(name, module)
     for name, (module, keys, values) in list(_read.seen.items()):
         attributes = vars(module)
         if len(attributes) != len(keys) or not all(map(operator.is_, attributes.values(), values)):
-            _digest_module(name, module)
+            changed |= _digest_module(name, module)
+    return changed
 
 
-def _digest_module(name: str, module: types.ModuleType) -> None:
+def _digest_module(name: str, module: types.ModuleType) -> bool:
     attributes = vars(module)
     _read.seen[name] = (module, tuple(attributes), tuple(attributes.values()))
-    _read.modules[name] = _state.module_digest(name, module)
+    digest = _state.module_digest(name, module)
+    changed = _read.modules.get(name) != digest
+    _read.modules[name] = digest
+    return changed
 
 
 # ---- the registration points ------------------------------------------------------------------
