@@ -21,10 +21,18 @@ _WATCHED = ("tvm", "tilelang", "codegen_cache")
 # codegen_cache imports TVM on first use, from whichever of its modules needs it first (one that
 # enable() itself imports, too): TVM imported while any of them runs waits for it to finish.
 _WATCHED_PREFIX = "codegen_cache."
+# Packages whose modules' state as imported is kept.
+_KEPT = ("tvm", "tvm_ffi")
 
 
 class _EnableAfterImport:
     """Finds nothing itself: wraps the loader of `tvm`/`tilelang` so that enable() runs after it.
+
+    It also keeps, once `import tvm` and enable() complete, the objects each module of tvm and tvm_ffi holds
+    (`imported`; the key of a whole compile takes a module that still holds them as TVM's import
+    left it: codegen_cache/_build/_imports.py), and whether
+    tvm_ffi, where Python code can register functions into TVM, was imported before tvm began
+    (`ffi_first`: then the registries may hold more than TVM's import put there).
 
     A meta-path finder needs only find_spec (the import system duck-types it); subclassing
     importlib.abc.MetaPathFinder would import tempfile, pathlib, random and re into every
@@ -34,8 +42,12 @@ class _EnableAfterImport:
     def __init__(self) -> None:
         self.busy = False
         self.running: set[str] = set()  # the watched packages whose import is under way
+        self.imported: dict[str, tuple] = {}
+        self.ffi_first = "tvm_ffi" in sys.modules
 
     def find_spec(self, fullname, path=None, target=None):
+        if fullname == "tvm_ffi" and "tvm" not in self.running:
+            self.ffi_first = True
         if (fullname not in _WATCHED and not fullname.startswith(_WATCHED_PREFIX)) or self.busy:
             return None
         self.busy = True  # the other finders are asked below; they must not find this one again
@@ -67,9 +79,17 @@ class _EnableAfterImport:
             from _codegen_cache_turn_on import turn_on  # the rest, only where tvm is imported
 
             turn_on()
+            # After the switch's own imports and replacements: no user code has run since tvm's import began.
+            self.keep_imported()
 
         loader.exec_module = exec_module
         return spec
+
+    def keep_imported(self) -> None:
+        """Keep what every module of tvm and tvm_ffi holds now, as `import tvm` completes."""
+        for name, module in list(sys.modules.items()):
+            if name.partition(".")[0] in _KEPT and isinstance(module, type(sys)):
+                self.imported[name] = tuple(vars(module).values())
 
 
 _finder = _EnableAfterImport()

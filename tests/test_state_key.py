@@ -166,8 +166,8 @@ def test_an_edited_tvm_file_gives_another_install_digest_and_reverting_it_the_ol
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("X = 1\n")
     (package / "libtvm.so").write_bytes(b"\x7fELF" + bytes(64))
-    monkeypatch.setattr(_install, "_roots", lambda: (package,))
-    monkeypatch.setattr(_install, "_run_files", lambda root: ["__init__.py", "libtvm.so"])
+    monkeypatch.setattr(_install, "_roots", lambda: (str(package),))
+    monkeypatch.setattr(_install, "_run_files", lambda roots: {str(package): ["__init__.py", "libtvm.so"]})
     state = tmp_path / "state"
 
     def digest():
@@ -296,3 +296,52 @@ def test_what_the_key_does_not_see_module_data_changed_in_place_but_a_function_a
     finally:
         pattern_registry.get_patterns_with_prefix = original
     assert _reads.registered_part(LLVM) == before
+
+
+def test_what_the_key_does_not_see_a_global_function_of_cpp_code(enabled):
+    before = _reads.registered_part(LLVM)
+    native = tvm_ffi.get_global_func("ffi.String")  # a function of C++ code, put at a new name
+    tvm_ffi.register_global_func("cgc_test_state.native", native, override=True)
+    try:
+        assert _reads.registered_part(LLVM) == before
+    finally:
+        tvm_ffi.remove_global_func("cgc_test_state.native")
+
+
+def test_what_the_key_does_not_see_an_instance_at_a_module_attribute_swapped_for_another_of_its_class(enabled):
+    module = vars(tvm.script.tirx)
+    name = next(n for n, v in module.items() if type(v).__module__.startswith("tvm.") and callable(v)
+                and not isinstance(v, (type, types.FunctionType, tvm_ffi.Function)))
+    saved = module[name]
+    before = _reads.registered_part(LLVM)
+    module[name] = type(saved).__new__(type(saved))
+    try:
+        assert _reads.registered_part(LLVM) == before
+    finally:
+        module[name] = saved
+
+
+EXPLICIT_OR_VARIABLE = """
+    import json, sys
+    import tvm
+    import codegen_cache as cc
+    import model_reads
+    if sys.argv[1] == "explicit":
+        cc.enable(cc.CodegenCache(sys.argv[2]), children=False)
+    with cc.record_outcomes() as outcomes:
+        executable = tvm.compile(model_reads.model(), "llvm")
+    print(json.dumps({"tiers": [o.tier for o in outcomes if o.codegen == "relax.build"],
+                      "out": model_reads.run(executable).tolist()}))
+"""
+
+
+@pytest.mark.slow
+def test_a_process_with_the_variable_and_one_with_enable_share_the_clean_states_entries(tmp_path):
+    directory = str(tmp_path / "cache")
+    variable = {"CODEGEN_CACHE_ENABLE": "1", "CODEGEN_CACHE_DIR": directory}
+    first = python_json(EXPLICIT_OR_VARIABLE, "variable", directory, env=variable)
+    second = python_json(EXPLICIT_OR_VARIABLE, "explicit", directory, env={"CODEGEN_CACHE_ENABLE": None})
+    third = python_json(EXPLICIT_OR_VARIABLE, "variable", directory, env=variable)
+    assert (first["tiers"], second["tiers"], third["tiers"]) == (["codegen"], ["disk"], ["disk"])
+    for run in (first, second, third):
+        np.testing.assert_allclose(run["out"], model_reads.EXPECTED["stock"], rtol=1e-6)

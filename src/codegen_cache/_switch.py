@@ -38,6 +38,7 @@ from ._artifacts import _codecs  # noqa: F401  what every compile encodes or dec
 from ._artifacts import as_built_root
 from ._build import build as cached_tirx_build
 from ._build._index import compile_device
+from ._build._imports import registries_as_imported
 from ._build._reads import install_hooks, uninstall_hooks
 from ._build._state import own
 from ._build._relax import relax_build
@@ -65,8 +66,10 @@ _ROUTED_KINDS = ("llvm", "c", "cuda", "nvptx", "opencl", "metal", "rocm", "vulka
 _lock = threading.RLock()
 # While enabled: the replaced attributes ((module, name) -> TVM's function), the routed global
 # functions (name -> (router Function, TVM's Function)), the environment values enable() set
-# (name -> the value before), and whether tilelang's switch is the one on.
-_state: dict[str, Any] = {"on": False, "attributes": {}, "globals": {}, "environ": {}, "tilelang": False}
+# (name -> the value before), whether tilelang's switch is the one on, and whether enable() runs
+# from the start-up hook as `import tvm` completes (at_import).
+_state: dict[str, Any] = {"on": False, "attributes": {}, "globals": {}, "environ": {}, "tilelang": False,
+                          "at_import": False}
 
 # The state itself holds in a child of fork (a forked worker is as enabled as its parent).
 renew_after_fork(globals(), "_lock", threading.RLock)
@@ -109,7 +112,9 @@ def enable(cache: CodegenCache | None = None, *, children: bool = True) -> None:
             else:
                 _patch_attributes()
                 _route_globals()
-                install_hooks()
+                # As `import tvm` completes, with nothing registered before it that the start-up hook
+                # saw, the registries are TVM's own by construction: nothing to read yet.
+                install_hooks(as_imported=_state["at_import"] and registries_as_imported())
         except BaseException:
             disable()  # never half enabled: what was replaced before the failure is put back
             raise
@@ -152,7 +157,11 @@ def enable_from_environment() -> bool:
     if not settings.enable or settings.disable:
         return False
     refuse_file_as_directory(settings.directory)
-    enable(children=False)  # the variable is set already: children inherit it as it is
+    _state["at_import"] = True
+    try:
+        enable(children=False)  # the variable is set already: children inherit it as it is
+    finally:
+        _state["at_import"] = False
     return True
 
 

@@ -57,21 +57,21 @@ def directory() -> Path:
     return (settings_from_env().directory or default_directory()) / "tvm-state"
 
 
-def load(install: str, wanted: list[str]) -> Baseline:
-    """The baseline of this install covering the modules `wanted` (in import order); taken by a
-    helper process where none is kept."""
+def load(install: str, needed: list[str], imported: list[str]) -> Baseline:
+    """The baseline of this install covering the modules `needed`; taken by a helper process over
+    every module `imported` here (in import order) where none kept covers them."""
     with _lock:
         held = _loaded.get(install)
-        if held is not None and all(name in held.modules for name in wanted):
+        if held is not None and all(name in held.modules for name in needed):
             return held
         path = directory() / f"{install}-{__version__}-{_readers_digest()}.json"
         kept = _read(path)
-        if kept is not None and all(name in kept.modules for name in wanted):
+        if kept is not None and all(name in kept.modules for name in needed):
             _loaded[install] = kept
             return kept
         # In the order they were imported here (sys.modules' order): some of TVM's modules import
         # only after others, as in any process that imported them.
-        modules = list(dict.fromkeys([*wanted, *(kept.modules if kept is not None else ()),
+        modules = list(dict.fromkeys([*imported, *needed, *(kept.modules if kept is not None else ()),
                                       *(held.modules if held else ())]))
         taken = _take(modules)
         _write(path, taken)

@@ -38,11 +38,11 @@ _lock = threading.Lock()
 renew_after_fork(globals(), "_lock", threading.Lock)
 
 
-def _roots() -> tuple[Path, ...]:
-    return tuple(Path(os.path.dirname(os.path.abspath(module.__file__))) for module in (tvm, tvm_ffi))
+def _roots() -> tuple[str, ...]:
+    return tuple(os.path.dirname(os.path.abspath(module.__file__)) for module in (tvm, tvm_ffi))
 
 
-def _package_files(root: Path) -> list[str]:
+def _package_files(root: str) -> list[str]:
     """Every source and shared library under `root`, relative, sorted (no __pycache__, no links)."""
     found = []
     stack = [root]
@@ -51,24 +51,23 @@ def _package_files(root: Path) -> list[str]:
             for entry in entries:
                 if entry.is_dir(follow_symlinks=False):
                     if entry.name != "__pycache__":
-                        stack.append(Path(entry.path))
+                        stack.append(entry.path)
                 elif entry.name.endswith(_SUFFIXES) and entry.is_file(follow_symlinks=False):
-                    found.append(entry.path[len(str(root)) + 1:])
+                    found.append(entry.path[len(root) + 1:])
     return sorted(found)
 
 
-def _run_files(root: Path) -> list[str]:
-    """The files under `root` this process runs: imported modules' sources and loaded shared libraries."""
-    prefix = str(root) + os.sep
-    files = set()
-    for module in list(sys.modules.values()):
-        path = getattr(module, "__file__", None)
-        if isinstance(path, str) and path.startswith(prefix):
-            files.add(path[len(prefix):])
-    for path in _loaded_libraries():
-        if path.startswith(prefix):
-            files.add(path[len(prefix):])
-    return sorted(files)
+def _run_files(roots: tuple[str, ...]) -> dict[str, list[str]]:
+    """root -> the files under it this process runs: imported modules' sources and loaded libraries."""
+    prefixes = {root: root + os.sep for root in roots}
+    files: dict[str, set[str]] = {root: set() for root in roots}
+    paths = [getattr(module, "__file__", None) for module in list(sys.modules.values())]
+    for path in (*paths, *_loaded_libraries()):
+        if isinstance(path, str):
+            for root, prefix in prefixes.items():
+                if path.startswith(prefix):
+                    files[root].add(path[len(prefix):])
+    return {root: sorted(found) for root, found in files.items()}
 
 
 def _loaded_libraries() -> set[str]:
@@ -78,18 +77,18 @@ def _loaded_libraries() -> set[str]:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
             return {line.split(None, 5)[5].strip() for line in maps if line.count(" ") >= 5 and "/" in line}
     except OSError:
-        return {str(root / p) for root in _roots() for p in _package_files(root) if not p.endswith(".py")}
+        return {os.path.join(root, p) for root in _roots() for p in _package_files(root) if not p.endswith(".py")}
 
 
-def _stat(root: Path, relative: str) -> list[int] | None:
+def _stat(root: str, relative: str) -> list[int] | None:
     try:
-        st = os.stat(root / relative)
+        st = os.stat(os.path.join(root, relative))
     except OSError:
         return None
     return [st.st_size, st.st_mtime_ns]
 
 
-def _digest(root: Path) -> tuple[str, dict[str, list[int]]]:
+def _digest(root: str) -> tuple[str, dict[str, list[int]]]:
     """The content digest of every source and library under `root`, with the stats taken before reading."""
     digest = xxhash.xxh3_128()
     stats = {}
@@ -100,7 +99,7 @@ def _digest(root: Path) -> tuple[str, dict[str, list[int]]]:
         stats[relative] = stat
         digest.update(f"{len(relative)}:{relative}".encode())
         hasher = xxhash.xxh3_128()
-        with open(root / relative, "rb") as f:
+        with open(os.path.join(root, relative), "rb") as f:
             while chunk := f.read(1 << 22):
                 hasher.update(chunk)
         digest.update(hasher.digest())
@@ -142,7 +141,7 @@ class _Checked:
         self.files = files
 
 
-_checked: dict[Path, _Checked] = {}
+_checked: dict[str, _Checked] = {}
 _last: list = [-1, ""]  # len(sys.modules) at the last call, and its answer
 
 
@@ -157,18 +156,20 @@ def install_part(directory: Path | None) -> str:
             return _last[1]
         remembered = None
         parts = []
-        for root in _roots():
+        roots = _roots()
+        run = _run_files(roots)
+        for root in roots:
             held = _checked.get(root)
-            new = [f for f in _run_files(root) if held is None or f not in held.files]
+            new = [f for f in run[root] if held is None or f not in held.files]
             if held is None or new:
                 if remembered is None:
                     remembered = _read(directory / _FILE) if directory is not None else {}
-                entry = remembered.get(str(root))
+                entry = remembered.get(root)
                 checked = held.files | set(new) if held is not None else set(new)
                 found = _recall(entry, [(f, _stat(root, f)) for f in checked])
                 if found is None:
                     found, stats = _digest(root)
-                    remembered[str(root)] = {"digest": found, "files": stats}
+                    remembered[root] = {"digest": found, "files": stats}
                     if directory is not None:
                         _write(directory / _FILE, remembered)
                 held = _checked[root] = _Checked(found, checked)

@@ -41,7 +41,7 @@ from .. import _compat
 from .._errors import UncacheableError
 from .._forksafe import renew_after_fork
 from .._log import warn_once
-from . import _baseline, _state
+from . import _baseline, _imports, _state
 from ._install import install_part
 from ..codegens._pyfunc import python_callable
 from ._identity import DECLARE_HINT
@@ -60,7 +60,7 @@ class _Read:
     def __init__(self) -> None:
         self.fresh = False  # False: read everything at the next key
         self.hooked = False
-        self.kinds: set[str] = set()
+        self.kinds: set[str] | None = set()  # the target kinds whose lowering rules were read (None: all)
         self.slots: dict[str, str] = {}
         self.inner: dict[str, Any] = {}  # global:<name> -> the Python callable read there
         self.pipelines: tuple = ()  # the pipeline tables' items as last read (held: compared by identity)
@@ -76,6 +76,8 @@ class _Read:
 
 
 _read = _Read()
+# A module's digest where it is as its import left it (_imports.py): clean without a comparison.
+AS_IMPORTED = "as-imported"
 _database_memo: dict[str, Any] = {"held": None, "size": -1, "digest": ""}
 
 
@@ -108,15 +110,14 @@ def registered_part(kinds: frozenset[str], install: str | None = None) -> str:
 
 
 def _difference(kinds: frozenset[str], install: str, slots: dict[str, str], modules: dict[str, str]) -> str:
-    clean = _baseline.load(install, list(modules))
-    wanted = {f"{kind}." for kind in kinds}
-    found = []
-    for label, fp in sorted(slots.items()):
-        if clean.slots.get(label) != fp and _reads(label, wanted):
-            found.append((label, fp))
-    for name, digest in sorted(modules.items()):
-        if clean.modules.get(name) != digest:
-            found.append((f"module:{name}", digest))
+    imported = list(modules)
+    clean = _baseline.load(install, [name for name, digest in modules.items() if digest != AS_IMPORTED], imported)
+    found = _compare(clean, kinds, slots, modules)
+    if found and not all(name in clean.modules for name in imported):
+        # A registration of a module imported since the clean state was taken is TVM's own
+        # there: take it again with every module imported here before saying what differs.
+        clean = _baseline.load(install, imported, imported)
+        found = _compare(clean, kinds, slots, modules)
     with _lock:
         # What differs is read again at every key: a user's function may name a helper redefined since.
         _read.differing = [label for label, _ in found]
@@ -134,6 +135,19 @@ def _difference(kinds: frozenset[str], install: str, slots: dict[str, str], modu
     for label, fp in found:
         digest.update(f"{len(label)}:{label}={fp};".encode())
     return digest.hexdigest()
+
+
+def _compare(clean: _baseline.Baseline, kinds: frozenset[str], slots: dict[str, str],
+             modules: dict[str, str]) -> list[tuple[str, str]]:
+    wanted = {f"{kind}." for kind in kinds}
+    found = []
+    for label, fp in sorted(slots.items()):
+        if clean.slots.get(label) != fp and _reads(label, wanted):
+            found.append((label, fp))
+    for name, digest in sorted(modules.items()):
+        if digest != AS_IMPORTED and clean.modules.get(name) != digest:
+            found.append((f"module:{name}", digest))
+    return found
 
 
 def _reads(label: str, kinds: set[str]) -> bool:
@@ -160,9 +174,9 @@ def _read_all(kinds: frozenset[str]) -> None:
 def _read_changes(kinds: frozenset[str]) -> bool:
     """Read again what may have changed since the last key; whether anything did."""
     changed = False
-    new = kinds - _read.kinds
+    new = kinds - _read.kinds if _read.kinds is not None else ()
     if new:
-        changed |= _update(_state.read_attrs(frozenset(new)))
+        changed |= _update(_state.read_attrs(frozenset(new), new_kinds_only=True))
         _read.kinds |= new
     again = set(_read.dirty_globals)
     again.update(label.split(":", 1)[1] for label in _read.differing if label.startswith("global:"))
@@ -228,7 +242,13 @@ def _read_modules() -> bool:
         _read.module_count = len(sys.modules)
         for name, module in _state.tvm_modules():
             if name not in _read.seen:
-                changed |= _digest_module(name, module)
+                if _imports.as_imported(name, module):
+                    # As TVM's import left it: clean by construction, no digest, no helper process.
+                    attributes = vars(module)
+                    _read.seen[name] = (module, tuple(attributes), tuple(attributes.values()))
+                    _read.modules[name] = AS_IMPORTED
+                else:
+                    changed |= _digest_module(name, module)
     for name, (module, keys, values) in list(_read.seen.items()):
         attributes = vars(module)
         if len(attributes) != len(keys) or not all(map(operator.is_, attributes.values(), values)):
@@ -248,8 +268,13 @@ def _digest_module(name: str, module: types.ModuleType) -> bool:
 # ---- the registration points ------------------------------------------------------------------
 
 
-def install_hooks() -> None:
-    """Wrap TVM's registration points (enable()); the state is stale: what was registered meanwhile is found."""
+def install_hooks(*, as_imported: bool = False) -> None:
+    """Wrap TVM's registration points (enable()); the state is stale: what was registered meanwhile is found.
+
+    as_imported: the registries hold just what `import tvm` put there (the switch turns on as that
+    import completes, and the start-up hook saw nothing register before it): the clean state by
+    construction, so nothing is read until something registers.
+    """
     with _lock:
         _read.fresh = False
         if _read.wrapped:
@@ -265,6 +290,14 @@ def install_hooks() -> None:
             setattr(module, attribute, wrapper)
             _read.wrapped.append((module, attribute, original, wrapper))
         _read.hooked = hooked
+        _imports.observe()
+        if hooked and as_imported:
+            _read.memo, _read.slots, _read.inner, _read.differing = {}, {}, {}, []
+            _read.kinds = None  # every kind: a later registration of any is seen by the wrappers
+            _read.dirty_globals, _read.dirty_attrs = set(), set()
+            _read.modules, _read.seen, _read.module_count = {}, {}, -1
+            _read.pipelines = tuple((kind, tuple(table.items())) for kind, table in _compat.named_pipelines())
+            _read.fresh = True
 
 
 def uninstall_hooks() -> None:
@@ -274,6 +307,7 @@ def uninstall_hooks() -> None:
             if getattr(module, attribute, None) is wrapper:
                 setattr(module, attribute, original)
         _read.wrapped = []
+        _imports.unobserve()
         _read.hooked = False
         _read.fresh = False
 

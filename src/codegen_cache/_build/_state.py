@@ -30,16 +30,19 @@ from .._errors import UncacheableError
 from ..codegens._pyfunc import python_callable
 from ._identity import code_owner, fingerprint
 
-__all__ = ["ATTRS", "DEFAULT_KINDS", "lowering_attrs", "module_digest", "own", "read_attrs", "read_globals",
+__all__ = ["DEFAULT_KINDS", "RELAX_ATTRS", "TIR_ATTRS", "lowering_attrs", "module_digest", "own", "read_attrs", "read_globals",
            "read_modules", "read_pipelines", "read_slots", "slot_fingerprint", "slot_fingerprint_or_reason",
            "tvm_modules"]
 
-# Operator attributes TVM's Relax and TIR passes read (the attribute names in its compiler
-# library): functions (legalization, gradients, layout and mixed-precision rules, struct info)
-# and plain values (fusion patterns, purity, packed-call names).
-ATTRS = ("FLegalize", "FPrimalGradient", "FInferMixedPrecision", "FLowerBuiltin", "FNormalize",
-         "FRelaxInferLayout", "FValidate", "FInferStructInfo", "FCallPacked", "FPurity", "FDataDependent",
-         "TOpPattern", "TMixedPrecisionPolicy", "TCallEffectKind", "TGlobalSymbol", "TVectorizable")
+# Operator attributes TVM's passes read (the attribute names in its compiler library). Of Relax
+# operators (`relax.*`): functions (legalization, gradients, layout and mixed-precision rules,
+# struct info) and plain values (fusion patterns, purity, packed-call names).
+RELAX_ATTRS = ("FLegalize", "FPrimalGradient", "FInferMixedPrecision", "FLowerBuiltin", "FNormalize",
+               "FRelaxInferLayout", "FValidate", "FInferStructInfo", "FCallPacked", "FPurity", "FDataDependent",
+               "TOpPattern", "TMixedPrecisionPolicy")
+# Of the other (TIR) operators, besides the lowering rules of each target kind.
+TIR_ATTRS = ("TCallEffectKind", "TGlobalSymbol", "TVectorizable", "TOpPattern")
+RELAX_OPS = "relax."
 # Lowering rules read by a compile for any target kind.
 DEFAULT_KINDS = ("default", "fastmath")
 
@@ -109,14 +112,20 @@ def read_globals(names: list[str] | None = None) -> dict[str, str]:
     return found
 
 
-def read_attrs(kinds: frozenset[str] | None, ops: list[tuple[str, Any]] | None = None) -> dict[str, str]:
-    """op:<op>:<attr> of ATTRS and the lowering rules of `kinds` (None: every target kind)."""
-    if kinds is None:
-        kinds = frozenset(_compat.target_kinds())
-    keys = ATTRS + tuple(attr for kind in sorted({*DEFAULT_KINDS, *kinds}) for attr in lowering_attrs(kind))
+def read_attrs(kinds: frozenset[str] | None, ops: list[tuple[str, Any]] | None = None, *,
+               new_kinds_only: bool = False) -> dict[str, str]:
+    """op:<op>:<attr> of RELAX_ATTRS, TIR_ATTRS and the lowering rules of `kinds` (None: every
+    target kind); new_kinds_only: the lowering rules alone."""
+    ops = ops if ops is not None else _compat.operators()
+    lowering = tuple(attr for kind in sorted({*DEFAULT_KINDS, *(_compat.target_kinds() if kinds is None else kinds)})
+                     for attr in lowering_attrs(kind))
+    relax = [(name, op) for name, op in ops if name.startswith(RELAX_OPS)]
+    tir = [(name, op) for name, op in ops if not name.startswith(RELAX_OPS)]
     found: dict[str, str] = {}
-    for op, attr, value in _compat.op_attr_values(ops if ops is not None else _compat.operators(), keys):
-        _put(found, f"op:{op}:{attr}", value)
+    for chosen, keys in ((relax, RELAX_ATTRS if new_kinds_only is False else ()),
+                         (tir, (TIR_ATTRS if new_kinds_only is False else ()) + lowering)):
+        for op, attr, value in _compat.op_attr_values(chosen, keys):
+            _put(found, f"op:{op}:{attr}", value)
     return found
 
 
@@ -137,7 +146,7 @@ def read_slots(kinds: frozenset[str] | None) -> dict[str, str]:
 def tvm_modules() -> list[tuple[str, types.ModuleType]]:
     """(name, module) of every imported module of tvm and tvm_ffi."""
     return [(name, module) for name, module in list(sys.modules.items())
-            if isinstance(module, types.ModuleType) and name.split(".", 1)[0] in ("tvm", "tvm_ffi")]
+            if (name.startswith(("tvm.", "tvm_ffi.")) or name in ("tvm", "tvm_ffi")) and isinstance(module, types.ModuleType)]
 
 
 def module_digest(name: str, module: types.ModuleType) -> str:
@@ -147,14 +156,20 @@ def module_digest(name: str, module: types.ModuleType) -> str:
     imported (which differs from process to process), and what is read through one is in that
     module's own digest.
     """
-    digest = xxhash.xxh3_64()
-    for attribute, value in sorted(vars(module).items()):
-        if type(value) is types.ModuleType or not callable(value):
+    texts = []
+    for attribute, value in vars(module).items():
+        kind = type(value)
+        if kind is types.FunctionType and not value.__closure__ and id(value) not in _own \
+                and code_owner(value.__code__.co_filename) != "user":
+            # The common case, inline: TVM's own plain function, by where it is defined.
+            text = f"f:{value.__module__}.{value.__qualname__}:{value.__code__.co_firstlineno}"
+        elif kind is types.ModuleType or not callable(value):
             continue
         else:
             text = _callable_text(f"{name}.{attribute}", value)
-        digest.update(f"{attribute}={text};".encode())
-    return digest.hexdigest()
+        texts.append(f"{attribute}={text}")
+    texts.sort()
+    return xxhash.xxh3_64_hexdigest(";".join(texts).encode())
 
 
 def _callable_text(label: str, value: Any, depth: int = 0) -> str:
@@ -172,8 +187,9 @@ def _callable_text(label: str, value: Any, depth: int = 0) -> str:
         if _class_owner(value) != "user":
             return f"c:{value.__module__}.{value.__qualname__}"
     elif kind is tvm_ffi.Function:
-        if python_callable(value) is None:
-            return "native"
+        # A Function at a module attribute (an `_ffi_api` name, bound at import) is keyed as one:
+        # the registry's global functions, where a Python override goes, are keyed by their code.
+        return "ffi"
     elif kind not in (functools.partial, types.MethodType) and _class_owner(kind) != "user":
         # An instance of TVM's or a library's class (a dtype constructor, a typing form), by its type.
         return f"o:{kind.__module__}.{kind.__qualname__}"
