@@ -27,7 +27,7 @@ def test_the_quick_run_of_every_suite_writes_results_page_and_plot(tmp_path):
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     results = json.loads(out_json.read_text())
     suites = results["suites"]
-    assert {"hits", "compile", "models", "fleet", "tilelang", "startup", "tuning"} <= set(suites)
+    assert {"build", "hits", "compile", "models", "fleet", "tilelang", "startup", "tuning"} <= set(suites)
     for name, suite in suites.items():
         assert suite["error"] is None and suite["rows"], name
         assert all(set(r) == ROW_KEYS for r in suite["rows"]), name
