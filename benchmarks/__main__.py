@@ -1,13 +1,14 @@
 """The benchmarks of tvm-codegen-cache: one command, named suites, one JSON of results.
 
     python -m benchmarks SUITE... | all [--rounds N] [--quick] [--json PATH] [--write-docs]
+    python -m benchmarks all --write-docs --from-json PATH    # the docs of an earlier run
 
 A suite is a module `benchmarks/suite_<name>.py` with `DESCRIPTION = "..."` and
 `run(rounds: int) -> list[dict]`, whose rows have the keys name, median, unit, floor, ratio,
 goal, ok, note (timing.row makes one); `ROUNDS` (optional) is its default round count. Every
 `suite_*.py` here is found by its file name. `--quick` runs each suite with 2 rounds and its
-smallest sizes (the smoke test's mode); `--write-docs` writes docs/benchmarks.md and
-docs/benchmarks.png from the results of this run.
+smallest sizes (the smoke test's mode); `--write-docs` writes docs/benchmarks.md,
+docs/benchmarks.png and README.md's table of headline figures from the results of this run.
 """
 
 from __future__ import annotations
@@ -146,19 +147,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, help="rounds of every suite (default: each suite's own)")
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_ROUNDS} rounds and the smallest sizes: a smoke run")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"where the results go (default {DEFAULT_JSON})")
-    parser.add_argument("--write-docs", action="store_true", help="write docs/benchmarks.md and docs/benchmarks.png")
+    parser.add_argument("--write-docs", action="store_true",
+                        help="write docs/benchmarks.md, docs/benchmarks.png and README.md's headline figures")
+    parser.add_argument("--from-json", type=Path, metavar="PATH",
+                        help="with --write-docs: write them from the results of an earlier run instead of running")
     parser.add_argument("--docs-dir", type=Path, default=REPO / "docs", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    names = available if "all" in args.suites else list(dict.fromkeys(args.suites))
-    results = run_suites(names, args.rounds, args.quick)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(results, indent=1, default=str))
-    print(f"total {results['seconds']:.0f} s; results in {args.json}")
+    if args.from_json:
+        if not args.write_docs:
+            parser.error("--from-json writes the docs of an earlier run: give --write-docs too")
+        results = json.loads(args.from_json.read_text())
+    else:
+        names = available if "all" in args.suites else list(dict.fromkeys(args.suites))
+        results = run_suites(names, args.rounds, args.quick)
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=1, default=str))
+        print(f"total {results['seconds']:.0f} s; results in {args.json}")
     if args.write_docs:
         from report import write_docs
 
         page = write_docs(results, args.docs_dir)
         print(f"wrote {page} and its plot")
+        if args.docs_dir.resolve() == (REPO / "docs").resolve():
+            from report import write_readme
+
+            if write_readme(results, REPO / "README.md"):
+                print("wrote README.md's headline figures")
     return 1 if any(s["error"] for s in results["suites"].values()) else 0
 
 

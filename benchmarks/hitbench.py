@@ -12,8 +12,8 @@ import itertools
 import json
 import math
 import os
-import tempfile
 import statistics
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ import tvm
 import tvm_ffi
 import xxhash
 from floor import RawStore, floor_loader, tvm_hash
-from timing import interleave, linear_fit, percentile, summary
+from timing import interleave, percentile, summary
 
 import codegen_cache as cc
 from codegen_cache import CodegenCache, DeviceCodegen
@@ -30,7 +30,7 @@ from codegen_cache._artifacts import decode, encode, frame, unframe
 from codegen_cache._cache._budget import LEARN_RUNS
 from codegen_cache._key import ir_hash
 
-__all__ = ["FileCache", "HitBench", "fill_store", "func_names", "key_cost", "store_scaling"]
+__all__ = ["FileCache", "HitBench", "fill_store", "func_names", "store_scaling"]
 
 
 def func_names(mod) -> list[str]:
@@ -107,7 +107,7 @@ class HitBench:
         # library mapped, and a disk hit on that same file would then find it loaded (a 2 us
         # lookup instead of a 40 us load), which neither the floor nor a fresh process gets.
         self.mem = CodegenCache(self.root / "mem", min_codegen_time=0)
-        # The cache as a user gets it (min_codegen_time auto, issue 25): one object for every case,
+        # The cache as a user gets it (min_codegen_time auto): one object for every case,
         # as one process lowering many kernels; it learns each codegen's tiers from its calls.
         self.auto = CodegenCache(self.root / "auto", min_codegen_time="auto")
         self.files = FileCache(self.root / "files")
@@ -252,7 +252,7 @@ class HitBench:
             - (cold["auto_miss"][0] if load else 0.0)
         # The miss and the cache a user gets are each timed against the bare codegen in rounds of
         # their own: a call right after a stored miss runs slower than after another call of its
-        # kind (the miss's work evicts the caches; docs/benchmarks.md), which would be charged to
+        # kind (the miss's work evicts the caches, measured when this was written), which would be charged to
         # whichever variant follows the miss. For a cheap codegen each timed call also follows an
         # untimed run of the bare codegen, so every call follows the same work.
         groups = [("miss", miss)] + ([("auto_miss", auto_miss)] if load else [])
@@ -495,7 +495,7 @@ class FileCache:
         return True
 
 
-# ---- scaling: hit latency against the number of entries; key cost against IR size --------
+# ---- scaling: hit latency against the number of entries in a store --------------------------
 
 SYNTHETIC_PAYLOAD = 1024  # bytes of "source" per synthetic entry (small CUDA kernels are 2-4 KiB)
 
@@ -583,27 +583,4 @@ def store_scaling(root: Path, cases: list[tuple[str, Any, Any, bool]], sizes: li
         out["cases"].append(row)
     for cache in caches.values():
         cache.close()
-    return out
-
-
-def key_cost(root: Path, cases: dict[str, list[tuple[int, Any, Any]]], reps: int) -> dict[str, Any]:
-    """Structural hash and full key cost per IR size; a line fitted per target (us per statement)."""
-    cache = cc.CodegenCache(Path(root) / "keys")
-    out: dict[str, Any] = {}
-    for label, items in cases.items():
-        variants = {}
-        for n, mod, target in items:
-            variants[f"hash/{n}"] = (lambda m=mod: ir_hash(m))
-            variants[f"key/{n}"] = (lambda m=mod, t=target: cache.key_for(m, t, compile_device=False))
-        times = interleave(variants, reps)
-        sizes = [n for n, _, _ in items]
-        med = {k: summary(v)["median"] for k, v in times.items()}
-        fit = linear_fit([float(n) for n in sizes], [med[f"hash/{n}"] for n in sizes])
-        out[label] = {
-            "statements": sizes,
-            "hash": [med[f"hash/{n}"] for n in sizes],
-            "key": [med[f"key/{n}"] for n in sizes],
-            "per_statement": [med[f"hash/{n}"] / n for n in sizes],
-            "fit": fit,
-        }
     return out

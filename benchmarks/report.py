@@ -69,16 +69,14 @@ def _machine(results: dict) -> str:
 
 
 def _summary(results: dict) -> list[str]:
-    lines = ["| suite | what it measures | goals | PASS | FAIL | no verdict | rounds | time | load |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| suite | goals | PASS | FAIL | no verdict | rounds | time | load |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, s in results["suites"].items():
         goals = [r for r in s["rows"] if r["goal"]]
         counts = [sum(1 for r in goals if r["ok"] is v) for v in (True, False, None)]
-        what = s["description"].split(". ")[0].rstrip(".")
-        if s["error"]:
-            what += " (did not run to the end)"
-        lines.append(f"| [{name}](#{name}) | {_cell(what)} | {len(goals)} | {counts[0]} | {counts[1]} | {counts[2]} | "
-                     f"{s['rounds']} | {s['seconds']:.0f} s | {s['load_start']:.1f}-{s['load_end']:.1f} |")
+        lines.append(f"| [{name}](#{name}){' (did not run to the end)' if s['error'] else ''} | {len(goals)} | "
+                     f"{counts[0]} | {counts[1]} | {counts[2]} | {s['rounds']} | {s['seconds']:.0f} s | "
+                     f"{s['load_start']:.1f}-{s['load_end']:.1f} |")
     return lines
 
 
@@ -139,3 +137,48 @@ def write_docs(results: dict, docs: Path) -> Path:
         lines += _suite(name, s)
     page.write_text("\n".join(lines).rstrip() + "\n")
     return page
+
+
+# The README's table: (suite, row name, what it shows). Rows missing from a run are left out.
+HEADLINES = [
+    ("hits", "disk hit: vadd / llvm", "a kernel's disk hit (llvm vector add), against its floor"),
+    ("hits", "memory hit: vadd / llvm", "a kernel's memory hit, against TVM's structural hash"),
+    ("hits", "fresh process, first disk hit of a kernel (cpu): vadd / llvm",
+     "a fresh process's first disk hit, against its floor"),
+    ("hits", "cold miss / disk hit: vadd / cuda-nvcc", "an nvcc compile, against its disk hit"),
+    ("compile", "warm, a fresh process: llvm, 4 layers", "`tvm.compile` of a 4-layer Llama, warm in a fresh process"),
+    ("compile", "re-run in the warm process: llvm, 4 layers", "the same compile again in that process"),
+    ("models", "warm, CODEGEN_CACHE_ENABLE=1: llvm, 4 layers", "that warm model, against `load_module` of its export"),
+    ("fleet", "remote hit of a fresh host: vadd / llvm", "a fresh host's remote hit (Redis), against its disk hit"),
+    ("startup", "python -c pass, CODEGEN_CACHE_ENABLE=1 (cpu)", "`CODEGEN_CACHE_ENABLE=1` in a process without TVM"),
+]
+README_BEGIN = "<!-- headline figures: written by `python -m benchmarks all --write-docs` -->"
+README_END = "<!-- end of headline figures -->"
+
+
+def headline_table(results: dict) -> str:
+    """The README's short table of headline figures, from one run's results."""
+    m = results["machine"]
+    lines = [README_BEGIN, "", "| what | median | against | ratio | goal |", "| --- | --- | --- | --- | --- |"]
+    for suite, name, what in HEADLINES:
+        found = next((r for r in results["suites"].get(suite, {}).get("rows", []) if r["name"] == name), None)
+        if found is None or found["median"] is None:
+            continue
+        ratio = "-" if found["ratio"] is None else fmt_value(found["ratio"], "x")
+        goal = f"{found['goal']}: {_status(found['ok'])}" if found["goal"] else "-"
+        lines.append(f"| [{what}](docs/benchmarks.md#{suite}) | {fmt_value(found['median'], found['unit'])} | "
+                     f"{fmt_value(found['floor'], found['unit'])} | {ratio} | {_cell(goal)} |")
+    lines += ["", f"Medians from `python -m benchmarks all` at `{m['commit']}`, {m['date']}, {m['nproc']} cores, "
+              f"load average {m['load_start']:.1f}-{m['load_end']:.1f}; every figure, its floor and how it is "
+              "measured: [docs/benchmarks.md](docs/benchmarks.md).", "", README_END]
+    return "\n".join(lines)
+
+
+def write_readme(results: dict, readme: Path) -> bool:
+    """Replace the headline block of `readme` (between its markers); False where it has none."""
+    text = readme.read_text()
+    start, end = text.find(README_BEGIN), text.find(README_END)
+    if start < 0 or end < start:
+        return False
+    readme.write_text(text[:start] + headline_table(results) + text[end + len(README_END):])
+    return True

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing as mp
+import os
 import random
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -241,10 +244,6 @@ def sweep(pool: Pool, root: Path, *, cuda_configs: list[dict], llvm_configs: lis
 
 def run(rounds: int) -> list[dict]:
     """Contention with 1, 2, 4 processes and the cold and warm sweep, as rows."""
-    import os
-    import shutil
-    import tempfile
-
     import kernels as K
 
     smoke = rounds <= 2

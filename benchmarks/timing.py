@@ -23,8 +23,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["child_env", "compile_bytecode", "fmt_ratio", "fmt_time", "fresh_rounds", "interleave", "linear_fit",
-           "paired", "percentile", "row", "run_child", "summary", "verdict"]
+__all__ = ["child_env", "compile_bytecode", "fmt_time", "fresh_rounds", "interleave", "paired",
+           "percentile", "row", "run_child", "summary", "verdict"]
 
 TESTS = str(Path(__file__).resolve().parent.parent / "tests")
 HERE = str(Path(__file__).resolve().parent)
@@ -176,19 +176,6 @@ def summary(xs: list[float]) -> dict[str, float]:
             "min": min(xs), "n": len(xs)}
 
 
-def linear_fit(xs: list[float], ys: list[float]) -> dict[str, float]:
-    """Least-squares line y = slope * x + intercept, with r^2."""
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
-    slope = sxy / sxx if sxx else float("nan")
-    intercept = my - slope * mx
-    ss_tot = sum((y - my) ** 2 for y in ys)
-    ss_res = sum((y - (slope * x + intercept)) ** 2 for x, y in zip(xs, ys))
-    return {"slope": slope, "intercept": intercept, "r2": 1 - ss_res / ss_tot if ss_tot else float("nan")}
-
-
 def fmt_time(seconds: float | None) -> str:
     """Seconds as a short string in us, ms or s."""
     if seconds is None or seconds != seconds:
@@ -200,12 +187,3 @@ def fmt_time(seconds: float | None) -> str:
     if seconds < 1:
         return f"{seconds * 1e3:.1f}ms" if seconds < 0.1 else f"{seconds * 1e3:.0f}ms"
     return f"{seconds:.2f}s"
-
-
-def fmt_ratio(ratio: float | None) -> str:
-    """A ratio as 1.23x / 45x / 6789x."""
-    if ratio is None or ratio != ratio:
-        return "-"
-    if ratio < 10:
-        return f"{ratio:.2f}x"
-    return f"{ratio:.0f}x"
