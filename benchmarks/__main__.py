@@ -66,7 +66,8 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     commit = _git("rev-parse", "--short", "HEAD")
-    if _git("status", "--porcelain", "--untracked-files=no"):
+    # Only what the figures depend on: the package and the benchmarks (not docs being edited).
+    if _git("status", "--porcelain", "--untracked-files=no", "--", "src", "benchmarks"):
         commit += " (with uncommitted changes)"
     return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "commit": commit, "nproc": os.cpu_count(), "cpu": cpu, "python": platform.python_version(),
