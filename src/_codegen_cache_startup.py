@@ -5,7 +5,7 @@ variable is set to something other than an explicit "off" and Python does not ru
 (`python -I`); it costs a process nothing else. This module imports nothing but `sys`, which
 every interpreter has loaded already, and holds only the finder: a process that never imports
 TVM pays for one small module (compiled at each start where no .pyc can be written) and one
-finder that declines every other name (benchmarks/bench_startup.py). What runs once tvm is
+finder that declines every other name (`python -m benchmarks startup`). What runs once tvm is
 imported is in _codegen_cache_turn_on.py.
 
 The hook is a meta-path finder that waits for the `tvm` package to finish importing, then

@@ -14,7 +14,7 @@ import kernels
 from codegen_cache._artifacts import CachedLibraryModule, decode, encode, frame, read_meta, unframe, upgrade
 from codegen_cache._artifacts import CudaPayload
 from codegen_cache._compat import host_llvm_triple
-from codegen_cache._compat._abi import tvm_libraries
+from codegen_cache._compat._emit import tvm_libraries
 from conftest import CUDA_TARGET
 
 CASES = [("llvm", kernels.vadd, True), ("llvm", kernels.vadd, False), ("c", kernels.vadd, False),

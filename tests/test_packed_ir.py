@@ -9,7 +9,7 @@ import codegen_cache as cc
 from codegen_cache._cli import _main as _cli
 from codegen_cache._artifacts import _packed, decode, encode, frame, portable, unframe, upgrade
 from codegen_cache._compat import host_llvm_triple
-from codegen_cache._compat._abi import tvm_libraries
+from codegen_cache._compat._emit import tvm_libraries
 from codegen_cache._errors import ArtifactError
 from codegen_cache._storage._remote import RedisTier
 from redis_server import RedisServer, _need_redis_server

@@ -1,8 +1,8 @@
 """Each private API of another library the package still uses: it is there, and it does what we rely on.
 
 One test per use. A failure here means that library changed under us: switch that use to its
-fallback (or to the public API) and measure again (benchmarks/bench_private.py,
-docs/maintaining.md "What each one buys"). The raw layout of a tvm-ffi Function is checked in
+fallback (or to the public API) and measure again, as an A/B in the commit message
+(docs/maintaining.md "What each one buys"). The raw layout of a tvm-ffi Function is checked in
 tests/test_key_callbacks.py (test_the_python_callable_behind_a_function_is_found_and_a_cpp_one_is_not).
 """
 

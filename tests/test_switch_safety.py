@@ -336,17 +336,6 @@ def test_doctors_determinism_processes_ignore_modules_planted_in_the_working_dir
     assert not marker.exists(), marker.read_text()
 
 
-def test_the_start_up_benchmark_measures_each_pair_side_by_side():
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_startup.py"), "--rounds", "2", "--pairs",
-                           "python -c pass", 'python -c "import json"', "--json"],
-                          capture_output=True, text=True, timeout=300, check=True)
-    found = json.loads(done.stdout)
-    assert set(found["pairs"]) == {"python -c pass", 'python -c "import json"'}
-    for pair in found["pairs"].values():
-        assert len(pair["samples"]["switched"]) == len(pair["samples"]["plain"]) == 2
-        assert pair["cpu"]["median_ratio"] > 0 and pair["wall"]["median_ratio"] > 0
-
-
 def test_a_helpers_import_path_keeps_what_the_program_added_and_leaves_out_the_working_directory(tmp_path,
                                                                                                  monkeypatch):
     from codegen_cache._helper import import_path

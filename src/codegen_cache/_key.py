@@ -49,7 +49,7 @@ def ir_hash(mod: IRModule) -> int:
     A module of several functions is hashed function by function, combined in name order
     with its attributes and global infos (what TVM's module hash covers): TVM's hash of a
     whole lowered host module costs more than its functions' hashes together (for 64 llvm
-    functions; equal for a CUDA device module: docs/key.md, docs/benchmarks.md "Against the
+    functions; equal for a CUDA device module: docs/key.md, docs/benchmarks.md at 5788f7c "Against the
     goals"), while the per-function hashes tell the same modules apart (GlobalVar names
     are hashed, also where a body calls one).
     """

@@ -63,7 +63,7 @@ def emit(*, tier: str, key: str, codegen: str, mode: str, key_seconds: float, lo
     """Record one lowering's outcome, Outcome's fields by name; built into an Outcome only when needed.
 
     Keyword-only, kept as a tuple until read: what that costs against positional values and
-    against an Outcome made on every call is in docs/benchmarks.md ("Named outcome fields").
+    against an Outcome made on every call is in docs/benchmarks.md at 5788f7c ("Named outcome fields").
     """
     fields = (tier, key, codegen, mode, key_seconds, load_seconds, codegen_seconds, total_seconds, stored)
     sinks = _sinks.get()

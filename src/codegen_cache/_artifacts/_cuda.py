@@ -63,7 +63,7 @@ class CudaPayload(NamedTuple):
 
     A NamedTuple (immutable, compared by its fields), not a frozen dataclass: the class is made
     in every process that reads or writes a CUDA entry, and a dataclass is several times as dear
-    to make (docs/benchmarks.md, "Records made at import").
+    to make (docs/benchmarks.md at 5788f7c, "Records made at import").
     """
 
     fmt: str
@@ -135,7 +135,7 @@ def saves_as(module: Module, payload: CudaPayload) -> bool:
 
     Compared where TVM wrote it, by xxh3-128 digest, piece by piece on the payload's side: neither
     side's code is copied (in a fresh process a large copy is new pages, as costly as the
-    comparison: docs/benchmarks.md, "A warm CUDA model's copies").
+    comparison: docs/benchmarks.md at 5788f7c, "A warm CUDA model's copies").
     """
     pieces = payload.pieces()
     packed, start, size = _saved(module)
@@ -284,7 +284,7 @@ renew_after_fork(globals(), "_fallback_lock", threading.RLock)
 _DEFAULT_TARGET = {"kind": "cuda", "arch": "sm_90"}
 # fallback_module checks a twin with this text where the text is longer than _TWIN_ABOVE bytes
 # per kernel: the crossover of a save's copy of the text against one more codegen of empty
-# kernels (docs/benchmarks.md, "A warm CUDA model's check on a twin").
+# kernels (docs/benchmarks.md at 5788f7c, "A warm CUDA model's check on a twin").
 _MARKER = "// codegen-cache: this module checks the function map and format of its twin\n"
 _MARKER_BYTES = _MARKER.encode()
 _TWIN_ABOVE = 16 * 1024
@@ -380,7 +380,7 @@ def _empty_kernels(infos: dict[str, dict]) -> IRModule:
 
     Kernels of one signature share one PrimFunc but for their attributes: making the
     parameters and the function per kernel would be most of a many-kernel hit
-    (docs/benchmarks.md, "Figures behind code comments"); the module target.build.cuda makes
+    (docs/benchmarks.md at 5788f7c, "Figures behind code comments"); the module target.build.cuda makes
     from them is checked by the caller.
     """
     tirx, ir = _compat.tvm.tirx, _compat.tvm.ir

@@ -1,7 +1,7 @@
 """Linking stored LLVM IR into a shared library, without importing TVM: the llvm upgrader's work.
 
 The upgrader (_cache/_upgrade.py) runs in a helper process that never imports TVM's Python
-package: TVM's LLVM emits the object file through tvm-ffi's C ABI (_compat/_abi.py), and the
+package: TVM's LLVM emits the object file through tvm-ffi's Python API (_compat/_emit.py), and the
 compiler `export_library` would use links it (`$CXX`/`$CC` or g++, `-shared -fPIC`). LLVM IR
 for another platform than this host's stays IR (no compiler here can link it): the host's
 triple comes from the process that started the upgrader.
@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import tempfile
 
-from .._compat._abi import emit_object
+from .._compat._emit import emit_object
 from ._frame import check, frame, unframe
 from ._packed import SMALL_LEVEL, pack, unpack
 from ._private import SCRATCH_PREFIX
@@ -68,7 +68,7 @@ def shared_library_from_ir(llvm_ir: bytes | memoryview, scratch: str, libraries:
                            compiler: list[str] | None = None, timeout: float = 600.0) -> bytes:
     """Emit an object file from LLVM IR and link it into a shared library (helper process only).
 
-    `libraries`: the TVM shared libraries whose LLVM emits the object (_compat/_abi.py).
+    `libraries`: the TVM shared libraries whose LLVM emits the object (_compat/_emit.py).
     """
     command = compiler_command() if compiler is None else compiler
     if not command or shutil.which(command[0]) is None:

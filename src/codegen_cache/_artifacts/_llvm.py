@@ -43,8 +43,8 @@ def ir_text(module: Module) -> bytes:
     """A built llvm module's LLVM IR text, byte for byte what `inspect_source("ll")` returns.
 
     LLVM prints it into a memfd (anonymous memory, no file system), read back once as bytes:
-    `inspect_source` turns the text into a str that a store encodes back (what the memfd saves:
-    docs/benchmarks.md, benchmarks/bench_ir_text.py). LLVM ends the process on a failed write, so the memfd is used
+    `inspect_source` turns the text into a str that a store encodes back (what the memfd saves is
+    in the commit that removed benchmarks/bench_ir_text.py). LLVM ends the process on a failed write, so the memfd is used
     only where a write can fail no other way than the process's memory running out: not under a
     file size limit (RLIMIT_FSIZE, which applies to memfds too). Elsewhere, and where no memfd
     can be made, `inspect_source`.

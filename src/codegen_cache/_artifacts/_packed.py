@@ -11,7 +11,7 @@ as it is.
 A field is packed when it starts with zstd's frame magic, which no LLVM IR text can start
 with (0xB5 is not a first byte in UTF-8). A packed field must declare its size, and it is
 unpacked into at most that many bytes; what fails is an ArtifactError (the entry is a miss).
-The levels are chosen from docs/benchmarks.md ("Entry sizes": size and time per level on real
+The levels are chosen from docs/benchmarks.md at 5788f7c ("Entry sizes": size and time per level on real
 IR); zstd is imported only where packing or unpacking happens. Where the `zstandard` package is
 missing (a dependency left out of an install), entries are stored plain and a packed one is a
 miss: a broken install costs size, never a compile.

@@ -208,7 +208,7 @@ def private_file(data: bytes | memoryview, scratch: str, name: str) -> str:
 
 
 # No directory of the process's own: its first mkdir would be paid by a fresh process's first
-# hit (docs/benchmarks.md, "Figures behind code comments").
+# hit (docs/benchmarks.md at 5788f7c, "Figures behind code comments").
 _own_files = itertools.count()
 _own_paths: list[str] = []  # this process's private files, removed at its exit
 _own_pid: list[tuple[int, str]] = []  # [(pid, the names' prefix)]: drawn anew in a child of fork

@@ -65,7 +65,7 @@ class BuildRecord(NamedTuple):
     """How a build was served: tier ('memory', 'disk', 'codegen', 'uncached': as Outcome.tier), its key, its parts.
 
     codegen_seconds: the codegen time of the build's parts (for a hit: what serving it saved).
-    A NamedTuple, not a frozen dataclass (docs/benchmarks.md, "Records made at import").
+    A NamedTuple, not a frozen dataclass (docs/benchmarks.md at 5788f7c, "Records made at import").
     """
 
     tier: str
@@ -111,7 +111,7 @@ def _build_with_record(mod: PrimFunc | IRModule, target: str | Target | None,
         emit(tier="uncached", key="", codegen="build", mode="build", key_seconds=0.0, load_seconds=0.0,
              codegen_seconds=seconds, total_seconds=total, stored=False)
         return module, BuildRecord("uncached", None, host, devices, seconds)
-    # The background writer waits until the build returns (docs/benchmarks.md: a cold build's
+    # The background writer waits until the build returns (docs/benchmarks.md at 5788f7c: a cold build's
     # cost over TVM's); every entry is staged before that.
     with writer.hold():
         return _cold_build(cache, registry, planned, key, start)

@@ -222,7 +222,7 @@ class _Walk:
             self.value(inner, depth, strict=strict)
         elif tvm_ffi.Object in type(obj).__mro__:
             # Not isinstance: tvm_ffi.Object is an ABC, whose first check of a type that is not
-            # one walks every one of its subclasses (docs/benchmarks.md, "The scan after enable()").
+            # one walks every one of its subclasses (docs/benchmarks.md at 5788f7c, "The scan after enable()").
             self.tvm_object(obj, strict)
         elif strict:
             raise self.unidentifiable(f"it holds a {type(obj).__module__}.{type(obj).__qualname__} object, "

@@ -16,7 +16,7 @@ class Plan(NamedTuple):
     """The input and tvm.tirx.build's steps 0-2: the target to bind, the pipeline's target, the host.
 
     A NamedTuple, not a frozen dataclass: the class is made when the switch is imported
-    (docs/benchmarks.md, "Records made at import").
+    (docs/benchmarks.md at 5788f7c, "Records made at import").
     """
 
     mod: IRModule

@@ -76,7 +76,7 @@ class Plan(NamedTuple):
     """Where one lowering's entry may be read from and stored: `why` says what decided (made by `_plan`).
 
     A NamedTuple, not a frozen dataclass: the class is made when the cache layer is imported,
-    and a dataclass is several times as dear to make (docs/benchmarks.md, "Records made at import").
+    and a dataclass is several times as dear to make (docs/benchmarks.md at 5788f7c, "Records made at import").
     """
 
     memory: bool
@@ -248,7 +248,7 @@ class TierBudget:
 
 def _median(values: Iterable[float]) -> float:
     # Not statistics.median: every process that enables the cache would import statistics and
-    # fractions for it (docs/benchmarks.md, "What enable() imports").
+    # fractions for it (docs/benchmarks.md at 5788f7c, "What enable() imports").
     ordered = sorted(values)
     middle = len(ordered) // 2
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2

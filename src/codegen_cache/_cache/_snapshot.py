@@ -2,7 +2,7 @@
 
 Apart from the counting (_stats.py), and imported at the first snapshot: the class has more
 than thirty fields, and making a dataclass that size is a measurable part of the cache layer's
-import, which every process pays at its first lowering (docs/benchmarks.md, "What the cache
+import, which every process pays at its first lowering (docs/benchmarks.md at 5788f7c, "What the cache
 layer's import costs").
 """
 

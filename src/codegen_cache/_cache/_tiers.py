@@ -38,7 +38,7 @@ def ir_digest(mod: IRModule) -> str:
 
 # The records of a lookup are plain slotted classes and NamedTuples, not dataclasses: making
 # a dataclass costs the cache layer's import (every process's first lowering) far more than
-# these few lines (docs/benchmarks.md, "What the cache layer's import costs").
+# these few lines (docs/benchmarks.md at 5788f7c, "What the cache layer's import costs").
 
 
 class Probe:

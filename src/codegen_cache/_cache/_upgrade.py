@@ -13,7 +13,7 @@ entry, and exits after IDLE_SECONDS without work. Whoever starts it takes that l
 hands the locked descriptor down: when many processes ask at once, one wins the lock and starts
 the only upgrader; the others see it held. The upgrader never imports TVM's Python package: it
 is given the shared libraries of the TVM its starter has loaded, and this host's LLVM triple,
-and calls TVM's LLVM through tvm-ffi's C ABI (_compat/_abi.py, _artifacts/_link.py). A marker whose upgrade fails is dropped;
+and calls TVM's LLVM through tvm-ffi's Python API (_compat/_emit.py, _artifacts/_link.py). A marker whose upgrade fails is dropped;
 the next process that loads the raw entry marks it again, so a failed or interrupted upgrade
 is retried later, and the raw entry serves hits meanwhile. The lock is _upgrade_lock.py's. The
 upgrader makes no directory again: a cache directory removed while it works stays removed (it
@@ -129,7 +129,7 @@ def _spawn(directory: Path, lock_fd: int) -> bool:
 def _tvm_here() -> list[str]:
     """This host's LLVM triple, then the TVM shared libraries loaded here (TVM is imported if it is not yet)."""
     from .. import _compat
-    from .._compat._abi import tvm_libraries
+    from .._compat._emit import tvm_libraries
 
     host = _compat.host_llvm_triple()
     return [host, *tvm_libraries()]

@@ -15,7 +15,7 @@ and the writer can be strict about time:
 A caller does not wake the thread while it is busy: it looks for jobs every POLL_SECONDS, and
 only after IDLE_SECONDS without one does it sleep until a submit wakes it. Waking a thread on
 the caller's path costs the caller its CPU and then the GIL on a loaded machine: more than the
-whole budget for what the cache adds to a miss (docs/benchmarks.md, "Against the goals").
+whole budget for what the cache adds to a miss (docs/benchmarks.md at 5788f7c, "Against the goals").
 
 While a whole compile runs (`hold()`: codegen_cache.build, a Relax model's tvm.compile), the
 thread starts no job: what it does (opening SQLite stores, writing them, starting the llvm
@@ -174,7 +174,7 @@ def _at_exit() -> None:
 
 # Before atexit's handlers, which include finalizers of temporary directories a job may use:
 # threading's private hook runs before all of them, atexit.register (the fallback) only before
-# those registered earlier. What it buys is that order, not time (docs/benchmarks.md, "Private
+# those registered earlier. What it buys is that order, not time (docs/benchmarks.md at 5788f7c, "Private
 # internals"); tests/test_private_internals.py fails when the hook goes.
 try:
     threading._register_atexit(_at_exit)  # type: ignore[attr-defined]

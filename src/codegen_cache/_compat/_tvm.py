@@ -92,7 +92,7 @@ def target_from_json(text: str) -> Target:
     """Target(text) for a target's JSON text, through TVM's constructor directly.
 
     Target.__init__ first converts a str with tvm_ffi.convert, whose isinstance check against
-    tvm-ffi's Object ABC costs the first call of a process what docs/benchmarks.md ("Private
+    tvm-ffi's Object ABC costs the first call of a process what docs/benchmarks.md at 5788f7c ("Private
     internals") shows; the constructor is the global function `target.Target` (what
     tvm.target._ffi_api.Target names), looked up through the public registry.
     """

@@ -12,7 +12,7 @@ Every value lives in a value file of its own, and a store keeps beside its rows 
 per entry, `<store>/keys/<key>`: the name and size of the key's value file. A lookup reads the
 key file and the value file it names, without SQLite: a process's first lookup would otherwise
 open the database, parse its schema and make its write-ahead log, most of a warm compile's
-storage work (docs/benchmarks.md, "Lookups without SQLite"). The rows stay what is stored: a
+storage work (docs/benchmarks.md at 5788f7c, "Lookups without SQLite"). The rows stay what is stored: a
 key file is written after its row (by whoever stored it), names only a value file of the
 store's own form, read under the size it names, and one that leads nowhere (the entry was
 evicted, replaced or removed) sends the lookup to the row. What a value file holds is checked
@@ -146,7 +146,7 @@ class ArtifactStore:
         """The row of `key`, read through a plain SQLite connection of this store's own.
 
         Opening a diskcache store writes its settings, closes and reopens its connection
-        (docs/benchmarks.md), and the first lookup of a process would pay for it. A lookup needs
+        (docs/benchmarks.md at 5788f7c), and the first lookup of a process would pay for it. A lookup needs
         none of that: a plain SQLite connection reads the same table, and opens nothing that is
         not there (a store not made yet is a miss, not made here). It is used also once
         diskcache's store is open: as fast as diskcache's private `_sql` (docs/maintaining.md,

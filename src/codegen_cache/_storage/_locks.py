@@ -3,7 +3,7 @@
 On Linux a builder locks one byte of `<dir>/locks/keys`, at an offset taken from the key's
 hash, with an open-file-description lock (F_OFD_SETLK): the file is made once, so a miss
 creates and removes no file (making one is most of what a lock file per key costs a miss:
-docs/benchmarks.md, "The hand-written parts against the library").
+docs/benchmarks.md at 5788f7c, "The hand-written parts against the library").
 Such a lock belongs to this process's open description of the file, so the kernel drops it
 when the holder dies, as a flock; threads of one process share the description, and a table
 of the keys this process holds keeps them apart. Two keys share a byte (one then waits for the

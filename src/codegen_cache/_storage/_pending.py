@@ -8,7 +8,7 @@ any process that finds the file: every step is idempotent and the file is comple
 is visible. Readers look here after a store miss (one stat).
 
 Making a file is most of what staging costs (several times writing into a file made earlier
-and renaming it: docs/benchmarks.md, "The hand-written parts against the library"), so the
+and renaming it: docs/benchmarks.md at 5788f7c, "The hand-written parts against the library"), so the
 background writer keeps a spare file or two ready (`keep_spare`), made by this process, used within a minute, dropped
 in a child of fork (the parent may write into them) and removed at exit.
 

@@ -7,7 +7,7 @@ hostile cache directory yields an error that the cache turns into a miss.
 Imported where a store is first opened through diskcache (a write, an eviction, a clear, a
 read-only directory); a lookup, through key files or the plain SQLite reader (`_disk.py`),
 needs none of diskcache, so a process that only hits never imports it (what that saves:
-docs/benchmarks.md, "What a hit does not import").
+docs/benchmarks.md at 5788f7c, "What a hit does not import").
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ def untrusted(cache_dir: str | os.PathLike[str], trusted_dirs: Iterable[str] = (
     for name in inside:
         parent = name.rpartition("/")[0]
         # A plain dict: Counter(generator) checks it against every Mapping registered (TVM
-        # registers its own), on a fresh process's first hit (docs/benchmarks.md).
+        # registers its own), on a fresh process's first hit (docs/benchmarks.md at 5788f7c).
         below[parent] = below.get(parent, 0) + 1
     # A directory holding several of them is listed once, not asked a failed lstat for each
     # absent one; one holding one (a store's keys/) is not listed: the store's own entries are there.

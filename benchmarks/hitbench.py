@@ -1,4 +1,4 @@
-"""Sections 1, 5 and 6 for one (kernel, codegen): hit vs floor vs cold, miss overhead, alternatives.
+"""The kernel hit engine of suite_hits: hit vs floor vs cold, miss overhead, the alternative, scaling.
 
 Every variant of one case is timed in the same rounds, interleaved (timing.interleave), so the
 ratios hold on a noisy machine. Cold builds use a fresh key each time: a copy of the codegen
@@ -9,24 +9,28 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import math
+import os
 import statistics
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import tvm
 import tvm_ffi
-from alt_filecache import FileCache
+import xxhash
 from floor import RawStore, floor_loader, tvm_hash
 from timing import interleave, percentile, summary
 
+import codegen_cache as cc
 from codegen_cache import CodegenCache, DeviceCodegen
-from codegen_cache._artifacts import decode, encode, unframe
+from codegen_cache._artifacts import decode, encode, frame, unframe
 from codegen_cache._cache._budget import LEARN_RUNS
 from codegen_cache._key import ir_hash
 
-__all__ = ["HitBench", "func_names"]
+__all__ = ["FileCache", "HitBench", "fill_store", "func_names", "store_scaling"]
 
 
 def func_names(mod) -> list[str]:
@@ -103,7 +107,7 @@ class HitBench:
         # library mapped, and a disk hit on that same file would then find it loaded (a 2 us
         # lookup instead of a 40 us load), which neither the floor nor a fresh process gets.
         self.mem = CodegenCache(self.root / "mem", min_codegen_time=0)
-        # The cache as a user gets it (min_codegen_time auto, issue 25): one object for every case,
+        # The cache as a user gets it (min_codegen_time auto): one object for every case,
         # as one process lowering many kernels; it learns each codegen's tiers from its calls.
         self.auto = CodegenCache(self.root / "auto", min_codegen_time="auto")
         self.files = FileCache(self.root / "files")
@@ -248,7 +252,7 @@ class HitBench:
             - (cold["auto_miss"][0] if load else 0.0)
         # The miss and the cache a user gets are each timed against the bare codegen in rounds of
         # their own: a call right after a stored miss runs slower than after another call of its
-        # kind (the miss's work evicts the caches; docs/benchmarks.md), which would be charged to
+        # kind (the miss's work evicts the caches, measured when this was written), which would be charged to
         # whichever variant follows the miss. For a cheap codegen each timed call also follows an
         # untimed run of the bare codegen, so every call follows the same work.
         groups = [("miss", miss)] + ([("auto_miss", auto_miss)] if load else [])
@@ -427,3 +431,156 @@ class HitBench:
             if outcome.tier != name:
                 raise RuntimeError(f"the {name} variant was served from {outcome.tier!r}")
         return out
+
+
+# ---- the alternative a user would pick instead ----------------------------------------------
+
+# The alternative a user would pick instead: a file-per-entry directory cache.
+#
+# In the style of Triton's and tilelang's kernel caches: one directory per key holding the
+# artifact file and a JSON manifest, written into a temporary directory and renamed into place
+# (atomic for readers; the first writer wins and later ones discard their copy). It stores the
+# same framed artifact bytes as the cache under test, so a comparison measures only the storage.
+# What it does not have: a size limit or eviction, single-flight across processes, counters, a
+# memory tier, a remote tier, a check that the manifest matches the artifact beyond its size.
+
+ARTIFACT = "artifact.bin"
+MANIFEST = "manifest.json"
+
+
+class FileCache:
+    """key -> <root>/<key[:2]>/<key>/{artifact.bin, manifest.json}."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self._tmp = self.root / "tmp"
+        self._tmp.mkdir(parents=True, exist_ok=True)
+
+    def _entry(self, key: str) -> str:
+        # Two-character fan-out, as Triton's and ccache's layouts do, keeps directories small.
+        return os.path.join(self.root, key[:2], key)
+
+    def get(self, key: str) -> bytes | None:
+        """The bytes stored under `key`, or None (missing or incomplete)."""
+        entry = self._entry(key)
+        try:
+            with open(os.path.join(entry, MANIFEST), "rb") as f:
+                manifest = json.loads(f.read())
+            with open(os.path.join(entry, manifest["artifact"]), "rb") as f:
+                data = f.read()
+        except (FileNotFoundError, NotADirectoryError, KeyError, ValueError):
+            return None
+        if len(data) != manifest.get("size"):
+            return None
+        return data
+
+    def put(self, key: str, blob: bytes, meta: dict | None = None) -> bool:
+        """Store `blob` under `key`; False when another writer got there first."""
+        final = self._entry(key)
+        if os.path.exists(final):
+            return False
+        tmp = tempfile.mkdtemp(dir=self._tmp)
+        with open(os.path.join(tmp, ARTIFACT), "wb") as f:
+            f.write(blob)
+        with open(os.path.join(tmp, MANIFEST), "w") as f:
+            json.dump({"key": key, "artifact": ARTIFACT, "size": len(blob), **(meta or {})}, f)
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+        try:
+            os.rename(tmp, final)
+        except OSError:  # ENOTEMPTY/EEXIST: a concurrent writer won the rename
+            for name in (ARTIFACT, MANIFEST):
+                os.unlink(os.path.join(tmp, name))
+            os.rmdir(tmp)
+            return False
+        return True
+
+
+# ---- scaling: hit latency against the number of entries in a store --------------------------
+
+SYNTHETIC_PAYLOAD = 1024  # bytes of "source" per synthetic entry (small CUDA kernels are 2-4 KiB)
+
+
+def _synthetic(i: int) -> tuple[str, bytes]:
+    key = xxhash.xxh3_128_hexdigest(f"synthetic-{i}".encode())
+    meta = {"key": key, "codegen": "synthetic", "mode": "source", "build_seconds": 0.0}
+    return key, frame("source", {**meta, "source_format": "cu"}, [os.urandom(SYNTHETIC_PAYLOAD // 2).hex().encode()])
+
+
+def fill_store(cache: cc.CodegenCache, mode: str, count: int, batch: int = 5000) -> float:
+    """Add `count` synthetic framed entries to a store; seconds taken.
+
+    Writes go straight to the store's diskcache in transactions of `batch` rows: what matters
+    for the benchmark is the number of rows the hit has to find its key among, not how they got
+    there (a real fill through lower() would take hours of codegen).
+    """
+    t0 = time.perf_counter()
+    store = cache.store(mode)
+    disk = store._open()  # noqa: SLF001 - the diskcache.Cache under the store, for batched writes
+    for start in range(0, count, batch):
+        with disk.transact(retry=True):
+            for i in range(start, min(count, start + batch)):
+                key, blob = _synthetic(i)
+                disk.set(key, blob)
+    return time.perf_counter() - t0
+
+
+def fill_files(files: FileCache, count: int) -> float:
+    """Add `count` synthetic entries to the file cache; seconds taken."""
+    t0 = time.perf_counter()
+    for i in range(count):
+        key, blob = _synthetic(i)
+        files.put(key, blob)
+    return time.perf_counter() - t0
+
+
+def store_scaling(root: Path, cases: list[tuple[str, Any, Any, bool]], sizes: list[int], *,
+                  files_max: int, reps: int, log=print) -> dict[str, Any]:
+    """Disk-hit latency with `sizes` entries in the store, for each (label, mod, target, compiled) case.
+
+    One directory per size, filled once; the hits of all sizes are timed in the same rounds.
+    The file cache is filled to the same sizes up to `files_max`.
+    """
+    caches, files, fills = {}, {}, {}
+    for n in sizes:
+        d = Path(root) / f"n{n}"
+        caches[n] = cc.CodegenCache(d / "cache", memory_entries=0, write_behind=False)
+        fills[n] = {}
+        for _label, _mod, _target, compiled in cases:
+            mode = "compiled" if compiled else "source"
+            if mode not in fills[n]:
+                fills[n][mode] = fill_store(caches[n], mode, n - 1)
+        if n <= files_max:
+            files[n] = FileCache(d / "files")
+            fills[n]["files"] = fill_files(files[n], n - 1)
+        log(f"  filled {n} entries: " + ", ".join(f"{k} {v:.1f}s" for k, v in fills[n].items()))
+    out: dict[str, Any] = {"sizes": sizes, "files_max": files_max, "fill_seconds": fills, "cases": []}
+    for label, mod, target, compiled in cases:
+        variants = {}
+        for n, cache in caches.items():
+            _, outcome = cache.lower_with_outcome(mod, target, compile_device=compiled)  # the real entry
+            key = outcome.key
+            # llvm: every size hits the shared library (the helper links it in the background;
+            # unwaited, some sizes would hit the LLVM IR form and others not).
+            cache.flush(timeout=600, upgrades=True)
+            _, again = cache.lower_with_outcome(mod, target, compile_device=compiled)
+            assert again.tier == "disk", again.tier
+            variants[f"ours/{n}"] = (lambda c=cache: c.lower(mod, target, compile_device=compiled))
+            if n in files:
+                blob = cache.store("compiled" if compiled else "source").get(key)
+                files[n].put(key, blob)
+                scratch = str(Path(root) / "scratch")
+                os.makedirs(scratch, exist_ok=True)
+                variants[f"files/{n}"] = (
+                    lambda f=files[n], c=cache: decode(
+                        f.get(c.key_for(mod, target, compile_device=compiled).digest), scratch=scratch))
+        times = interleave(variants, reps)
+        row = {"case": label, "t": {k: summary(v) for k, v in times.items()}}
+        lo, hi = sizes[0], sizes[-1]
+        row["ratio"] = row["t"][f"ours/{hi}"]["median"] / row["t"][f"ours/{lo}"]["median"]
+        top_files = max((n for n in files), default=None)
+        if top_files is not None and top_files > lo:
+            row["files_ratio"] = row["t"][f"files/{top_files}"]["median"] / row["t"][f"files/{lo}"]["median"]
+        out["cases"].append(row)
+    for cache in caches.values():
+        cache.close()
+    return out

@@ -1,8 +1,8 @@
-"""Sections 3 and 4: processes sharing one cache directory (spawned, as autotuners do).
+"""Processes sharing one cache directory (spawned, as autotuners do): contention and an autotuning sweep.
 
-One pool of spawned workers serves both sections (starting a process that imports TVM costs
-~2 s of CPU; a fresh CodegenCache object per run stands in for a fresh process: it has its own
-memory tier and opens the stores anew).
+One pool of spawned workers serves both (starting a process that imports TVM costs seconds of
+CPU; a fresh CodegenCache object per run stands in for a fresh process: it has its own memory
+tier and opens the stores anew).
 
 Contention: P workers walk the same list of fresh keys, each in its own order (each key is
 one build and P-1 hits or lease waits), then walk it again `rounds` times (all disk hits).
@@ -14,16 +14,29 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing as mp
+import os
 import random
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from timing import percentile
+from timing import percentile, row
 
 __all__ = ["Pool", "contention", "sweep"]
 
 CUDA_TARGET = {"kind": "cuda", "arch": "sm_90"}
+
+ROUNDS = 5
+DESCRIPTION = (
+    "Processes sharing one cache directory, spawned as autotuners spawn them: 1, 2 and 4 processes lowering the same "
+    "fresh CUDA-source keys at once (each key one build, the rest hits or waits on its build lease), then walking "
+    "them again (all disk hits); and an autotuning sweep of two workers over one queue of matmul configurations "
+    "(CUDA source, llvm, nvcc where installed; some configurations twice), cold on an empty directory, then warm. "
+    "**Floor**: one process alone (throughput), and the number of unique configurations (builds). **Goals**: every "
+    "key built once whatever the number of processes; the cold sweep compiles each unique configuration once; the "
+    "warm sweep calls no codegen.")
 
 
 def _worker(wid: int, commands, results, tasks) -> None:
@@ -227,3 +240,49 @@ def sweep(pool: Pool, root: Path, *, cuda_configs: list[dict], llvm_configs: lis
             for k, v in run["sweeps"].items()))
     out["shared_builds"] = cc.CodegenCache(directory).stats().codegen_runs
     return out
+
+
+def run(rounds: int) -> list[dict]:
+    """Contention with 1, 2, 4 processes and the cold and warm sweep, as rows."""
+    import kernels as K
+
+    smoke = rounds <= 2
+    procs = [1, 2] if smoke else [1, 2, 4]
+    n_keys = 4 if smoke else 30 if rounds < ROUNDS else 100
+    cuda = K.matmul_sweep_configs()[: 4 if smoke else 54]
+    llvm = K.matmul_cpu_configs()[: 2 if smoke else 6 if rounds < ROUNDS else 27]
+    nvcc = cuda[: 0 if smoke else 2 if rounds < ROUNDS else 12] if shutil.which("nvcc") else []
+    rows = []
+    saved = os.environ.get("CODEGEN_CACHE_MIN_CODEGEN_TIME")
+    os.environ["CODEGEN_CACHE_MIN_CODEGEN_TIME"] = "0"  # every entry in every tier, in the workers too
+    pool = Pool(max(procs))
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-tuning-", ignore_cleanup_errors=True) as tmp:
+            pool.wait_ready()
+            found = contention(pool, Path(tmp) / "contention", procs, n_keys=n_keys, rounds=rounds, log=lambda *_: None)
+            alone = {phase: found["runs"][0][phase]["p50"] for phase in ("miss", "hit")}
+            for r in found["runs"]:
+                for phase, label in (("miss", "a miss"), ("hit", "a disk hit")):
+                    rows.append(row(f"{r['procs']} process(es): {label}, p50", r[phase]["p50"], floor=alone[phase],
+                                    note=f"floor: one process alone; p99 {r[phase]['p99'] * 1e3:.2f} ms; "
+                                         f"{r[phase]['throughput']:.0f} per s in all"))
+                rows.append(row(f"{r['procs']} process(es): builds for {n_keys} shared keys", r["builds"], unit="builds",
+                                floor=n_keys, goal="= keys", ok=r["builds"] == n_keys,
+                                note=f"{r['lease_waits']} lease waits"))
+            swept = sweep(pool, Path(tmp) / "sweep", cuda_configs=cuda, llvm_configs=llvm, nvcc_configs=nvcc,
+                          duplicates=0.5 if smoke else 1 / 3, log=lambda *_: None)
+            for name, s in swept["cold"]["sweeps"].items():
+                rows.append(row(f"cold sweep, {name}: codegen calls", s["codegen_calls"], unit="calls", floor=s["unique"],
+                                goal="= unique configs", ok=s["codegen_calls"] == s["unique"],
+                                note=f"{s['tasks']} tasks; {swept['cold']['wall']:.1f} s for every sweep"))
+            for name, s in swept["warm"]["sweeps"].items():
+                rows.append(row(f"warm sweep, {name}: codegen calls", s["codegen_calls"], unit="calls", goal="= 0",
+                                ok=s["codegen_calls"] == 0,
+                                note=f"{s['tasks']} tasks; {swept['warm']['wall']:.1f} s for every sweep"))
+    finally:
+        pool.close()
+        if saved is None:
+            os.environ.pop("CODEGEN_CACHE_MIN_CODEGEN_TIME", None)
+        else:
+            os.environ["CODEGEN_CACHE_MIN_CODEGEN_TIME"] = saved
+    return rows
