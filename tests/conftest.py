@@ -113,14 +113,15 @@ def pytest_sessionstart(session):
 
     def hook(event, args):
         # subprocess.Popen is audited; multiprocessing's spawn and forkserver start no test's interpreter
-        # here (the suite's pools fork). The llvm upgrader is the package's own helper, started by
-        # whichever test stored an llvm entry: not counted.
+        # here (the suite's pools fork). The llvm upgrader and the clean-state helper are the
+        # package's own helpers, started by whichever test stored an llvm entry or took the first
+        # whole-compile key: not counted.
         if event == "subprocess.Popen" and current["nodeid"] is not None:
             executable, argv = args[0], args[1]
             argv = argv.split() if isinstance(argv, (str, bytes)) else [os.fsdecode(a) for a in argv or []]
             if executable is None:
                 executable = argv[0] if argv else ""
-            if any("codegen_cache._cache._upgrade" in arg for arg in argv):
+            if any("codegen_cache._cache._upgrade" in arg or "codegen_cache._build._baseline" in arg for arg in argv):
                 return
             if "-S" in argv[1:3]:  # no site-packages: it cannot import TVM
                 return
