@@ -11,6 +11,8 @@ code: a damaged or planted file can only make keys differ (misses), never run an
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import json
 import logging
@@ -18,6 +20,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import xxhash
@@ -32,7 +35,7 @@ __all__ = ["Baseline", "directory", "load"]
 
 logger = logging.getLogger(__name__)
 
-_TIMEOUT = 300.0
+_TIMEOUT = 120.0
 # The code that reads and fingerprints the state: a file taken by other code is not compared.
 _READERS = ("_state.py", "_identity.py", "_baseline.py")
 _lock = threading.Lock()
@@ -73,10 +76,41 @@ def load(install: str, needed: list[str], imported: list[str]) -> Baseline:
         # only after others, as in any process that imported them.
         modules = list(dict.fromkeys([*imported, *needed, *(kept.modules if kept is not None else ()),
                                       *(held.modules if held else ())]))
-        taken = _take(modules)
-        _write(path, taken)
+        with _one_taker(path):
+            # A pool's workers start together: one takes it, the others read what it wrote.
+            kept = _read(path)
+            if kept is not None and all(name in kept.modules for name in needed):
+                taken = kept
+            else:
+                taken = _take(modules)
+                _write(path, taken)
         _loaded[install] = taken
         return taken
+
+
+@contextlib.contextmanager
+def _one_taker(path: Path):
+    """Hold `<tvm-state>/.lock` (flock: released if the holder dies) while the clean state is taken;
+    without it (a directory that cannot be written), go on unlocked."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path.parent / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        yield
+        return
+    try:
+        deadline = time.monotonic() + _TIMEOUT
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise _unavailable("another process has been taking TVM's clean state for too long") from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)
 
 
 @functools.cache
