@@ -258,6 +258,15 @@ def default_directory() -> Path:
     return Path(platformdirs.user_cache_dir("codegen-cache", appauthor=False))
 
 
+def tvm_state_directory() -> Path:
+    """Where what was learnt of the installed TVM is kept (its clean state, its digest): per user,
+    beside the default cache directory and never inside one, so every cache directory shares it and
+    a removed cache directory stays removed."""
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("codegen-cache-tvm", appauthor=False))
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Settings:
     """Every setting of the cache, with its default."""

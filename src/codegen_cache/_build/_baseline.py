@@ -4,7 +4,8 @@ A helper process (this module run with -m, in a session of its own, with the cac
 off) imports tvm and the TVM modules the asking process has imported, nothing of the user's,
 and reports the state a compile reads (_state.py): every slot's fingerprint and each module's
 digest. It is taken once per install (the `tvm_install` digest and this package's version name
-the file) and per set of modules, kept as JSON in `<default cache dir>/tvm-state/` (beside the install digests, _install.py), and merged
+the file) and per set of modules, kept as JSON in the user's `codegen-cache-tvm` cache directory (beside the install digests,
+_install.py; ~/.cache/codegen-cache-tvm on Linux), and merged
 when a process has imported TVM modules the file does not cover yet. Nothing in the file is
 code: a damaged or planted file can only make keys differ (misses), never run anything.
 """
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import xxhash
 
-from .._config import default_directory, settings_from_env
+from .._config import tvm_state_directory
 from .._errors import UncacheableError
 from .._forksafe import renew_after_fork
 from .._log import warn_once
@@ -56,8 +57,8 @@ _loaded: dict[str, Baseline] = {}
 
 
 def directory() -> Path:
-    """Where clean states and install digests are kept: `<default cache dir>/tvm-state`."""
-    return (settings_from_env().directory or default_directory()) / "tvm-state"
+    """Where clean states and install digests are kept (_config.tvm_state_directory)."""
+    return tvm_state_directory()
 
 
 def load(install: str, needed: list[str], imported: list[str]) -> Baseline:
@@ -90,7 +91,7 @@ def load(install: str, needed: list[str], imported: list[str]) -> Baseline:
 
 @contextlib.contextmanager
 def _one_taker(path: Path):
-    """Hold `<tvm-state>/.lock` (flock: released if the holder dies) while the clean state is taken;
+    """Hold `.lock` of that directory (flock: released if the holder dies) while the clean state is taken;
     without it (a directory that cannot be written), go on unlocked."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,7 @@ while its Python sources or its libraries change; a whole compile runs that code
 holds a digest of the contents of every Python source and shared library of both packages.
 
 Hashing them costs a few hundred milliseconds, so it is done once per install and remembered in
-`<default cache dir>/tvm-state/installs.json` with each file's size and modification time, as ccache checks a compiler
+`installs.json` of the user's `codegen-cache-tvm` cache directory (_config.tvm_state_directory) with each file's size and modification time, as ccache checks a compiler
 by its size and mtime. A process re-checks only the files it runs: the source of every tvm and
 tvm_ffi module it imported, and the shared libraries. Where one differs from what was remembered
 the digest is taken again. That is exact for this process's compiles: a file it did not import
