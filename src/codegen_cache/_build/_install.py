@@ -58,16 +58,27 @@ def _package_files(root: str) -> list[str]:
 
 
 def _run_files(roots: tuple[str, ...]) -> dict[str, list[str]]:
-    """root -> the files under it this process runs: imported modules' sources and loaded libraries."""
+    """root -> the files under it this process runs that were not looked at before: the sources of
+    modules imported since, and the shared libraries mapped now where one was."""
     prefixes = {root: root + os.sep for root in roots}
     files: dict[str, set[str]] = {root: set() for root in roots}
-    paths = [getattr(module, "__file__", None) for module in list(sys.modules.values())]
-    for path in (*paths, *_loaded_libraries()):
+    names = sys.modules.keys() - _looked_at
+    _looked_at.update(names)
+    paths = [getattr(sys.modules.get(name), "__file__", None) for name in names]
+    if any(isinstance(path, str) and path.startswith(tuple(prefixes.values())) for path in paths) or not _looked_at_maps:
+        # A module of tvm or tvm_ffi imported since may have loaded a library of theirs.
+        paths.extend(_loaded_libraries())
+        _looked_at_maps.append(True)
+    for path in paths:
         if isinstance(path, str):
             for root, prefix in prefixes.items():
                 if path.startswith(prefix):
                     files[root].add(path[len(prefix):])
     return {root: sorted(found) for root, found in files.items()}
+
+
+_looked_at: set[str] = set()  # the names in sys.modules _run_files looked at
+_looked_at_maps: list[bool] = []
 
 
 def _loaded_libraries() -> set[str]:
@@ -166,8 +177,8 @@ def install_part(directory: Path | None) -> str:
                     remembered = _read(directory / _FILE) if directory is not None else {}
                 entry = remembered.get(root)
                 checked = held.files | set(new) if held is not None else set(new)
-                found = _recall(entry, [(f, _stat(root, f)) for f in checked])
-                if found is None:
+                found = _recall(entry, [(f, _stat(root, f)) for f in new])
+                if found is None or (held is not None and found != held.digest):
                     found, stats = _digest(root)
                     remembered[root] = {"digest": found, "files": stats}
                     if directory is not None:

@@ -27,6 +27,7 @@ whole state is read on every key.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import operator
 import sys
@@ -67,6 +68,8 @@ class _Read:
         self.modules: dict[str, str] = {}
         # name -> (module, attribute names, attribute values) as last digested
         self.seen: dict[str, tuple[types.ModuleType, tuple, tuple]] = {}
+        # (modules seen, every seen module's values in one tuple, their dicts) for one identity check
+        self.flat: tuple[int, tuple, list[dict]] | None = None
         self.module_count = -1
         self.memo: dict[tuple[str, frozenset[str]], str] = {}  # the last answers, while nothing changed
         self.differing: list[str] = []  # labels that differed from the clean state at the last key
@@ -165,7 +168,7 @@ def _read_all(kinds: frozenset[str]) -> None:
     _read.inner = {}
     _remember([label.split(":", 1)[1] for label in _read.slots if label.startswith("global:")])
     _read.kinds = set(kinds)
-    _read.modules, _read.seen, _read.module_count = {}, {}, -1
+    _read.modules, _read.seen, _read.module_count, _read.flat = {}, {}, -1, None
     _read.pipelines = tuple((kind, tuple(table.items())) for kind, table in _compat.named_pipelines())
     _read_modules()
     _read.fresh = True
@@ -238,6 +241,16 @@ def _read_modules() -> bool:
     """Digest the modules imported since, and those whose attributes are not the objects they were;
     whether any digest changed."""
     changed = False
+    checked = len(_read.seen)
+    if _read.flat is not None and _read.flat[0] == checked:
+        # One identity check over every module's attributes at once (in C: the modules' dicts are
+        # held); module by module only where it fails.
+        dicts = _read.flat[2]
+        if sum(map(len, dicts)) != len(_read.flat[1]) or \
+                not all(map(operator.is_, _read.flat[1], itertools.chain.from_iterable(map(dict.values, dicts)))):
+            changed = _recheck_modules()
+    else:
+        changed = _recheck_modules()
     if len(sys.modules) != _read.module_count:
         _read.module_count = len(sys.modules)
         for name, module in _state.tvm_modules():
@@ -249,10 +262,19 @@ def _read_modules() -> bool:
                     _read.modules[name] = AS_IMPORTED
                 else:
                     changed |= _digest_module(name, module)
+    if _read.flat is None or _read.flat[0] != len(_read.seen):
+        _read.flat = (len(_read.seen), tuple(itertools.chain.from_iterable(v for _, _, v in _read.seen.values())),
+                      [vars(module) for module, _, _ in _read.seen.values()])
+    return changed
+
+
+def _recheck_modules() -> bool:
+    changed = False
     for name, (module, keys, values) in list(_read.seen.items()):
         attributes = vars(module)
         if len(attributes) != len(keys) or not all(map(operator.is_, attributes.values(), values)):
             changed |= _digest_module(name, module)
+    _read.flat = None
     return changed
 
 
@@ -295,7 +317,7 @@ def install_hooks(*, as_imported: bool = False) -> None:
             _read.memo, _read.slots, _read.inner, _read.differing = {}, {}, {}, []
             _read.kinds = None  # every kind: a later registration of any is seen by the wrappers
             _read.dirty_globals, _read.dirty_attrs = set(), set()
-            _read.modules, _read.seen, _read.module_count = {}, {}, -1
+            _read.modules, _read.seen, _read.module_count, _read.flat = {}, {}, -1, None
             _read.pipelines = tuple((kind, tuple(table.items())) for kind, table in _compat.named_pipelines())
             _read.fresh = True
 

@@ -157,12 +157,16 @@ def module_digest(name: str, module: types.ModuleType) -> str:
     module's own digest.
     """
     texts = []
+    function, ffi = types.FunctionType, tvm_ffi.Function
     for attribute, value in vars(module).items():
         kind = type(value)
-        if kind is types.FunctionType and not value.__closure__ and id(value) not in _own \
+        # The common cases inline (the others as _callable_text has them): TVM's own plain
+        # function by where it is defined, and a Function at an `_ffi_api` name.
+        if kind is function and not value.__closure__ and id(value) not in _own \
                 and code_owner(value.__code__.co_filename) != "user":
-            # The common case, inline: TVM's own plain function, by where it is defined.
             text = f"f:{value.__module__}.{value.__qualname__}:{value.__code__.co_firstlineno}"
+        elif kind is ffi and id(value) not in _own:
+            text = "ffi"
         elif kind is types.ModuleType or not callable(value):
             continue
         else:
