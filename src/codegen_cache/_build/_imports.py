@@ -1,7 +1,8 @@
-"""TVM's modules as they were when their import finished: the clean state of a module imported while enabled.
+"""TVM's modules as they were when their import finished: the clean state of a module imported since.
 
-While the switch is on, a meta-path finder watches the import of every `tvm.*` and `tvm_ffi.*`
-module and, as its code finishes, keeps the objects its attributes hold. A module whose
+From the first whole-compile key of a process on (switch on or off: the finder changes nothing of
+TVM), a meta-path finder watches the import of every `tvm.*` and `tvm_ffi.*` module and, as its
+code finishes, keeps the objects its attributes hold. A module whose
 attributes are still those objects is as TVM's own code left it, so the registered key part
 needs no clean import of it from a helper process (_baseline.py): modules a compile imports
 on the way (lowering, a backend) cost an identity check, not a helper process.
@@ -66,13 +67,13 @@ _observer = _Observer()
 
 
 def observe() -> None:
-    """Watch TVM's imports from now on (enable())."""
+    """Watch TVM's imports from now on (idempotent)."""
     if _observer not in sys.meta_path:
         sys.meta_path.insert(0, _observer)
 
 
 def unobserve() -> None:
-    """Stop watching (disable()); what was kept stays true of the modules it names."""
+    """Stop watching; what was kept stays true of the modules it names."""
     if _observer in sys.meta_path:
         sys.meta_path.remove(_observer)
 

@@ -200,7 +200,7 @@ def key_of(plan: Plan, registry: DeviceCodegenRegistry) -> CacheKey | None:
     try:
         # The TIR pipeline reads TVM's registered state (lowering rules, global functions its
         # passes call, pipelines by name) as a whole compile does.
-        state = tvm_parts(kinds)
+        state = tvm_parts(kinds, relax=False)
     except UncacheableError:
         return None  # warned about once where it was found
     return input_key(plan.hashed[0], *_tail(plan.bind, pipeline_target, plan.pipeline, context, codegens,

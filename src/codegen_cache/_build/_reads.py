@@ -71,7 +71,7 @@ class _Read:
         # (modules seen, every seen module's values in one tuple, their dicts) for one identity check
         self.flat: tuple[int, tuple, list[dict]] | None = None
         self.module_count = -1
-        self.memo: dict[tuple[str, frozenset[str]], str] = {}  # the last answers, while nothing changed
+        self.memo: dict[tuple[str, frozenset[str], bool], str] = {}  # the last answers, while nothing changed
         self.differing: list[str] = []  # labels that differed from the clean state at the last key
         self.dirty_globals: set[str] = set()
         self.dirty_attrs: set[tuple[str, str]] = set()
@@ -84,32 +84,47 @@ AS_IMPORTED = "as-imported"
 _database_memo: dict[str, Any] = {"held": None, "size": -1, "digest": ""}
 
 
-def tvm_parts(kinds: frozenset[str]) -> tuple[tuple[str, str], ...]:
+def tvm_parts(kinds: frozenset[str], *, relax: bool = True) -> tuple[tuple[str, str], ...]:
     """The key parts of TVM as this process runs it, for a compile for target kinds `kinds`:
     `tvm_install` (what is installed, _install.py) and `registered` (the difference from a
-    clean import of it). UncacheableError where the state cannot be keyed."""
+    clean import of it; relax=False: a TIR build, which reads no Relax operator's attribute).
+    UncacheableError where the state cannot be keyed."""
     install = install_part(_baseline.directory())
-    return ("tvm_install", install), ("registered", registered_part(kinds, install))
+    return ("tvm_install", install), ("registered", registered_part(kinds, install, relax=relax))
 
 
-def registered_part(kinds: frozenset[str], install: str | None = None) -> str:
+def registered_part(kinds: frozenset[str], install: str | None = None, *, relax: bool = True) -> str:
     """The `registered` key part of a compile for target kinds `kinds` (module docstring), against
     the clean state of `install` (None: the installed one)."""
     if install is None:
         install = install_part(_baseline.directory())
+    _imports.observe()  # from the first key on, whether or not the switch is on: what imports next is watched
     with _lock:
         kinds = frozenset({*_state.DEFAULT_KINDS, *kinds})
-        if not (_read.fresh and _read.hooked):
+        if not _read.fresh:
             _read_all(kinds)
+        elif not _read.hooked:
+            # The switch is off: nothing sees registrations, so the slots are read again (a TIR
+            # build's without the Relax operators'); modules by identity, as always.
+            _read.slots = _state.read_slots(kinds, relax=relax)
+            _read.kinds = set(kinds)
+            _read_modules()
+            _read.memo = {}
         elif _read_changes(kinds) or _read.differing:
             _read.memo = {}
-        elif (install, kinds) in _read.memo:
-            return _read.memo[(install, kinds)]
+        elif (install, kinds, relax) in _read.memo:
+            return _read.memo[(install, kinds, relax)]
         slots, modules = dict(_read.slots), dict(_read.modules)
+    if not relax:
+        slots = {label: fp for label, fp in slots.items() if not label.startswith(_RELAX_SLOT)}
     part = _difference(kinds, install, slots, modules)
     with _lock:
-        _read.memo[(install, kinds)] = part
+        if _read.hooked:
+            _read.memo[(install, kinds, relax)] = part
     return part
+
+
+_RELAX_SLOT = f"op:{_state.RELAX_OPS}"
 
 
 def _difference(kinds: frozenset[str], install: str, slots: dict[str, str], modules: dict[str, str]) -> str:
@@ -329,7 +344,6 @@ def uninstall_hooks() -> None:
             if getattr(module, attribute, None) is wrapper:
                 setattr(module, attribute, original)
         _read.wrapped = []
-        _imports.unobserve()
         _read.hooked = False
         _read.fresh = False
 

@@ -113,16 +113,16 @@ def read_globals(names: list[str] | None = None) -> dict[str, str]:
 
 
 def read_attrs(kinds: frozenset[str] | None, ops: list[tuple[str, Any]] | None = None, *,
-               new_kinds_only: bool = False) -> dict[str, str]:
+               new_kinds_only: bool = False, relax: bool = True) -> dict[str, str]:
     """op:<op>:<attr> of RELAX_ATTRS, TIR_ATTRS and the lowering rules of `kinds` (None: every
     target kind); new_kinds_only: the lowering rules alone."""
     ops = ops if ops is not None else _compat.operators()
     lowering = tuple(attr for kind in sorted({*DEFAULT_KINDS, *(_compat.target_kinds() if kinds is None else kinds)})
                      for attr in lowering_attrs(kind))
-    relax = [(name, op) for name, op in ops if name.startswith(RELAX_OPS)]
+    relax_ops = [(name, op) for name, op in ops if name.startswith(RELAX_OPS)] if relax else []
     tir = [(name, op) for name, op in ops if not name.startswith(RELAX_OPS)]
     found: dict[str, str] = {}
-    for chosen, keys in ((relax, RELAX_ATTRS if new_kinds_only is False else ()),
+    for chosen, keys in ((relax_ops, RELAX_ATTRS if new_kinds_only is False else ()),
                          (tir, (TIR_ATTRS if new_kinds_only is False else ()) + lowering)):
         for op, attr, value in _compat.op_attr_values(chosen, keys):
             _put(found, f"op:{op}:{attr}", value)
@@ -138,9 +138,10 @@ def read_pipelines() -> dict[str, str]:
     return found
 
 
-def read_slots(kinds: frozenset[str] | None) -> dict[str, str]:
-    """Every slot a compile for target kinds `kinds` reads (None: every kind), with its fingerprint."""
-    return {**read_globals(), **read_attrs(kinds), **read_pipelines()}
+def read_slots(kinds: frozenset[str] | None, *, relax: bool = True) -> dict[str, str]:
+    """Every slot a compile for target kinds `kinds` reads (None: every kind), with its fingerprint;
+    relax=False: not the Relax operators' attributes."""
+    return {**read_globals(), **read_attrs(kinds, relax=relax), **read_pipelines()}
 
 
 def tvm_modules() -> list[tuple[str, types.ModuleType]]:
