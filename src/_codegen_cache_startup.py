@@ -44,6 +44,7 @@ class _EnableAfterImport:
         self.running: set[str] = set()  # the watched packages whose import is under way
         self.imported: dict[str, tuple] = {}
         self.ffi_first = "tvm_ffi" in sys.modules
+        self.enable = False  # install(): turn the switch on as tvm's import completes; watch(): only keep
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname == "tvm_ffi" and "tvm" not in self.running:
@@ -76,9 +77,10 @@ class _EnableAfterImport:
             if self.running or "tvm" not in sys.modules:
                 return  # inside another watched import (or before tvm): enable when it is complete
             _uninstall()
-            from _codegen_cache_turn_on import turn_on  # the rest, only where tvm is imported
+            if self.enable:
+                from _codegen_cache_turn_on import turn_on  # the rest, only where tvm is imported
 
-            turn_on()
+                turn_on()
             # After the switch's own imports and replacements: no user code has run since tvm's import began.
             self.keep_imported()
 
@@ -102,5 +104,13 @@ def _uninstall() -> None:
 
 def install() -> None:
     """Put the hook first on sys.meta_path (once): enable() runs when tvm has been imported."""
+    _finder.enable = True
     if _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
+
+
+def watch() -> None:
+    """Keep what TVM's import leaves in its modules, without turning anything on (`import
+    codegen_cache` before tvm: an enable() later reads less at its first key)."""
+    if _finder not in sys.meta_path and "tvm" not in sys.modules:
         sys.meta_path.insert(0, _finder)

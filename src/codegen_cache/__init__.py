@@ -11,8 +11,19 @@ naming both extras where no TVM is installed.
 """
 
 import importlib as _importlib
+import sys as _sys
 
 from typing import TYPE_CHECKING as _TYPE_CHECKING
+
+if "tvm" not in _sys.modules:
+    # Keep what TVM's import leaves in its modules (a meta-path finder that changes nothing of TVM):
+    # a whole compile's first key takes those modules as clean without reading them (_build/_imports.py).
+    try:
+        import _codegen_cache_startup as _startup
+    except ImportError:  # a copy of the package without its top-level modules: nothing is kept
+        pass
+    else:
+        _startup.watch()
 
 from . import _compat, _context
 from ._context import get_cache, use_cache

@@ -21,7 +21,7 @@ from typing import Any
 
 from .._forksafe import renew_after_fork
 
-__all__ = ["as_imported", "observe", "registries_as_imported", "unobserve"]
+__all__ = ["as_imported", "kept_values", "observe", "registries_as_imported", "unobserve"]
 
 _PACKAGES = ("tvm", "tvm_ffi")
 _lock = threading.Lock()
@@ -93,6 +93,12 @@ def registries_as_imported() -> bool:
 
 def _less_modules(values) -> tuple[Any, ...]:
     return tuple(value for value in values if not isinstance(value, types.ModuleType))
+
+
+def kept_values() -> tuple[dict[str, tuple[Any, ...]], dict[str, tuple[Any, ...]]]:
+    """What was kept (name -> values as imported): here, and by the start-up hook."""
+    with _lock:
+        return dict(_imported), _at_start_up()
 
 
 def as_imported(name: str, module: types.ModuleType) -> bool:

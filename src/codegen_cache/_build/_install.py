@@ -33,7 +33,7 @@ __all__ = ["install_part"]
 logger = logging.getLogger(__name__)
 
 _SUFFIXES = (".py", ".so", ".dylib", ".dll")
-_FILE = "installs.json"
+_FILE = "installs-2.json"  # the version: how a file's stats are written
 _lock = threading.Lock()
 renew_after_fork(globals(), "_lock", threading.Lock)
 
@@ -60,21 +60,23 @@ def _package_files(root: str) -> list[str]:
 def _run_files(roots: tuple[str, ...]) -> dict[str, list[str]]:
     """root -> the files under it this process runs that were not looked at before: the sources of
     modules imported since, and the shared libraries mapped now where one was."""
-    prefixes = {root: root + os.sep for root in roots}
-    files: dict[str, set[str]] = {root: set() for root in roots}
+    prefixes = tuple(root + os.sep for root in roots)
     names = sys.modules.keys() - _looked_at
     _looked_at.update(names)
-    paths = [getattr(sys.modules.get(name), "__file__", None) for name in names]
-    if any(isinstance(path, str) and path.startswith(tuple(prefixes.values())) for path in paths) or not _looked_at_maps:
+    # Modules of the two packages are named after them (tvm.*, tvm_ffi.*): only those are looked at.
+    paths = [path for name in names if name.startswith("tvm")
+             if isinstance(path := getattr(sys.modules.get(name), "__file__", None), str) and path.startswith(prefixes)]
+    if paths or not _looked_at_maps:
         # A module of tvm or tvm_ffi imported since may have loaded a library of theirs.
-        paths.extend(_loaded_libraries())
+        paths.extend(path for path in _loaded_libraries() if path.startswith(prefixes))
         _looked_at_maps.append(True)
+    files: dict[str, list[str]] = {root: [] for root in roots}
     for path in paths:
-        if isinstance(path, str):
-            for root, prefix in prefixes.items():
-                if path.startswith(prefix):
-                    files[root].add(path[len(prefix):])
-    return {root: sorted(found) for root, found in files.items()}
+        for root, prefix in zip(roots, prefixes):
+            if path.startswith(prefix):
+                files[root].append(path[len(prefix):])
+                break
+    return files
 
 
 _looked_at: set[str] = set()  # the names in sys.modules _run_files looked at
@@ -91,15 +93,16 @@ def _loaded_libraries() -> set[str]:
         return {os.path.join(root, p) for root in _roots() for p in _package_files(root) if not p.endswith(".py")}
 
 
-def _stat(root: str, relative: str) -> list[int] | None:
+def _stat(root: str, relative: str) -> str | None:
+    """A file's size and mtime as installs.json keeps them ("size-mtime_ns": a string decodes fast)."""
     try:
         st = os.stat(os.path.join(root, relative))
     except OSError:
         return None
-    return [st.st_size, st.st_mtime_ns]
+    return f"{st.st_size}-{st.st_mtime_ns}"
 
 
-def _digest(root: str) -> tuple[str, dict[str, list[int]]]:
+def _digest(root: str) -> tuple[str, dict[str, str]]:
     """The content digest of every source and library under `root`, with the stats taken before reading."""
     digest = xxhash.xxh3_128()
     stats = {}
@@ -177,7 +180,7 @@ def install_part(directory: Path | None) -> str:
                     remembered = _read(directory / _FILE) if directory is not None else {}
                 entry = remembered.get(root)
                 checked = held.files | set(new) if held is not None else set(new)
-                found = _recall(entry, [(f, _stat(root, f)) for f in new])
+                found = _recall(entry, root, new)
                 if found is None or (held is not None and found != held.digest):
                     found, stats = _digest(root)
                     remembered[root] = {"digest": found, "files": stats}
@@ -189,12 +192,17 @@ def install_part(directory: Path | None) -> str:
         return _last[1]
 
 
-def _recall(entry: object, checked: list[tuple[str, list[int] | None]]) -> str | None:
-    """The remembered digest where every checked file still has the size and mtime it had."""
+def _recall(entry: object, root: str, relatives: list[str]) -> str | None:
+    """The remembered digest where every file of `relatives` still has the size and mtime it had."""
     if not isinstance(entry, dict) or not isinstance(entry.get("files"), dict) or not isinstance(entry.get("digest"), str):
         return None
-    files = entry["files"]
-    for relative, stat in checked:
-        if stat is None or files.get(relative) != stat:
+    files, prefix = entry["files"], root + os.sep
+    for relative in relatives:
+        kept = files.get(relative)
+        try:
+            st = os.stat(prefix + relative)
+        except OSError:
+            return None
+        if kept != f"{st.st_size}-{st.st_mtime_ns}":
             return None
     return entry["digest"]

@@ -66,8 +66,8 @@ class _Read:
         self.inner: dict[str, Any] = {}  # global:<name> -> the Python callable read there
         self.pipelines: tuple = ()  # the pipeline tables' items as last read (held: compared by identity)
         self.modules: dict[str, str] = {}
-        # name -> (module, attribute names, attribute values) as last digested
-        self.seen: dict[str, tuple[types.ModuleType, tuple, tuple]] = {}
+        # name -> (module, number of attributes, their values) as last digested
+        self.seen: dict[str, tuple[types.ModuleType, int, tuple]] = {}
         # (modules seen, every seen module's values in one tuple, their dicts) for one identity check
         self.flat: tuple[int, tuple, list[dict]] | None = None
         self.module_count = -1
@@ -268,15 +268,22 @@ def _read_modules() -> bool:
         changed = _recheck_modules()
     if len(sys.modules) != _read.module_count:
         _read.module_count = len(sys.modules)
-        for name, module in _state.tvm_modules():
-            if name not in _read.seen:
-                if _imports.as_imported(name, module):
-                    # As TVM's import left it: clean by construction, no digest, no helper process.
-                    attributes = vars(module)
-                    _read.seen[name] = (module, tuple(attributes), tuple(attributes.values()))
-                    _read.modules[name] = AS_IMPORTED
-                else:
-                    changed |= _digest_module(name, module)
+        new = [(name, module) for name, module in _state.tvm_modules() if name not in _read.seen]
+        here, at_start_up = _imports.kept_values()
+        kept = [here.get(name) or at_start_up.get(name) for name, _ in new]
+        # Where the modules with as many attributes as their import left still hold those objects
+        # (the common case), one identity check in C says so; the others module by module.
+        same = [k is not None and len(k) == len(vars(m)) for k, (_, m) in zip(kept, new)]
+        every = all(map(operator.is_, itertools.chain.from_iterable(k for k, s in zip(kept, same) if s),
+                        itertools.chain.from_iterable(vars(m).values() for (_, m), s in zip(new, same) if s)))
+        for (name, module), alike in zip(new, same):
+            if (alike and every) or _imports.as_imported(name, module):
+                # As TVM's import left it: clean by construction, no digest, no helper process.
+                attributes = vars(module)
+                _read.seen[name] = (module, len(attributes), tuple(attributes.values()))
+                _read.modules[name] = AS_IMPORTED
+            else:
+                changed |= _digest_module(name, module)
     if _read.flat is None or _read.flat[0] != len(_read.seen):
         _read.flat = (len(_read.seen), tuple(itertools.chain.from_iterable(v for _, _, v in _read.seen.values())),
                       [vars(module) for module, _, _ in _read.seen.values()])
@@ -285,9 +292,9 @@ def _read_modules() -> bool:
 
 def _recheck_modules() -> bool:
     changed = False
-    for name, (module, keys, values) in list(_read.seen.items()):
+    for name, (module, size, values) in list(_read.seen.items()):
         attributes = vars(module)
-        if len(attributes) != len(keys) or not all(map(operator.is_, attributes.values(), values)):
+        if len(attributes) != size or not all(map(operator.is_, attributes.values(), values)):
             changed |= _digest_module(name, module)
     _read.flat = None
     return changed
@@ -295,7 +302,7 @@ def _recheck_modules() -> bool:
 
 def _digest_module(name: str, module: types.ModuleType) -> bool:
     attributes = vars(module)
-    _read.seen[name] = (module, tuple(attributes), tuple(attributes.values()))
+    _read.seen[name] = (module, len(attributes), tuple(attributes.values()))
     digest = _state.module_digest(name, module)
     changed = _read.modules.get(name) != digest
     _read.modules[name] = digest
