@@ -178,7 +178,7 @@ def run(rounds: int) -> list[dict]:
         return [row("fleet", None, note=f"skipped: {why}")]
     smoke = rounds <= 2
     names = ["vadd"] if smoke else ["vadd", "matmul", "64 funcs"]
-    reps = 3 if smoke else 8 * rounds + 1
+    reps = 3 if smoke else 4 * rounds + 1
     out = []
     with tempfile.TemporaryDirectory(prefix="bench-fleet-", ignore_cleanup_errors=True) as tmp:
         root = Path(tmp)

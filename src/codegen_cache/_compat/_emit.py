@@ -44,18 +44,17 @@ _loaded: list[str] = []
 
 def _global_function(libraries: list[str], name: str):
     """TVM's global function `name`, once the libraries given are loaded in this process."""
+    # Imported here, not with the module: only the upgrader calls TVM, and tvm-ffi's package comes
+    # first, so that its own libtvm_ffi.so is the registry the TVM libraries register into (the
+    # process that started this one loaded the same file).
+    import tvm_ffi
+
     if not _loaded:
         if not libraries:
             raise OSError("no TVM shared library was named (the process that started this one had none loaded)")
-        # tvm_ffi's package first, so that its own libtvm_ffi.so is the registry the TVM libraries
-        # register into (the process that started this one loaded the same file).
-        import tvm_ffi  # noqa: F401
-
         for path in libraries:
             ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
         _loaded[:] = libraries
-    import tvm_ffi
-
     func = tvm_ffi.get_global_func(name, allow_missing=True)
     if func is None:
         raise OSError(f"TVM has no global function {name!r} in {[os.path.basename(p) for p in _loaded]}")
