@@ -40,8 +40,8 @@ from .. import _context
 from .. import _artifacts
 from .._artifacts import FORMAT_VERSION, frame
 from .. import _compat
-from .._config import (ENV_VARS, Settings, disabled_by_env, own_env_vars, refuse_file_as_directory, settings_from_env,
-                       unknown_env_vars)
+from .._config import (Settings, disabled_by_env, own_env_vars, refuse_file_as_directory, settings_from_env,
+                       suggest_env_var, unknown_env_vars)
 from .._errors import CACHEABLE_FAILURES, ENVIRONMENT_FAILURES, ReentrantLoweringError, UncacheableError
 from .._forksafe import build_gate, renew_after_fork
 from .._log import warn_once
@@ -954,12 +954,10 @@ def _check_mode(compile_device: object) -> None:
 def warn_unknown_env(environ: Mapping[str, str] | None = None) -> None:
     """Warn once per variable about a CODEGEN_CACHE_* variable that is no setting (a typo: it does nothing)."""
     for var in unknown_env_vars(environ):
-        import difflib  # only for a typo: not an import of every process that enables the cache
-
-        close = difflib.get_close_matches(var, list(ENV_VARS), n=1)
+        close = suggest_env_var(var)
         warn_once(logger, ("unknown-env", var), "%s is set but is not a codegen-cache setting, so it has no "
                   "effect%s; `codegen-cache config` lists the settings", var,
-                  f" (did you mean {close[0]}?)" if close else "")
+                  f" (did you mean {close}?)" if close else "")
 
 
 def _default_cache() -> CodegenCache | None:
