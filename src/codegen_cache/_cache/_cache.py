@@ -49,6 +49,7 @@ from .._key import CacheKey, compute_key, ir_hash
 from .._outcome import emit, emit_uncached, run_uncached
 from .._registry import DeviceCodegen, DeviceCodegenRegistry, check_prepared, default_registry
 from .._storage._disk import KEYS_DIR, ArtifactStore
+from .._storage._usage import UseMarks
 from .._storage._faults import ensure_dir
 from .._storage._fsprobe import scratch_dir as _usable_scratch_dir
 from .._storage._fsprobe import sweep_leftovers
@@ -57,6 +58,7 @@ from .._storage._pending import PendingFiles
 from .._storage._trust import untrusted
 from .._targets import TargetLike, as_target
 from ._budget import EVERY_TIER, Plan, TierBudget
+from ._groups import evict_parts
 from ._guard import StorageGuard
 from ._mutation import changed, parts_of
 from ._stats import StatsRecorder
@@ -250,9 +252,16 @@ class CodegenCache:
     def _stores(self) -> dict[str, ArtifactStore]:
         limits = {"compiled": self.settings.compiled_size_limit, "source": self.settings.source_size_limit,
                   "failures": 64 << 20, "index": _INDEX_SIZE_LIMIT}
-        return {name: ArtifactStore(self.directory / name, size_limit=limits[name],
-                                    on_evict=lambda n: self._stats.add("evictions", n))
-                for name in STORE_NAMES}
+        stores: dict[str, ArtifactStore] = {}
+        for name in STORE_NAMES:
+            stores[name] = ArtifactStore(self.directory / name, size_limit=limits[name],
+                                         on_evict=lambda n: self._stats.add("evictions", n),
+                                         along=lambda blob: evict_parts(stores, blob))
+        return stores
+
+    @_made_once
+    def _marks(self) -> UseMarks:
+        return UseMarks(self._stores, background=writer.submit)
 
     @_made_once
     def _staged(self) -> dict[str, PendingFiles]:
@@ -289,7 +298,7 @@ class CodegenCache:
     def _disk(self) -> DiskTier:
         return DiskTier(stores=self._stores, staged=self._staged, guard=self._guard, scratch=self.scratch_dir,
                         on_staged_hit=self._promote_later, on_raw_hit=self._ask_upgrade,
-                        on_fill=self._promote_fill)
+                        on_fill=self._promote_fill, on_used=self._marks.mark)
 
     @_made_once
     def _chain(self) -> TierChain:
@@ -505,6 +514,9 @@ class CodegenCache:
         check_bool("upgrades", upgrades)
         deadline = None if timeout is None else time.monotonic() + timeout
         done = writer.wait(timeout)
+        marks = self.__dict__.get("_marks")  # made by the first hit: a cache that served none has none
+        if marks is not None:
+            marks.write()
         if upgrades:
             remaining = 600.0 if deadline is None else max(0.0, deadline - time.monotonic())
             from ._upgrade import wait_idle
@@ -592,6 +604,10 @@ class CodegenCache:
             self._scratch_dir = (os.getpid(),
                                  _usable_scratch_dir(self.directory / "tmp", root=self.directory, sweep=False))
         return self._scratch_dir[1]
+
+    def entry_used(self, store: str, digest: str) -> None:
+        """An entry of `store` was served (a layer read it itself): it counts as used now (eviction is LRU)."""
+        self._marks.mark(store, digest)
 
     def has_entry(self, mode: str, digest: str) -> bool:
         """Whether an entry is stored or staged under `digest` (without decoding it)."""
@@ -781,6 +797,7 @@ class CodegenCache:
              load_seconds=hit.load_seconds, codegen_seconds=saved, total_seconds=time.perf_counter() - start)
         if hit.tier == "memory":
             _artifacts.keep_answering(hit.entry.module)  # registered again as the newest (a decoded one is already)
+            self._marks.mark(mode, digest)  # its disk entry is in use too (a long-lived process hits from memory)
         return hit.entry.module
 
     def _fetch(self, digest: str, mode: str | None, *, ir: Any, fresh: bool, count: bool,

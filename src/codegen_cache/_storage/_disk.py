@@ -16,10 +16,14 @@ storage work (docs/benchmarks.md, "Lookups without SQLite"). The rows stay what 
 key file is written after its row (by whoever stored it), names only a value file of the
 store's own form, read under the size it names, and one that leads nowhere (the entry was
 evicted, replaced or removed) sends the lookup to the row. What a value file holds is checked
-by the reader as any row's value is (its frame names its key and its checksum). A delete or a
-clear removes key files with their rows; those of evicted entries go in a sweep where they
-outnumber the entries by more than a tenth (at least 64), counted as evictions come
-(`_after_evictions`), and at every expire (`codegen-cache prune`).
+by the reader as any row's value is (its frame names its key and its checksum). A delete, an
+eviction or a clear removes key files with their rows; those a killed process left go at every
+expire (`codegen-cache prune`).
+
+Eviction is least recently used (`evict`, `_eviction.py`): hits mark their rows used in
+batches (`_usage.py`, `mark_used`), and a put that takes the store over its size limit removes
+the rows used longest ago. Sizes are counted as `du` counts them (`footprint`): the index, and
+each entry's value and key files in whole blocks.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from .._errors import ArtifactError, UnsafeEntryError
 from .._forksafe import on_fork_child, sqlite_gate
 from ._faults import (READ_FLAGS, ReadOnlyStoreError, ensure_dir, freeze_file_mode, read_whole, real_dir,
                       share_file_mode, storage_fault, warn_read_only, writable)
+from ._eviction import BLOCK, GROUP_TAG, evict_least_used
 from ._fsprobe import on_block_device, sweep_leftovers, warn_if_unsafe
 from ._readonly import ReadOnlyView
 from ._values import VALUE_FILE, file_size, read_value_file
@@ -50,7 +55,7 @@ from ._values import VALUE_FILE, file_size, read_value_file
 if TYPE_CHECKING:
     import diskcache
 
-__all__ = ["KEYS_DIR", "STORAGE_ERRORS", "ArtifactStore", "Row", "storage_fault"]
+__all__ = ["BLOCK", "GROUP_TAG", "KEYS_DIR", "STORAGE_ERRORS", "ArtifactStore", "Row", "storage_fault"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +72,12 @@ KEYS_DIR = "keys"  # <store>/keys/<key>: the key files
 # Keys that get a key file: the cache's digests (any other key is looked up in the rows only).
 _KEY_FILE_NAME = re.compile(r"^[0-9a-f]{16,64}$")
 _KEY_FILE_MAX = 128  # "<value file name>\n<size>\n" is under 60 bytes
-_SWEEP_MIN = 64  # evictions, at least, between two sweeps of key files that lead nowhere
+_FOOTPRINT = (f"SELECT COALESCE(SUM((size + {BLOCK - 1}) / {BLOCK} * {BLOCK}), 0) + COUNT(*) * {BLOCK} "
+              "FROM Cache")
+_BY_USE = "SELECT key, size, tag FROM Cache WHERE raw = 1 ORDER BY access_time, rowid"
+_MARK = ("UPDATE Cache SET access_time = ?, access_count = access_count + 1 "
+         "WHERE key = ? AND raw = 1 AND access_time < ?")
+_BY_USE_INDEX = "CREATE INDEX IF NOT EXISTS Cache_access_time ON Cache (access_time)"
 
 
 def _is_corrupt(err: sqlite3.DatabaseError) -> bool:
@@ -120,7 +130,8 @@ class ArtifactStore:
     """One diskcache store (e.g. <dir>/compiled) of framed artifacts, opened lazily."""
 
     def __init__(self, directory: Path, *, size_limit: int, timeout: float = 2.0,
-                 on_evict: Callable[[int], None] | None = None, make_root: bool = True) -> None:
+                 on_evict: Callable[[int], None] | None = None, make_root: bool = True,
+                 along: Callable[[bytes], None] | None = None) -> None:
         self.directory = Path(directory)
         # Every store lives directly in its cache directory; make_root=False: a helper process
         # never makes that directory again once it was removed.
@@ -128,6 +139,7 @@ class ArtifactStore:
         self.size_limit = size_limit
         self.timeout = timeout
         self.on_evict = on_evict
+        self.along = along  # what goes with an evicted GROUP_TAG entry (the cache's stores)
         self._reset()
         on_fork_child(self._reset)
 
@@ -140,7 +152,6 @@ class ArtifactStore:
         self._reader: sqlite3.Connection | None = None
         self._reader_lock = threading.Lock()
         self._keys_dir: str | None = None  # <store>/keys once looked at ("": not a real directory)
-        self._evicted, self._sweep_after = 0, 0  # evictions since the last sweep of key files; when the next comes
 
     def _read_row(self, key: str) -> tuple | None:
         """The row of `key`, read through a plain SQLite connection of this store's own.
@@ -161,7 +172,8 @@ class ArtifactStore:
         found = self._plain_row(key)
         return None if found is self._DAMAGED else found
 
-    def _plain_row(self, key: str) -> tuple | None:
+    def _connection(self) -> sqlite3.Connection | tuple | None:
+        """This process's plain SQLite connection to the store; None: no store yet; _UNREADABLE: read-only."""
         reader = self._reader
         if reader is None:
             db = self.directory / "cache.db"
@@ -176,6 +188,12 @@ class ArtifactStore:
                     self._reader = self._run(sqlite3.connect, f"{db.absolute().as_uri()}?mode=rw", uri=True,
                                              timeout=self.timeout, check_same_thread=False, isolation_level=None)
                 reader = self._reader
+        return reader
+
+    def _plain_row(self, key: str) -> tuple | None:
+        reader = self._connection()
+        if reader is None or reader is self._UNREADABLE:
+            return reader  # type: ignore[return-value]
         with self._reader_lock:
             try:
                 return self._run(lambda: reader.execute(_SELECT, (key, time.time())).fetchone())
@@ -228,6 +246,12 @@ class ArtifactStore:
                      *(self.directory / n for n in _DB_FILES)):
             share_file_mode(path)
         self._db_id = self._db_identity()
+        # Eviction reads rows by last use: the index diskcache itself keeps under its LRU policy.
+        # Made here, not by that policy, whose get() writes each row it reads.
+        reader = self._connection()
+        if isinstance(reader, sqlite3.Connection):
+            with self._reader_lock, contextlib.suppress(sqlite3.Error):
+                self._run(reader.execute, _BY_USE_INDEX)
         return cache
 
     def _connect(self) -> diskcache.Cache:
@@ -432,25 +456,6 @@ class ArtifactStore:
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(directory, name))
 
-    def _after_evictions(self, cache: diskcache.Cache, evicted: int) -> None:
-        """Sweep the key files of evicted entries where they outnumber the entries by more than a tenth.
-
-        Counted at this process's first eviction, then once its evictions since number a tenth of
-        the entries (at least _SWEEP_MIN): a count of names and rows each time, a sweep (every key
-        file read) only past the bound, so a full store does not read its key files at every put.
-        """
-        self._evicted += evicted
-        if self._evicted < self._sweep_after:
-            return
-        rows = int(self._run(len, cache))
-        self._evicted, self._sweep_after = 0, max(_SWEEP_MIN, rows // 10)
-        try:
-            names = len(os.listdir(self.directory / KEYS_DIR))
-        except OSError:
-            return
-        if names > rows + self._sweep_after:
-            self._drop_key_files()
-
     def get(self, key: str) -> bytes | None:
         """The bytes stored under `key`, or None."""
         row = self.read(key)
@@ -471,13 +476,56 @@ class ArtifactStore:
             stored = bool(self._run(_set_over, cache, key, blob, over, expire, tag))
         if stored and expire is None:
             self._write_key_file(key)
-        if self._run(cache.volume) > self.size_limit:
-            evicted = int(self._run(cache.cull, retry=False))
-            if evicted:
-                self._after_evictions(cache, evicted)
-                if self.on_evict is not None:
-                    self.on_evict(evicted)
+        # diskcache's volume (its index and the values' bytes) is kept as it goes: the footprint,
+        # a scan of the rows, is counted only where that alone comes near the limit.
+        if self._run(cache.volume) + len(cache) * 2 * BLOCK > self.size_limit:
+            self.evict(keep=key)
         return stored
+
+    def footprint(self) -> int:
+        """Bytes the store takes on disk as its size limit counts them (as `du` would, within a block per entry)."""
+        reader = self._connection()
+        if reader is None or reader is self._UNREADABLE:
+            return self.volume() if reader is not None else 0
+        with self._reader_lock:
+            rows, pages, page_size = self._run(lambda: (
+                reader.execute(_FOOTPRINT).fetchone()[0], reader.execute("PRAGMA page_count").fetchone()[0],
+                reader.execute("PRAGMA page_size").fetchone()[0]))
+        return int(rows) + int(pages) * int(page_size)
+
+    def by_use(self) -> list[tuple[str, int, str | None]]:
+        """(key, size, tag) of every row, the least recently used first."""
+        reader = self._connection()
+        if reader is None or reader is self._UNREADABLE:
+            return []
+        with self._reader_lock:
+            return [(str(k), int(n), t) for k, n, t in self._run(lambda: reader.execute(_BY_USE).fetchall())]
+
+    def mark_used(self, keys: Iterable[str], when: float) -> int:
+        """Record that `keys` were used at `when` (a batch of hits: one transaction); how many rows changed.
+
+        Never raises for the storage: a mark that cannot be written (a read-only or locked store,
+        none yet) leaves its entry as old as its last recorded use.
+        """
+        try:
+            reader = self._connection()
+            if reader is None or reader is self._UNREADABLE:
+                return 0
+            with self._reader_lock:
+                cursor = self._run(lambda: reader.executemany(_MARK, [(when, key, when) for key in keys]))
+                return max(0, int(cursor.rowcount))
+        except (*STORAGE_ERRORS, TimeoutError) as err:
+            logger.debug("codegen cache: use marks not written to %s (%s)", self.directory, err)
+            return 0
+
+    def evict(self, *, keep: str | None = None, limit: int | None = None) -> int:
+        """Remove the least recently used entries where the store is over its size limit (`limit`: another),
+        down to LOW_WATER of it; how many went. `keep` stays (the entry a put just stored)."""
+        evicted = evict_least_used(self, limit=self.size_limit if limit is None else limit, keep=keep,
+                                   along=self.along)
+        if evicted and self.on_evict is not None:
+            self.on_evict(evicted)
+        return evicted
 
     def add(self, key: str, blob: bytes, *, expire: float | None = None) -> bool:
         """Store `blob` only if `key` is absent; True when this call stored it."""
@@ -519,11 +567,8 @@ class ArtifactStore:
         return cleared
 
     def cull(self) -> int:
-        """Evict entries until the store fits its size limit."""
-        evicted = int(self._run(self._writable_cache().cull, retry=False))
-        if evicted:
-            self._drop_key_files()
-        return evicted
+        """Evict the least recently used entries where the store is over its size limit (evict)."""
+        return self.evict()
 
     def close(self) -> None:
         """Close the database connections of this process."""
