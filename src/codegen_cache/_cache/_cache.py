@@ -30,6 +30,7 @@ import contextvars
 import dataclasses
 import logging
 import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -50,7 +51,7 @@ from .._outcome import emit, emit_uncached, run_uncached
 from .._registry import DeviceCodegen, DeviceCodegenRegistry, check_prepared, default_registry
 from .._storage._disk import KEYS_DIR, ArtifactStore
 from .._storage._usage import UseMarks
-from .._storage._faults import ensure_dir
+from .._storage._faults import ensure_dir, warn_read_only, writable
 from .._storage._fsprobe import scratch_dir as _usable_scratch_dir
 from .._storage._fsprobe import sweep_leftovers
 from .._storage._memory import ModuleLRU
@@ -160,7 +161,8 @@ class CodegenCache:
     docs/configuration.md): compiled_size_limit, source_size_limit, memory_entries,
     memory_bytes, verify, trusted_dirs, remote (a URL, or an object with get(digest) and put(digest, blob)),
     remote_secret, lease_wait, failure_ttl, recache, min_codegen_time (the disk and remote
-    tiers' minimum codegen run: "auto" 5 ms, seconds, or 0 for every tier; _budget.py);
+    tiers' minimum codegen run: "auto" 5 ms, seconds, or 0 for every tier; _budget.py), read_only
+    (serve hits, write nothing to the directory; also where it cannot be written);
     write_behind=False moves staged entries into their store before lower() returns; registry:
     the codegens to resolve targets with.
     """
@@ -181,6 +183,7 @@ class CodegenCache:
         failure_ttl: float | str | None = None,
         recache: bool | None = None,
         min_codegen_time: float | str | None = None,
+        read_only: bool | None = None,
         write_behind: bool = True,
         registry: DeviceCodegenRegistry | None = None,
         settings: Settings | None = None,
@@ -200,7 +203,7 @@ class CodegenCache:
             "trusted_dirs": trusted_dirs,
             "remote": remote if isinstance(remote, str) else None, "remote_secret": remote_secret,
             "lease_wait": lease_wait, "failure_ttl": failure_ttl, "recache": recache,
-            "min_codegen_time": min_codegen_time,
+            "min_codegen_time": min_codegen_time, "read_only": read_only,
         }
         own = own_env_vars() if settings is None else None  # the environment scanned once
         if own is not None:
@@ -220,7 +223,8 @@ class CodegenCache:
             from ._flight import FleetFlight
 
             self._fleet = FleetFlight(leases, wait=self.settings.lease_wait, count=self._stats.add)
-        self._pusher = self._pusher_for(self._remote)
+        self._read_only: bool | None = None  # read_only, once looked at
+        self._pusher = None if self.settings.read_only else self._pusher_for(self._remote)
         self._scratch_dir: tuple[int, str] | None = None
         self._swept: int | None = None  # the pid that swept leftovers (_sweep_once)
         self._resolved: dict[Target, tuple[int, Any]] = {}  # resolve() per target and registry version
@@ -242,7 +246,8 @@ class CodegenCache:
 
     @_made_once
     def _budget(self) -> TierBudget:
-        return TierBudget(self.settings.min_codegen_time, path=self.directory / "tiers.json", save_later=writer.submit)
+        return TierBudget(self.settings.min_codegen_time, path=self.directory / "tiers.json",
+                          save_later=None if self.read_only else writer.submit)
 
     @_made_once
     def _guard(self) -> StorageGuard:
@@ -256,7 +261,8 @@ class CodegenCache:
         for name in STORE_NAMES:
             stores[name] = ArtifactStore(self.directory / name, size_limit=limits[name],
                                          on_evict=lambda n: self._stats.add("evictions", n),
-                                         along=lambda blob: evict_parts(stores, blob))
+                                         along=lambda blob: evict_parts(stores, blob),
+                                         read_only=self.settings.read_only)
         return stores
 
     @_made_once
@@ -346,6 +352,16 @@ class CodegenCache:
         return f"CodegenCache({str(self.directory)!r})"
 
     @property
+    def read_only(self) -> bool:
+        """Whether this cache writes nothing to its directory: CODEGEN_CACHE_READ_ONLY (read_only=True), or a
+        directory this process cannot write. Hits are served; misses are built and kept in memory only."""
+        if self._read_only is None:
+            self._read_only = self.settings.read_only or not writable(self.directory)
+            if self._read_only and not self.settings.read_only:
+                warn_read_only(self.directory)  # not asked for: the user learns why nothing is stored
+        return self._read_only
+
+    @property
     def trusted(self) -> bool:
         """Whether entries may be loaded from the directory: nobody but the user (or a team
         sharing a setgid directory) can change it, or `trusted_dirs` names it (docs/reliability.md).
@@ -354,7 +370,7 @@ class CodegenCache:
         where False, every lowering runs uncached, with one warning naming the directory and its owner.
         """
         if self._trusted is None:
-            if not self.directory.is_dir():
+            if not self.directory.is_dir() and not self.settings.read_only:
                 try:
                     ensure_dir(self.directory)  # made now by this user; else its parents decide who may make it
                 except OSError:
@@ -479,11 +495,14 @@ class CodegenCache:
 
     def stage_index_entry(self, digest: str, blob: bytes) -> bool:
         """Stage a whole-build entry now (it survives the process) for the writer to store; False: not stored."""
+        if self.read_only:
+            return False
         return self._promoter.stage_index_entry(digest, blob)
 
     def promote_index_entry(self, digest: str, blob: bytes) -> None:
         """Move a staged whole-build entry into its store (by the writer; write_behind=False: now)."""
-        self._promoter.promote_index_entry(digest, blob)
+        if not self.read_only:
+            self._promoter.promote_index_entry(digest, blob)
 
     def promote_staged(self, *, remote: str | None = None) -> int:
         """Move every staged entry into its store now (tools do, to see all); how many moved.
@@ -598,6 +617,8 @@ class CodegenCache:
 
     def scratch_dir(self) -> str:
         """A private directory for this process's scratch files (made once per process)."""
+        if self.settings.read_only:
+            return tempfile.gettempdir()  # nothing written to the directory, a scratch file included
         if self._scratch_dir is None or self._scratch_dir[0] != os.getpid():
             # <dir>/tmp unless it is unwritable or mounted noexec (dlopen of a cached llvm
             # library fails there). Killed processes' leftovers are swept at the first store.
@@ -741,7 +762,9 @@ class CodegenCache:
                      load_seconds=0.0, codegen_seconds=0.0, total_seconds=time.perf_counter() - start)
                 raise
         held = lease = None
-        if not collision and not self.settings.recache and plan.disk:
+        # A read-only cache reads the disk tier and writes nothing there: no build lock, no entry.
+        stores = plan.disk and not self.read_only
+        if not collision and not self.settings.recache and stores:
             # The recheck reads this directory only: the remote was asked a moment ago, and a
             # lock holder sharing this directory stages its entry here first.
             held, found = self._flight.begin(key.digest, lambda: self._chain.lookup(probe, start=1, stop=2),
@@ -761,9 +784,9 @@ class CodegenCache:
         building = time.perf_counter()
         try:
             module, codegen_seconds = self._run_codegen(codegen, key.digest, mod, target, compile_device, probe,
-                                                      remember=plan.disk)
+                                                      remember=stores)
             self._budget.ran(codegen.name, mode, codegen_seconds, key_seconds)
-            if not collision and plan.disk:
+            if not collision and stores:
                 promote = self._store(codegen.name, key, mode, module, mod, target, codegen_seconds, before, lease)
             elif not collision:
                 self._keep(codegen.name, key, mode, module, mod, codegen_seconds, before)
@@ -835,17 +858,19 @@ class CodegenCache:
 
     def _ask_upgrade(self, mode: str, digest: str) -> None:
         """A hit was served from LLVM IR: have it turned into a shared library (once per process)."""
-        if digest not in self._upgrades_asked:
+        if digest not in self._upgrades_asked and not self.read_only:
             self._upgrades_asked.add(digest)
             from ._upgrade import request
 
             writer.submit(lambda: request(self.directory, mode, digest))
 
     def _promote_later(self, mode: str, digest: str, blob: bytes) -> None:
-        self._promoter.promote_later(mode, digest, blob)
+        if not self.read_only:
+            self._promoter.promote_later(mode, digest, blob)
 
     def _promote_fill(self, mode: str, digest: str, blob: bytes | memoryview) -> None:
-        self._promoter.promote_fill(mode, digest, blob)
+        if not self.read_only:
+            self._promoter.promote_fill(mode, digest, blob)
 
     # ---- a miss: the codegen, then the entry staged or kept -----------------------------
 

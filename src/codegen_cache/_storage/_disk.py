@@ -74,7 +74,7 @@ _KEY_FILE_NAME = re.compile(r"^[0-9a-f]{16,64}$")
 _KEY_FILE_MAX = 128  # "<value file name>\n<size>\n" is under 60 bytes
 _FOOTPRINT = (f"SELECT COALESCE(SUM((size + {BLOCK - 1}) / {BLOCK} * {BLOCK}), 0) + COUNT(*) * {BLOCK} "
               "FROM Cache")
-_BY_USE = "SELECT key, size, tag FROM Cache WHERE raw = 1 ORDER BY access_time, rowid"
+_BY_USE = "SELECT key, size, tag, access_time FROM Cache WHERE raw = 1 ORDER BY access_time, rowid"
 _MARK = ("UPDATE Cache SET access_time = ?, access_count = access_count + 1 "
          "WHERE key = ? AND raw = 1 AND access_time < ?")
 _BY_USE_INDEX = "CREATE INDEX IF NOT EXISTS Cache_access_time ON Cache (access_time)"
@@ -131,7 +131,7 @@ class ArtifactStore:
 
     def __init__(self, directory: Path, *, size_limit: int, timeout: float = 2.0,
                  on_evict: Callable[[int], None] | None = None, make_root: bool = True,
-                 along: Callable[[bytes], None] | None = None) -> None:
+                 along: Callable[[bytes], None] | None = None, read_only: bool = False) -> None:
         self.directory = Path(directory)
         # Every store lives directly in its cache directory; make_root=False: a helper process
         # never makes that directory again once it was removed.
@@ -140,6 +140,8 @@ class ArtifactStore:
         self.timeout = timeout
         self.on_evict = on_evict
         self.along = along  # what goes with an evicted GROUP_TAG entry (the cache's stores)
+        # True: opened as a read-only directory is (ReadOnlyView), without its warning: asked for.
+        self.forced_read_only = read_only
         self._reset()
         on_fork_child(self._reset)
 
@@ -179,7 +181,7 @@ class ArtifactStore:
             db = self.directory / "cache.db"
             if not db.exists():
                 return None  # no store yet: nothing stored
-            if not writable(self.directory):
+            if self.forced_read_only or not writable(self.directory):
                 return self._UNREADABLE  # a read-only directory: ReadOnlyView reads it
             with self._reader_lock:
                 if self._reader is None:
@@ -224,12 +226,14 @@ class ArtifactStore:
 
     def _open_locked(self) -> diskcache.Cache | ReadOnlyView:
         check_filesystem(self.root)
-        if not writable(self.directory):
+        if self.forced_read_only or not writable(self.directory):
             real_dir(self.directory, self.root)  # a symlink in its place is refused here too
-            warn_read_only(self.root)
+            if not self.forced_read_only:
+                warn_read_only(self.root)
             from ._safedisk import SafeDisk
 
-            return ReadOnlyView(self.directory, SafeDisk(str(self.directory)))
+            return ReadOnlyView(self.directory, SafeDisk(str(self.directory)),
+                                writable_dir=self.forced_read_only and writable(self.directory))
         # The cache directory too, when this call makes it (an existing one is left as it is).
         made_root = not self.root.exists()
         ensure_dir(self.directory, self.root, make_root=self.make_root)
@@ -493,13 +497,14 @@ class ArtifactStore:
                 reader.execute("PRAGMA page_size").fetchone()[0]))
         return int(rows) + int(pages) * int(page_size)
 
-    def by_use(self) -> list[tuple[str, int, str | None]]:
-        """(key, size, tag) of every row, the least recently used first."""
+    def by_use(self) -> list[tuple[str, int, str | None, float]]:
+        """(key, size, tag, time of last use) of every row, the least recently used first."""
         reader = self._connection()
         if reader is None or reader is self._UNREADABLE:
             return []
         with self._reader_lock:
-            return [(str(k), int(n), t) for k, n, t in self._run(lambda: reader.execute(_BY_USE).fetchall())]
+            rows = self._run(lambda: reader.execute(_BY_USE).fetchall())
+        return [(str(k), int(n), t, float(used or 0.0)) for k, n, t, used in rows]
 
     def mark_used(self, keys: Iterable[str], when: float) -> int:
         """Record that `keys` were used at `when` (a batch of hits: one transaction); how many rows changed.

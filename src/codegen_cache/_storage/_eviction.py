@@ -29,7 +29,7 @@ class Evictable(Protocol):
 
     def footprint(self) -> int: ...
 
-    def by_use(self) -> list[tuple[str, int, str | None]]: ...
+    def by_use(self) -> list[tuple[str, int, str | None, float]]: ...
 
     def get(self, key: str) -> bytes | None: ...
 
@@ -52,7 +52,7 @@ def evict_least_used(store: Evictable, *, limit: int, keep: str | None = None,
     if footprint <= limit:
         return 0
     goal, freed, victims = footprint - int(limit * LOW_WATER), 0, []
-    for key, size, tag in store.by_use():
+    for key, size, tag, _used in store.by_use():
         if freed >= goal:
             break
         if key != keep:
