@@ -162,3 +162,15 @@ def test_a_process_that_only_hits_writes_its_marks_at_exit(tmp_path):
     """)
     assert _access_times(cache.store("compiled"))[digest] > before
     assert os.listdir(tmp_path / "compiled")  # the store is still there
+
+
+def test_the_lru_benchmark_suite_returns_rows_with_a_floor():
+    from benchmarks import suite_lru
+
+    rows = suite_lru.run(1)
+    assert [r["name"] for r in rows] == ["llvm vector add, memory hit, marking use",
+                                         "llvm vector add, disk hit, marking use"]
+    for row in rows:
+        assert set(row) == {"name", "median", "unit", "floor", "ratio", "goal", "ok", "note"}
+        assert row["median"] > 0 and row["floor"] > 0 and row["ratio"] == pytest.approx(row["median"] / row["floor"])
+    assert suite_lru.DESCRIPTION

@@ -685,6 +685,7 @@ class CodegenCache:
                 emit(tier="memory", key=key.digest, codegen=codegen.name, mode=mode, key_seconds=key_seconds,
                      load_seconds=0.0, codegen_seconds=saved, total_seconds=time.perf_counter() - start)
                 _artifacts.keep_answering(kept.module)
+                self._marks.mark(mode, key.digest)  # its disk entry is in use too (no I/O: a set in memory)
                 return kept.module
         probe = Probe(key.digest, mode, mod, self.settings.verify, library=compile_device and target.kind.name == "llvm")
         # The tiers that do not pay for this codegen are not asked either (_budget.py).
