@@ -184,3 +184,14 @@ def test_read_only_commands_on_an_unwritable_directory_warn_of_nothing(tmp_path)
         reader = cc.CodegenCache(ro, min_codegen_time=0)
         assert reader.read_only and reader.lower_with_outcome(*variants.variant(0))[1].tier == "disk"
         reader.close()
+
+
+def test_the_config_sample_in_cli_md_lists_every_row_config_prints():
+    from pathlib import Path
+
+    from codegen_cache._config import ENV_VARS
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text()
+    sample = page[page.index("$ CODEGEN_CACHE_MEMORY_ENTRIES=64 codegen-cache config"):]
+    rows = [line.split()[0] for line in sample.split("```")[0].splitlines()[2:] if line.strip()]
+    assert rows == list(ENV_VARS)
