@@ -154,6 +154,7 @@ class ArtifactStore:
         self._reader: sqlite3.Connection | None = None
         self._reader_lock = threading.Lock()
         self._keys_dir: str | None = None  # <store>/keys once looked at ("": not a real directory)
+        self._measured: tuple[int, int, int] | None = None  # (volume, count, footprint) at the last count
 
     def _read_row(self, key: str) -> tuple | None:
         """The row of `key`, read through a plain SQLite connection of this store's own.
@@ -480,11 +481,22 @@ class ArtifactStore:
             stored = bool(self._run(_set_over, cache, key, blob, over, expire, tag))
         if stored and expire is None:
             self._write_key_file(key)
-        # diskcache's volume (its index and the values' bytes) is kept as it goes: the footprint,
-        # a scan of the rows, is counted only where that alone comes near the limit.
-        if self._run(cache.volume) + len(cache) * 2 * BLOCK > self.size_limit:
+        if self._footprint_bound(cache) > self.size_limit:
             self.evict(keep=key)
         return stored
+
+    def _footprint_bound(self, cache: diskcache.Cache) -> int:
+        """At least the store's footprint, from what diskcache keeps as it goes (its volume and count).
+
+        The footprint itself is a scan of the rows: it is counted (by evict) only where this bound
+        passes the limit, and then kept, so that the next puts add only what grew since.
+        """
+        volume, count = int(self._run(cache.volume)), len(cache)
+        measured = self._measured
+        if measured is None:
+            return volume + count * 2 * BLOCK  # a value file's last block and its key file, at most
+        at_volume, at_count, footprint = measured
+        return footprint + max(0, volume - at_volume) + max(0, count - at_count) * 2 * BLOCK
 
     def footprint(self) -> int:
         """Bytes the store takes on disk as its size limit counts them (as `du` would, within a block per entry)."""
@@ -495,7 +507,11 @@ class ArtifactStore:
             rows, pages, page_size = self._run(lambda: (
                 reader.execute(_FOOTPRINT).fetchone()[0], reader.execute("PRAGMA page_count").fetchone()[0],
                 reader.execute("PRAGMA page_size").fetchone()[0]))
-        return int(rows) + int(pages) * int(page_size)
+        footprint = int(rows) + int(pages) * int(page_size)
+        cache = self._cache
+        if cache is not None and not isinstance(cache, ReadOnlyView):
+            self._measured = (int(self._run(cache.volume)), len(cache), footprint)
+        return footprint
 
     def by_use(self) -> list[tuple[str, int, str | None, float]]:
         """(key, size, tag, time of last use) of every row, the least recently used first."""
