@@ -169,6 +169,7 @@ def test_a_remembered_failure_is_not_written_by_a_read_only_cache(tmp_path, llvm
     assert not (tmp_path / "failures").exists()
 
 
+@pytest.mark.smoke
 def test_read_only_commands_on_an_unwritable_directory_warn_of_nothing(tmp_path):
     from test_reliability import read_only_view
 
@@ -195,3 +196,12 @@ def test_the_config_sample_in_cli_md_lists_every_row_config_prints():
     sample = page[page.index("$ CODEGEN_CACHE_MEMORY_ENTRIES=64 codegen-cache config"):]
     rows = [line.split()[0] for line in sample.split("```")[0].splitlines()[2:] if line.strip()]
     assert rows == list(ENV_VARS)
+
+
+def test_read_only_mode_does_not_stop_an_explicit_clear_but_warm_refuses(capsys, copy, monkeypatch):
+    root, _keys = copy
+    monkeypatch.setenv("CODEGEN_CACHE_READ_ONLY", "1")
+    code, _out, err = run(capsys, "--dir", str(root), "warm", str(variants.__file__), "-t", "llvm", "-j", "0")
+    assert code == _cli.EXIT_CONFIG and "a read-only cache stores nothing" in err
+    code, out, _err = run(capsys, "--dir", str(root), "clear")
+    assert code == 0 and "removed 4 entries" in out

@@ -76,6 +76,7 @@ def test_a_link_or_a_directory_in_place_of_the_file_is_not_read(tmp_path):
     assert read_config_file(tmp_path / "other") == {}
 
 
+@pytest.mark.smoke
 def test_a_fresh_process_obeys_the_file(tmp_path):
     write_config_file(tmp_path, {"max_size": "3G"})
     done = processes.python(f"""

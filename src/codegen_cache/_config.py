@@ -25,6 +25,7 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from ._config_file import FILE_NAME, ConfigFileError, read_config_file
 from ._errors import ConfigError
+from ._spelling import nearest
 
 __all__ = [
     "ENV_VARS",
@@ -464,37 +465,13 @@ _CCACHE_NAMES = {"MAXSIZE": "CODEGEN_CACHE_COMPILED_SIZE_LIMIT", "MAX_SIZE": "CO
 
 
 def suggest_env_var(name: str) -> str | None:
-    """The setting's variable `name` most likely misspells, by edit distance; None when none is close.
-
-    Close: at most a third of the name's letters (two at least) differ. ccache's own names (MAXSIZE,
-    READONLY) map to ours; otherwise, where no name is close, the one variable that shares a word
-    of three letters or more with it (CODEGEN_CACHE_FAILURE for CODEGEN_CACHE_FAILURE_TTL).
-    """
+    """The setting's variable `name` most likely misspells (by edit distance, _spelling.nearest); None when
+    none is close. ccache's own names (MAXSIZE, READONLY) map to ours."""
     tail = name.removeprefix(ENV_PREFIX).upper()
     if tail.replace("_", "") in _CCACHE_NAMES:
         return _CCACHE_NAMES[tail.replace("_", "")]
-    scored = sorted((_edit_distance(tail, var.removeprefix(ENV_PREFIX)), var) for var in ENV_VARS)
-    distance, best = scored[0]
-    if distance <= max(2, len(tail) // 3):
-        return best
-    words = {w for w in tail.split("_") if len(w) >= 3}
-    sharing = [var for var in ENV_VARS if words & set(var.removeprefix(ENV_PREFIX).split("_"))]
-    return sharing[0] if len(sharing) == 1 else None
-
-
-def _edit_distance(a: str, b: str) -> int:
-    """Levenshtein distance (insertions, deletions, substitutions), with a swap of two neighbours as one."""
-    previous2: list[int] = []
-    previous = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        current = [i]
-        for j, cb in enumerate(b, 1):
-            cost = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb))
-            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
-                cost = min(cost, previous2[j - 2] + 1)
-            current.append(cost)
-        previous2, previous = previous, current
-    return previous[-1]
+    found = nearest(tail, [var.removeprefix(ENV_PREFIX) for var in ENV_VARS])
+    return None if found is None else ENV_PREFIX + found
 
 
 def refuse_file_as_directory(path: str | os.PathLike[str], name: str = "directory (CODEGEN_CACHE_DIR)") -> None:

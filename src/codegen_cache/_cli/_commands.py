@@ -104,15 +104,19 @@ def fmt_table(rows: list[list[str]], right: set[int] = frozenset()) -> list[str]
 # ---- shared steps -----------------------------------------------------------------------------
 
 
-def open_cache(settings: Settings, *, remote: bool = False, promote: bool = True):
+def open_cache(settings: Settings, *, remote: bool = False, promote: bool = True, changes: bool = False):
     """The cache at the settings' directory (without the remote tier unless asked).
 
     promote: first move what stopped processes left staged into their stores (tools see all);
     not where the command must change nothing (a dry run), nor where the directory is read-only.
+    changes: the command is asked to change the directory (clear, prune, verify --fix): a
+    CODEGEN_CACHE_READ_ONLY meant for the processes that use the cache does not stop it.
     """
     from .._cache._cache import CodegenCache
 
-    if not settings.read_only and settings.directory.is_dir() and not writable(settings.directory):
+    if changes:
+        settings = dataclasses.replace(settings, read_only=False)
+    elif not settings.read_only and settings.directory.is_dir() and not writable(settings.directory):
         # Read where it cannot be written: a read-only user of the directory, not a fault to warn about.
         settings = dataclasses.replace(settings, read_only=True)
     push_to = None
@@ -273,7 +277,7 @@ def cmd_clear(args: argparse.Namespace, settings: Settings) -> int:
             removed = _entries_in(settings, chosen)
         else:
             require_writable(args, settings)
-            cache = open_cache(settings)
+            cache = open_cache(settings, changes=True)
             removed = cache.clear(compiled="compiled" in chosen, source="source" in chosen,
                                   failures="failures" in chosen)
             cache.close()
@@ -314,7 +318,7 @@ def cmd_prune(args: argparse.Namespace, settings: Settings) -> int:
     if settings.directory.exists():
         if not args.dry_run:
             require_writable(args, settings)
-        cache = open_cache(settings, promote=not args.dry_run)
+        cache = open_cache(settings, promote=not args.dry_run, changes=not args.dry_run)
         result = prune(cache, max_size=args.max_size, older_than=args.older_than, stores=chosen,
                        dry_run=args.dry_run)
         cache.close()
@@ -339,7 +343,7 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
 
     if args.fix and settings.directory.exists():
         require_writable(args, settings)
-    cache = open_cache(settings)
+    cache = open_cache(settings, changes=args.fix)
     result = verify_entries(cache, fix=args.fix)
     cache.close()
     if args.json:

@@ -112,6 +112,9 @@ def cmd_warm(args: argparse.Namespace, settings: Settings) -> int:
     if settings.disable:
         raise ConfigError("CODEGEN_CACHE_DISABLE", "1", "unset or 0 to warm: with caching off, warm would store "
                           "nothing")
+    if settings.read_only:
+        raise ConfigError("read_only (CODEGEN_CACHE_READ_ONLY or cache.conf)", "1", "unset or 0 to warm: a "
+                          "read-only cache stores nothing")
     require_writable(args, settings)
     workers = default_workers() if args.workers is None else args.workers
     try:
