@@ -158,6 +158,13 @@ def test_read_only_mode_from_the_directorys_file_binds_every_cache(tmp_path, cap
     assert not (tmp_path / "compiled").exists() and not (tmp_path / "staged").exists()
 
 
+def test_a_read_only_cache_of_a_missing_directory_does_not_make_it(tmp_path):
+    cache = cc.CodegenCache(tmp_path / "none", read_only=True, min_codegen_time=0)
+    assert [cache.lower_with_outcome(*variants.variant(3))[1].tier for _ in range(2)] == ["codegen", "memory"]
+    cache.close()
+    assert not (tmp_path / "none").exists()
+
+
 def test_a_remembered_failure_is_not_written_by_a_read_only_cache(tmp_path, llvm_vadd):
     def build(mod, target):
         raise ValueError("bad tile")

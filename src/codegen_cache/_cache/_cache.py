@@ -242,7 +242,7 @@ class CodegenCache:
 
     @_made_once
     def _stats(self) -> StatsRecorder:
-        return StatsRecorder(self.directory)
+        return StatsRecorder(self.directory, make_root=not self.settings.read_only)
 
     @_made_once
     def _budget(self) -> TierBudget:
