@@ -174,3 +174,44 @@ def test_the_lru_benchmark_suite_returns_rows_with_a_floor():
         assert set(row) == {"name", "median", "unit", "floor", "ratio", "goal", "ok", "note"}
         assert row["median"] > 0 and row["floor"] > 0 and row["ratio"] == pytest.approx(row["median"] / row["floor"])
     assert suite_lru.DESCRIPTION
+
+
+def test_a_compiled_relax_model_and_its_library_are_evicted_together(tmp_path):
+    import relax_models
+    import tvm
+
+    import sqlite3 as sql
+
+    cache = cc.CodegenCache(tmp_path, write_behind=False, min_codegen_time=0)
+    mod, _named = relax_models.mlp()
+    cc.enable(cache, children=False)
+    try:
+        tvm.compile(mod, "llvm")
+        cache.flush()
+        with sql.connect(tmp_path / "compiled" / "cache.db") as conn:
+            tagged = [k for (k,) in conn.execute("SELECT key FROM Cache WHERE tag = ?", (GROUP_TAG,))]
+        assert len(tagged) == 1  # the model's entry
+        model = cache.store("compiled").get(tagged[0])
+        from codegen_cache._cache._groups import parts_of
+
+        parts = list(parts_of(model))
+        assert {store for store, _key in parts} >= {"index", "compiled"}
+        assert all(cache.store(store).get(key) is not None for store, key in parts)
+        with sql.connect(tmp_path / "compiled" / "cache.db") as conn:  # the model is the least recently used
+            conn.execute("UPDATE Cache SET access_time = 0 WHERE key = ?", (tagged[0],))
+        compiled = cache.store("compiled")
+        compiled.size_limit = compiled.footprint() - 1
+        assert compiled.evict() >= 1
+        assert compiled.get(tagged[0]) is None
+        assert all(cache.store(store).get(key) is None for store, key in parts)
+    finally:
+        cc.disable()
+        cache.close()
+    again = cc.CodegenCache(tmp_path, write_behind=False, min_codegen_time=0)  # as a new process sees it
+    cc.enable(again, children=False)
+    try:
+        tvm.compile(mod, "llvm")  # no model entry without its parts, nor parts without it: compiled again
+        assert cc.last_outcome().tier == "codegen"
+    finally:
+        cc.disable()
+        again.close()
