@@ -98,3 +98,12 @@ def test_a_fresh_process_obeys_the_file(tmp_path):
 ])
 def test_a_misspelt_variable_suggests_the_nearest_by_edit_distance(typo, meant):
     assert _config.suggest_env_var(typo) == meant
+
+
+def test_the_file_is_readable_by_whoever_may_read_the_directory(tmp_path):
+    import os
+    import stat
+
+    tmp_path.chmod(0o750)
+    path = write_config_file(tmp_path, {"max_size": "1G"})
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o640

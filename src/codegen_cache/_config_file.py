@@ -76,8 +76,9 @@ def write_config_file(directory: str | os.PathLike[str], updates: dict[str, str 
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
-        mode = stat.S_IMODE(os.stat(directory).st_mode) & 0o666 & ~0o111
-        os.chmod(temp, mode | 0o600)  # readable by whoever may read the directory (a team cache)
+        # Readable by whoever may read the directory (every process of a team cache obeys it),
+        # writable by its owner only.
+        os.chmod(temp, 0o600 | stat.S_IMODE(os.stat(directory).st_mode) & 0o044)
         os.replace(temp, directory / FILE_NAME)
     except BaseException:
         with contextlib.suppress(OSError):
