@@ -23,7 +23,7 @@ expire (`codegen-cache prune`).
 Eviction is least recently used (`evict`, `_eviction.py`): hits mark their rows used in
 batches (`_usage.py`, `mark_used`), and a put that takes the store over its size limit removes
 the rows used longest ago. Sizes are counted as `du` counts them (`footprint`): the index, and
-each entry's value and key files in whole blocks.
+each entry's value file, key file and directory in whole blocks.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from .._errors import ArtifactError, UnsafeEntryError
 from .._forksafe import on_fork_child, sqlite_gate
 from ._faults import (READ_FLAGS, ReadOnlyStoreError, ensure_dir, freeze_file_mode, read_whole, real_dir,
                       share_file_mode, storage_fault, warn_read_only, writable)
-from ._eviction import BLOCK, GROUP_TAG, evict_least_used
+from ._eviction import BLOCK, ENTRY_OVERHEAD, GROUP_TAG, evict_least_used
 from ._fsprobe import on_block_device, sweep_leftovers, warn_if_unsafe
 from ._readonly import ReadOnlyView
 from ._values import VALUE_FILE, file_size, read_value_file
@@ -72,7 +72,7 @@ KEYS_DIR = "keys"  # <store>/keys/<key>: the key files
 # Keys that get a key file: the cache's digests (any other key is looked up in the rows only).
 _KEY_FILE_NAME = re.compile(r"^[0-9a-f]{16,64}$")
 _KEY_FILE_MAX = 128  # "<value file name>\n<size>\n" is under 60 bytes
-_FOOTPRINT = (f"SELECT COALESCE(SUM((size + {BLOCK - 1}) / {BLOCK} * {BLOCK}), 0) + COUNT(*) * {BLOCK} "
+_FOOTPRINT = (f"SELECT COALESCE(SUM((size + {BLOCK - 1}) / {BLOCK} * {BLOCK}), 0) + COUNT(*) * {ENTRY_OVERHEAD} "
               "FROM Cache")
 _BY_USE = "SELECT key, size, tag, access_time FROM Cache WHERE raw = 1 ORDER BY access_time, rowid"
 _MARK = ("UPDATE Cache SET access_time = ?, access_count = access_count + 1 "
@@ -494,12 +494,13 @@ class ArtifactStore:
         volume, count = int(self._run(cache.volume)), len(cache)
         measured = self._measured
         if measured is None:
-            return volume + count * 2 * BLOCK  # a value file's last block and its key file, at most
+            return volume + count * (BLOCK + ENTRY_OVERHEAD)  # a value file's last block, at most, and the rest
         at_volume, at_count, footprint = measured
-        return footprint + max(0, volume - at_volume) + max(0, count - at_count) * 2 * BLOCK
+        return footprint + max(0, volume - at_volume) + max(0, count - at_count) * (BLOCK + ENTRY_OVERHEAD)
 
     def footprint(self) -> int:
-        """Bytes the store takes on disk as its size limit counts them (as `du` would, within a block per entry)."""
+        """Bytes the store takes on disk as its size limit counts them: as `du` counts them, within a block
+        per entry, but for SQLite's write-ahead log (transient, up to 4 MiB while the store is open)."""
         reader = self._connection()
         if reader is None or reader is self._UNREADABLE:
             return self.volume() if reader is not None else 0

@@ -14,10 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-__all__ = ["BLOCK", "GROUP_TAG", "LOW_WATER", "Evictable", "evict_least_used", "on_disk"]
+__all__ = ["BLOCK", "ENTRY_OVERHEAD", "GROUP_TAG", "LOW_WATER", "Evictable", "evict_least_used", "on_disk"]
 
 GROUP_TAG = "group"  # a row whose entry names others that go when it goes (`along`)
-BLOCK = 4096  # what a file takes at least on disk (a value file, a key file)
+BLOCK = 4096  # what a file takes at least on disk (a value file, a key file, a directory)
+# Besides its value file's blocks, an entry takes its key file and, nearly always, a directory of
+# its own (diskcache spreads value files over 65,536 two-level directories).
+ENTRY_OVERHEAD = 2 * BLOCK
 
 # Eviction stops below this share of the limit (ccache cleans to 80-90% of its limit, JAX's
 # LRU cache to its limit; a margin is what keeps a full store from evicting at every put).
@@ -37,8 +40,8 @@ class Evictable(Protocol):
 
 
 def on_disk(size: int) -> int:
-    """What an entry of `size` bytes takes on disk: its value file and its key file, in whole blocks."""
-    return -(-size // BLOCK) * BLOCK + BLOCK
+    """What an entry of `size` bytes takes on disk: its value file in whole blocks, its key file, its directory."""
+    return -(-size // BLOCK) * BLOCK + ENTRY_OVERHEAD
 
 
 def evict_least_used(store: Evictable, *, limit: int, keep: str | None = None,
