@@ -50,7 +50,10 @@ def _count_arg(least: int, most: int | None = None):
 
 
 def _epilog() -> str:
-    return "exit codes:\n" + "\n".join(f"  {code:>3}  {text}" for code, text in EXIT_CODES.items())
+    short = "ccache's short options:\n" + "\n".join(
+        f"  {option:<3}  " + ("config --set max_size=SIZE (-M SIZE)" if option == "-M" else " ".join(command))
+        for option, command in SHORT_OPTIONS.items())
+    return short + "\n\nexit codes:\n" + "\n".join(f"  {code:>3}  {text}" for code, text in EXIT_CODES.items())
 
 
 def build_parser() -> argparse.ArgumentParser:
