@@ -361,6 +361,10 @@ def _age_entry(cache: cc.CodegenCache, store: str, key: str, seconds: float) -> 
 
     art = unframe(blob)
     cache.store(store).put(key, frame(art.codec, {**meta, "created": time.time() - seconds}, art.fields))
+    import sqlite3
+
+    with sqlite3.connect(cache.directory / store / "cache.db") as conn:  # nor used since (prune goes by last use)
+        conn.execute("UPDATE Cache SET access_time = ? WHERE key = ?", (time.time() - seconds, key))
 
 
 def test_prune_older_than_and_max_size(capsys, copy):
@@ -371,7 +375,7 @@ def test_prune_older_than_and_max_size(capsys, copy):
     cache.close()
     code, data = run_json(capsys, "--dir", str(root), "prune", "--older-than", "7d")
     assert code == 0 and data["keys"] == [keys["c"]]
-    # The oldest go first until the stores fit.
+    # The least recently used go first until the stores fit.
     code, data = run_json(capsys, "--dir", str(root), "prune", "--max-size", str(data["bytes_after"] - 1))
     assert code == 0 and data["keys"][0] == keys["cuda"] and data["bytes_after"] < data["bytes_before"]
     assert run(capsys, "--dir", str(root), "prune")[0] == _cli.EXIT_USAGE

@@ -56,8 +56,10 @@ def test_stats_ls_and_show_cover_frontend_entries(capsys, root):
     b = write_entry(root, "gemm", library=b"\x7fELF" + b"G" * 9000)
     sizes = {d: (root / "tilelang" / f"{d}.so").stat().st_size for d in (a, b)}
     _code, stats = run_json(capsys, "--dir", str(root), "stats")
-    assert stats["stores"]["tilelang"] == {"entries": 2, "bytes": sum(sizes.values()),
-                                           "size_limit": cc.CodegenCache(root).settings.compiled_size_limit}
+    shown = stats["stores"]["tilelang"]
+    assert {k: shown[k] for k in ("entries", "bytes", "size_limit")} == {
+        "entries": 2, "bytes": sum(sizes.values()), "size_limit": cc.CodegenCache(root).settings.compiled_size_limit}
+    assert shown["bytes_on_disk"] >= shown["bytes"]
     assert "tilelang" in run(capsys, "--dir", str(root), "stats")[1]
     _code, listed = run_json(capsys, "--dir", str(root), "ls")
     assert [(e["key"], e["store"], e["codegen"], e["functions"], e["target"], e["size"]) for e in listed] == [
@@ -109,7 +111,7 @@ def test_the_hit_path_drops_an_entry_verify_calls_bad(root):
     assert art is not None and bytes(art.fields[0]).startswith(b"\x7fELF")
 
 
-def test_prune_by_age_and_one_size_budget_across_stores_oldest_first(capsys, root):
+def test_prune_by_age_and_one_size_budget_across_stores_least_recently_used_first(capsys, root):
     now = time.time()
     old = write_entry(root, "old", created=now - 10 * 86400)
     mid = write_entry(root, "mid", created=now - 3 * 86400)
@@ -120,9 +122,14 @@ def test_prune_by_age_and_one_size_budget_across_stores_oldest_first(capsys, roo
                                                            "source_format": "c", "created": now - 5 * 86400},
                                                 [b"int f() { return 0; }" * 50]))
     cache.close()
+    import sqlite3
+
+    with sqlite3.connect(root / "source" / "cache.db") as conn:  # last used 5 days ago (prune goes by last use)
+        conn.execute("UPDATE Cache SET access_time = ? WHERE key = ?", (now - 5 * 86400, source_key))
     code, data = run_json(capsys, "--dir", str(root), "prune", "--older-than", "7d")
     assert code == 0 and data["keys"] == [old] and not (root / "tilelang" / f"{old}.so").exists()
-    # One budget for the stores together: the source entry (5 days) goes before `mid` (3 days).
+    # One budget for the stores together: the source entry (used 5 days ago) goes before `mid` (3 days;
+    # a frontend entry's last use is when it was written).
     keep = (root / "tilelang" / f"{new}.so").stat().st_size
     code, data = run_json(capsys, "--dir", str(root), "prune", "--max-size", str(data["bytes_after"] - 1))
     assert data["keys"] == [source_key]

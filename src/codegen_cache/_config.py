@@ -3,6 +3,10 @@
 This is the only module that reads the environment for our own settings. Every variable is
 listed in ENV_VARS with its parser; docs/configuration.md documents each one and its default.
 An empty value counts as unset (so `CODEGEN_CACHE_DIR= cmd` means "the default").
+
+Between the environment and the defaults come the cache directory's own settings, its
+`cache.conf` (`_config_file`): the ones in FILE_SETTINGS, parsed by the same parsers, so that a
+limit set once with `codegen-cache config --set` binds every process using the directory.
 """
 
 from __future__ import annotations
@@ -19,10 +23,14 @@ from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
+from ._config_file import FILE_NAME, ConfigFileError, read_config_file
 from ._errors import ConfigError
+from ._spelling import nearest
 
 __all__ = [
     "ENV_VARS",
+    "FILE_ALIASES",
+    "FILE_SETTINGS",
     "REMOTE_ACCEPTED",
     "REMOTE_URL_OPTIONS",
     "Settings",
@@ -39,6 +47,8 @@ __all__ = [
     "redact_url",
     "refuse_file_as_directory",
     "settings_from_env",
+    "file_setting",
+    "suggest_env_var",
     "own_env_vars",
     "unknown_env_vars",
 ]
@@ -280,6 +290,7 @@ class Settings:
     memory_entries: int = 512
     memory_bytes: int = 256 << 20
     verify: bool = False
+    read_only: bool = False
     trusted_dirs: tuple[str, ...] = ()
     remote: str | None = None
     remote_secret: str | None = None
@@ -306,6 +317,8 @@ ENV_VARS: dict[str, tuple[str, object, str]] = {
     "CODEGEN_CACHE_MEMORY_ENTRIES": ("memory_entries", _parse_count, "entries in the in-process tier"),
     "CODEGEN_CACHE_MEMORY_BYTES": ("memory_bytes", parse_size, "bytes in the in-process tier"),
     "CODEGEN_CACHE_VERIFY": ("verify", parse_bool, "1 makes every disk/remote hit exact"),
+    "CODEGEN_CACHE_READ_ONLY": ("read_only", parse_bool, "1 serves hits and writes nothing to the directory "
+                                "(also where it cannot be written)"),
     "CODEGEN_CACHE_TRUSTED_DIRS": ("trusted_dirs", _parse_dir_list,
                                    "cache directories trusted although other users could change them"),
     "CODEGEN_CACHE_REMOTE": ("remote", _parse_remote, "redis://host:port/db of a shared tier (any node of a cluster)"),
@@ -362,6 +375,11 @@ def settings_from_env(environ: Mapping[str, str] | None = None, *, base: Setting
             raw = environ.get(var)
             if raw is not None and raw.strip():
                 values[field] = parse(var, raw)  # type: ignore[operator]
+        # The directory's own settings fill what the environment left unset; arguments override both.
+        directory = overrides.get("directory")
+        directory = _parse_dir("directory", directory) if directory is not None else values.get("directory")
+        for field, value in file_settings(directory if directory is not None else default_directory()).items():
+            values.setdefault(field, value)
     fields = _setting_names()
     if base is not None:
         # Values given as a Settings object are checked like arguments.
@@ -375,6 +393,51 @@ def settings_from_env(environ: Mapping[str, str] | None = None, *, base: Setting
         _var, parse = _FIELD_PARSERS.get(field, (None, None))
         values[field] = value if parse is None else parse(field, value)  # type: ignore[operator]
     return Settings(**values)  # type: ignore[arg-type]
+
+
+# The settings a cache directory's cache.conf may hold (by field name): what belongs to the
+# directory rather than to one process. `max_size` is ccache's name for the main store's limit.
+FILE_SETTINGS = ("compiled_size_limit", "source_size_limit", "failure_ttl", "min_codegen_time", "verify",
+                 "read_only")
+FILE_ALIASES = {"max_size": "compiled_size_limit"}
+_FILE_ACCEPTED = "one of " + ", ".join((*FILE_SETTINGS, *FILE_ALIASES))
+_ignored_names: set[tuple[str, str]] = set()  # unknown names of a cache.conf, logged once each
+
+
+def file_setting(name: str, value: str) -> tuple[str, str]:
+    """(field, value as written) for `name=value` of a cache.conf; ConfigError naming what is not accepted."""
+    field = FILE_ALIASES.get(name.strip(), name.strip())
+    if field not in FILE_SETTINGS:
+        raise ConfigError("setting", name, f"{_FILE_ACCEPTED} (the settings a cache directory keeps)")
+    _var, parse = _FIELD_PARSERS[field]
+    parse(name.strip(), value)  # type: ignore[operator]  # refused here, not by every process that reads it
+    return field, value.strip()
+
+
+def file_settings(directory: str | os.PathLike[str]) -> dict[str, object]:
+    """The settings `<directory>/cache.conf` holds, parsed (field -> value); {} where there is none.
+
+    A bad value raises ConfigError naming the file and the setting, as a bad variable does; a name
+    that is no setting of a directory (a newer version's, a typo) is ignored, logged once.
+    """
+    path = os.path.join(os.fspath(directory), FILE_NAME)
+    try:
+        raw = read_config_file(directory)
+    except ConfigFileError as err:
+        raise ConfigError(path, str(err), "lines of `name = value`, e.g. max_size = 5G") from None
+    values: dict[str, object] = {}
+    for name, text in raw.items():
+        field = FILE_ALIASES.get(name, name)
+        if field not in FILE_SETTINGS:
+            if (path, name) not in _ignored_names:
+                _ignored_names.add((path, name))
+                logging.getLogger(__name__).warning("codegen cache: ignoring %r in %s: not a setting of a cache "
+                                                    "directory (%s)", name, path, _FILE_ACCEPTED)
+            continue
+        if text:
+            _var, parse = _FIELD_PARSERS[field]
+            values[field] = parse(f"{name} in {path}", text)  # type: ignore[operator]
+    return values
 
 
 @functools.lru_cache(maxsize=1)
@@ -403,6 +466,21 @@ def own_env_vars(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 def unknown_env_vars(environ: Mapping[str, str] | None = None) -> list[str]:
     """CODEGEN_CACHE_* variables that are set but mean nothing (typos)."""
     return sorted(v for v in own_env_vars(environ) if v not in ENV_VARS)
+
+
+# ccache's names of the settings users reach for first, as a CODEGEN_CACHE_ variable would spell them.
+_CCACHE_NAMES = {"MAXSIZE": "CODEGEN_CACHE_COMPILED_SIZE_LIMIT", "MAX_SIZE": "CODEGEN_CACHE_COMPILED_SIZE_LIMIT",
+                 "READONLY": "CODEGEN_CACHE_READ_ONLY", "NOCACHE": "CODEGEN_CACHE_DISABLE"}
+
+
+def suggest_env_var(name: str) -> str | None:
+    """The setting's variable `name` most likely misspells (by edit distance, _spelling.nearest); None when
+    none is close. ccache's own names (MAXSIZE, READONLY) map to ours."""
+    tail = name.removeprefix(ENV_PREFIX).upper()
+    if tail.replace("_", "") in _CCACHE_NAMES:
+        return _CCACHE_NAMES[tail.replace("_", "")]
+    found = nearest(tail, [var.removeprefix(ENV_PREFIX) for var in ENV_VARS])
+    return None if found is None else ENV_PREFIX + found
 
 
 def refuse_file_as_directory(path: str | os.PathLike[str], name: str = "directory (CODEGEN_CACHE_DIR)") -> None:
@@ -476,7 +554,7 @@ class SettingRow(NamedTuple):
     field: str
     value: object
     default: object
-    origin: str  # "argument", "environment" or "default"
+    origin: str  # "argument", "environment", "cache.conf" (the directory's own) or "default"
     accepted: str
     description: str
 
@@ -485,6 +563,7 @@ def describe_settings(environ: Mapping[str, str] | None = None, **overrides: obj
     """Every setting: its variable, effective value, default, and where the value came from."""
     environ = os.environ if environ is None else environ
     settings = settings_from_env(environ, **overrides)
+    in_file = file_settings(settings.directory)
     defaults = Settings()
     rows = []
     for var, (field, parse, doc) in ENV_VARS.items():
@@ -492,6 +571,8 @@ def describe_settings(environ: Mapping[str, str] | None = None, **overrides: obj
             origin = "argument"
         elif (environ.get(var) or "").strip():
             origin = "environment"
+        elif field in in_file:
+            origin = FILE_NAME
         else:
             origin = "default"
         rows.append(SettingRow(var, field, getattr(settings, field), getattr(defaults, field), origin,

@@ -281,7 +281,9 @@ def read_entry(cache: CodegenCache, key: CacheKey, codec: str, parse: Callable[[
         art = unframe(blob)
         if art.codec != codec or art.meta.get("key") != key.digest:
             raise ArtifactError(f"codec {art.codec!r} with key {str(art.meta.get('key'))[:16]}", kind=codec)
-        return parse(art)
+        parsed = parse(art)
+        cache.entry_used(store_name, key.digest)  # a whole build's entry is used as its parts are (LRU)
+        return parsed
     except ArtifactError as err:
         warn_once(logger, (f"{codec}-corrupt", str(cache.directory)), "codegen cache: dropping a bad %s entry "
                   "%s: %s", what, key.digest[:16], err)

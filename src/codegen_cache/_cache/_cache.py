@@ -30,6 +30,7 @@ import contextvars
 import dataclasses
 import logging
 import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -40,8 +41,8 @@ from .. import _context
 from .. import _artifacts
 from .._artifacts import FORMAT_VERSION, frame
 from .. import _compat
-from .._config import (ENV_VARS, Settings, disabled_by_env, own_env_vars, refuse_file_as_directory, settings_from_env,
-                       unknown_env_vars)
+from .._config import (Settings, disabled_by_env, own_env_vars, refuse_file_as_directory, settings_from_env,
+                       suggest_env_var, unknown_env_vars)
 from .._errors import CACHEABLE_FAILURES, ENVIRONMENT_FAILURES, ReentrantLoweringError, UncacheableError
 from .._forksafe import build_gate, renew_after_fork
 from .._log import warn_once
@@ -49,7 +50,8 @@ from .._key import CacheKey, compute_key, ir_hash
 from .._outcome import emit, emit_uncached, run_uncached
 from .._registry import DeviceCodegen, DeviceCodegenRegistry, check_prepared, default_registry
 from .._storage._disk import KEYS_DIR, ArtifactStore
-from .._storage._faults import ensure_dir
+from .._storage._usage import UseMarks
+from .._storage._faults import ensure_dir, warn_read_only, writable
 from .._storage._fsprobe import scratch_dir as _usable_scratch_dir
 from .._storage._fsprobe import sweep_leftovers
 from .._storage._memory import ModuleLRU
@@ -57,6 +59,7 @@ from .._storage._pending import PendingFiles
 from .._storage._trust import untrusted
 from .._targets import TargetLike, as_target
 from ._budget import EVERY_TIER, Plan, TierBudget
+from ._groups import evict_parts
 from ._guard import StorageGuard
 from ._mutation import changed, parts_of
 from ._stats import StatsRecorder
@@ -158,7 +161,8 @@ class CodegenCache:
     docs/configuration.md): compiled_size_limit, source_size_limit, memory_entries,
     memory_bytes, verify, trusted_dirs, remote (a URL, or an object with get(digest) and put(digest, blob)),
     remote_secret, lease_wait, failure_ttl, recache, min_codegen_time (the disk and remote
-    tiers' minimum codegen run: "auto" 5 ms, seconds, or 0 for every tier; _budget.py);
+    tiers' minimum codegen run: "auto" 5 ms, seconds, or 0 for every tier; _budget.py), read_only
+    (serve hits, write nothing to the directory; also where it cannot be written);
     write_behind=False moves staged entries into their store before lower() returns; registry:
     the codegens to resolve targets with.
     """
@@ -179,6 +183,7 @@ class CodegenCache:
         failure_ttl: float | str | None = None,
         recache: bool | None = None,
         min_codegen_time: float | str | None = None,
+        read_only: bool | None = None,
         write_behind: bool = True,
         registry: DeviceCodegenRegistry | None = None,
         settings: Settings | None = None,
@@ -198,7 +203,7 @@ class CodegenCache:
             "trusted_dirs": trusted_dirs,
             "remote": remote if isinstance(remote, str) else None, "remote_secret": remote_secret,
             "lease_wait": lease_wait, "failure_ttl": failure_ttl, "recache": recache,
-            "min_codegen_time": min_codegen_time,
+            "min_codegen_time": min_codegen_time, "read_only": read_only,
         }
         own = own_env_vars() if settings is None else None  # the environment scanned once
         if own is not None:
@@ -218,7 +223,8 @@ class CodegenCache:
             from ._flight import FleetFlight
 
             self._fleet = FleetFlight(leases, wait=self.settings.lease_wait, count=self._stats.add)
-        self._pusher = self._pusher_for(self._remote)
+        self._read_only: bool | None = None  # read_only, once looked at
+        self._pusher = None if self.settings.read_only else self._pusher_for(self._remote)
         self._scratch_dir: tuple[int, str] | None = None
         self._swept: int | None = None  # the pid that swept leftovers (_sweep_once)
         self._resolved: dict[Target, tuple[int, Any]] = {}  # resolve() per target and registry version
@@ -236,11 +242,12 @@ class CodegenCache:
 
     @_made_once
     def _stats(self) -> StatsRecorder:
-        return StatsRecorder(self.directory)
+        return StatsRecorder(self.directory, make_root=not self.settings.read_only)
 
     @_made_once
     def _budget(self) -> TierBudget:
-        return TierBudget(self.settings.min_codegen_time, path=self.directory / "tiers.json", save_later=writer.submit)
+        return TierBudget(self.settings.min_codegen_time, path=self.directory / "tiers.json",
+                          save_later=None if self.read_only else writer.submit)
 
     @_made_once
     def _guard(self) -> StorageGuard:
@@ -250,9 +257,17 @@ class CodegenCache:
     def _stores(self) -> dict[str, ArtifactStore]:
         limits = {"compiled": self.settings.compiled_size_limit, "source": self.settings.source_size_limit,
                   "failures": 64 << 20, "index": _INDEX_SIZE_LIMIT}
-        return {name: ArtifactStore(self.directory / name, size_limit=limits[name],
-                                    on_evict=lambda n: self._stats.add("evictions", n))
-                for name in STORE_NAMES}
+        stores: dict[str, ArtifactStore] = {}
+        for name in STORE_NAMES:
+            stores[name] = ArtifactStore(self.directory / name, size_limit=limits[name],
+                                         on_evict=lambda n: self._stats.add("evictions", n),
+                                         along=lambda blob: evict_parts(stores, blob),
+                                         read_only=self.settings.read_only)
+        return stores
+
+    @_made_once
+    def _marks(self) -> UseMarks:
+        return UseMarks(self._stores, background=writer.submit)
 
     @_made_once
     def _staged(self) -> dict[str, PendingFiles]:
@@ -289,7 +304,7 @@ class CodegenCache:
     def _disk(self) -> DiskTier:
         return DiskTier(stores=self._stores, staged=self._staged, guard=self._guard, scratch=self.scratch_dir,
                         on_staged_hit=self._promote_later, on_raw_hit=self._ask_upgrade,
-                        on_fill=self._promote_fill)
+                        on_fill=self._promote_fill, on_used=self._marks.mark)
 
     @_made_once
     def _chain(self) -> TierChain:
@@ -337,6 +352,16 @@ class CodegenCache:
         return f"CodegenCache({str(self.directory)!r})"
 
     @property
+    def read_only(self) -> bool:
+        """Whether this cache writes nothing to its directory: CODEGEN_CACHE_READ_ONLY (read_only=True), or a
+        directory this process cannot write. Hits are served; misses are built and kept in memory only."""
+        if self._read_only is None:
+            self._read_only = self.settings.read_only or not writable(self.directory)
+            if self._read_only and not self.settings.read_only:
+                warn_read_only(self.directory)  # not asked for: the user learns why nothing is stored
+        return self._read_only
+
+    @property
     def trusted(self) -> bool:
         """Whether entries may be loaded from the directory: nobody but the user (or a team
         sharing a setgid directory) can change it, or `trusted_dirs` names it (docs/reliability.md).
@@ -345,7 +370,7 @@ class CodegenCache:
         where False, every lowering runs uncached, with one warning naming the directory and its owner.
         """
         if self._trusted is None:
-            if not self.directory.is_dir():
+            if not self.directory.is_dir() and not self.settings.read_only:
                 try:
                     ensure_dir(self.directory)  # made now by this user; else its parents decide who may make it
                 except OSError:
@@ -470,11 +495,14 @@ class CodegenCache:
 
     def stage_index_entry(self, digest: str, blob: bytes) -> bool:
         """Stage a whole-build entry now (it survives the process) for the writer to store; False: not stored."""
+        if self.read_only:
+            return False
         return self._promoter.stage_index_entry(digest, blob)
 
     def promote_index_entry(self, digest: str, blob: bytes) -> None:
         """Move a staged whole-build entry into its store (by the writer; write_behind=False: now)."""
-        self._promoter.promote_index_entry(digest, blob)
+        if not self.read_only:
+            self._promoter.promote_index_entry(digest, blob)
 
     def promote_staged(self, *, remote: str | None = None) -> int:
         """Move every staged entry into its store now (tools do, to see all); how many moved.
@@ -505,6 +533,9 @@ class CodegenCache:
         check_bool("upgrades", upgrades)
         deadline = None if timeout is None else time.monotonic() + timeout
         done = writer.wait(timeout)
+        marks = self.__dict__.get("_marks")  # made by the first hit: a cache that served none has none
+        if marks is not None:
+            marks.write()
         if upgrades:
             remaining = 600.0 if deadline is None else max(0.0, deadline - time.monotonic())
             from ._upgrade import wait_idle
@@ -586,12 +617,18 @@ class CodegenCache:
 
     def scratch_dir(self) -> str:
         """A private directory for this process's scratch files (made once per process)."""
+        if self.settings.read_only:
+            return tempfile.gettempdir()  # nothing written to the directory, a scratch file included
         if self._scratch_dir is None or self._scratch_dir[0] != os.getpid():
             # <dir>/tmp unless it is unwritable or mounted noexec (dlopen of a cached llvm
             # library fails there). Killed processes' leftovers are swept at the first store.
             self._scratch_dir = (os.getpid(),
                                  _usable_scratch_dir(self.directory / "tmp", root=self.directory, sweep=False))
         return self._scratch_dir[1]
+
+    def entry_used(self, store: str, digest: str) -> None:
+        """An entry of `store` was served (a layer read it itself): it counts as used now (eviction is LRU)."""
+        self._marks.mark(store, digest)
 
     def has_entry(self, mode: str, digest: str) -> bool:
         """Whether an entry is stored or staged under `digest` (without decoding it)."""
@@ -648,6 +685,7 @@ class CodegenCache:
                 emit(tier="memory", key=key.digest, codegen=codegen.name, mode=mode, key_seconds=key_seconds,
                      load_seconds=0.0, codegen_seconds=saved, total_seconds=time.perf_counter() - start)
                 _artifacts.keep_answering(kept.module)
+                self._marks.mark(mode, key.digest)  # its disk entry is in use too (no I/O: a set in memory)
                 return kept.module
         probe = Probe(key.digest, mode, mod, self.settings.verify, library=compile_device and target.kind.name == "llvm")
         # The tiers that do not pay for this codegen are not asked either (_budget.py).
@@ -725,7 +763,9 @@ class CodegenCache:
                      load_seconds=0.0, codegen_seconds=0.0, total_seconds=time.perf_counter() - start)
                 raise
         held = lease = None
-        if not collision and not self.settings.recache and plan.disk:
+        # A read-only cache reads the disk tier and writes nothing there: no build lock, no entry.
+        stores = plan.disk and not self.read_only
+        if not collision and not self.settings.recache and stores:
             # The recheck reads this directory only: the remote was asked a moment ago, and a
             # lock holder sharing this directory stages its entry here first.
             held, found = self._flight.begin(key.digest, lambda: self._chain.lookup(probe, start=1, stop=2),
@@ -745,9 +785,9 @@ class CodegenCache:
         building = time.perf_counter()
         try:
             module, codegen_seconds = self._run_codegen(codegen, key.digest, mod, target, compile_device, probe,
-                                                      remember=plan.disk)
+                                                      remember=stores)
             self._budget.ran(codegen.name, mode, codegen_seconds, key_seconds)
-            if not collision and plan.disk:
+            if not collision and stores:
                 promote = self._store(codegen.name, key, mode, module, mod, target, codegen_seconds, before, lease)
             elif not collision:
                 self._keep(codegen.name, key, mode, module, mod, codegen_seconds, before)
@@ -781,6 +821,7 @@ class CodegenCache:
              load_seconds=hit.load_seconds, codegen_seconds=saved, total_seconds=time.perf_counter() - start)
         if hit.tier == "memory":
             _artifacts.keep_answering(hit.entry.module)  # registered again as the newest (a decoded one is already)
+            self._marks.mark(mode, digest)  # its disk entry is in use too (a long-lived process hits from memory)
         return hit.entry.module
 
     def _fetch(self, digest: str, mode: str | None, *, ir: Any, fresh: bool, count: bool,
@@ -818,17 +859,19 @@ class CodegenCache:
 
     def _ask_upgrade(self, mode: str, digest: str) -> None:
         """A hit was served from LLVM IR: have it turned into a shared library (once per process)."""
-        if digest not in self._upgrades_asked:
+        if digest not in self._upgrades_asked and not self.read_only:
             self._upgrades_asked.add(digest)
             from ._upgrade import request
 
             writer.submit(lambda: request(self.directory, mode, digest))
 
     def _promote_later(self, mode: str, digest: str, blob: bytes) -> None:
-        self._promoter.promote_later(mode, digest, blob)
+        if not self.read_only:
+            self._promoter.promote_later(mode, digest, blob)
 
     def _promote_fill(self, mode: str, digest: str, blob: bytes | memoryview) -> None:
-        self._promoter.promote_fill(mode, digest, blob)
+        if not self.read_only:
+            self._promoter.promote_fill(mode, digest, blob)
 
     # ---- a miss: the codegen, then the entry staged or kept -----------------------------
 
@@ -954,12 +997,10 @@ def _check_mode(compile_device: object) -> None:
 def warn_unknown_env(environ: Mapping[str, str] | None = None) -> None:
     """Warn once per variable about a CODEGEN_CACHE_* variable that is no setting (a typo: it does nothing)."""
     for var in unknown_env_vars(environ):
-        import difflib  # only for a typo: not an import of every process that enables the cache
-
-        close = difflib.get_close_matches(var, list(ENV_VARS), n=1)
+        close = suggest_env_var(var)
         warn_once(logger, ("unknown-env", var), "%s is set but is not a codegen-cache setting, so it has no "
                   "effect%s; `codegen-cache config` lists the settings", var,
-                  f" (did you mean {close[0]}?)" if close else "")
+                  f" (did you mean {close}?)" if close else "")
 
 
 def _default_cache() -> CodegenCache | None:

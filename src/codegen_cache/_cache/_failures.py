@@ -10,12 +10,20 @@ first failure remembered in a store makes a marker file inside it (`MARKER`, bef
 entry is written), and a lookup reads the store only once the marker exists (one stat, until
 this process has seen it once). The marker lives and goes with the store's directory; a
 failure that is not found is only a codegen run again.
+
+Only what the codegen will raise again for the same inputs is remembered: a failure of the
+environment (a toolchain or path not found, a library that cannot be loaded, a permission, a
+device or driver missing) goes away once the user fixes it, and nothing of the environment is
+in the key. `from_environment` tells them apart by the exception and its causes (an OSError, as a
+missing file or tool gives) and by the messages TVM's tool finders write (`Cannot find ROCm path`,
+`cannot find clang`, `... not found`). Where it errs, it errs towards running the codegen again.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from collections.abc import Callable
 
@@ -26,9 +34,31 @@ from .._storage._disk import ArtifactStore
 from .._storage._faults import FILE_MODE, ensure_dir, share_file_mode
 from ._guard import StorageGuard
 
-__all__ = ["MARKER", "FailureCache"]
+__all__ = ["MARKER", "FailureCache", "from_environment"]
 
 MARKER = ".remembered"  # in the failures store's directory, once a failure was written there
+
+# What TVM's tool and library finders (tvm.support.nvcc, rocm, clang, cc; the runtime's loaders) and
+# the operating system say when something of the environment is missing.
+_ENVIRONMENT_MESSAGE = re.compile(
+    r"\b(cannot|can't|could not|couldn't|unable to|failed to) (find|locate|load|open|dlopen|execute|exec|run)\b"
+    r"|\bnot found\b|no such file or directory|shared object|error while loading shared libraries"
+    r"|undefined symbol|permission denied|read-only file system|no space left on device|\bnot installed\b"
+    r"|\b(cuda|rocm|llvm|vulkan)_(path|home)\b|no cuda-capable device|cuda driver|cuda_error_no_device",
+    re.IGNORECASE)
+_CAUSES_LOOKED_AT = 8  # links of __cause__ / __context__ followed, at most
+
+
+def from_environment(err: BaseException) -> bool:
+    """Whether `err` says something of the environment failed (not the codegen given its inputs)."""
+    seen: BaseException | None = err
+    for _ in range(_CAUSES_LOOKED_AT):
+        if seen is None:
+            break
+        if isinstance(seen, (OSError, MemoryError)) or _ENVIRONMENT_MESSAGE.search(str(seen)[:4000]):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 class FailureCache:
@@ -43,8 +73,9 @@ class FailureCache:
         self._seen = False  # the marker was found once: from then on every lookup reads the store
 
     def remember(self, digest: str, codegen: str, err: BaseException, *, ir_digest: str | None = None) -> None:
-        """Keep `err` as the outcome of `digest` for ttl seconds (for `ir_digest` only, when given)."""
-        if self.ttl <= 0:
+        """Keep `err` as the outcome of `digest` for ttl seconds (for `ir_digest` only, when given); a failure
+        of the environment (from_environment) is not kept."""
+        if self.ttl <= 0 or from_environment(err):
             return
         meta = {"key": digest, "codegen": codegen, "error_type": type(err).__name__,
                 "message": str(err)[:20000], "created": time.time()}

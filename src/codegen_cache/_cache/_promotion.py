@@ -16,7 +16,7 @@ from pathlib import Path
 from .. import _artifacts
 from .._artifacts import read_meta
 from .._errors import ArtifactError
-from .._storage._disk import ArtifactStore
+from .._storage._disk import GROUP_TAG, ArtifactStore
 from .._storage._layout import MODEL_CODEC
 from .._storage._pending import PendingFiles
 from . import _upgrade
@@ -128,10 +128,13 @@ class Promoter:
         self._run(self._index_job(digest, blob))
 
     def _index_job(self, digest: str, blob: bytes) -> Callable[[], None]:
-        store, staged, guard = self.stores[home_store(blob)], self.staged_index, self.guard
+        home = home_store(blob)
+        store, staged, guard = self.stores[home], self.staged_index, self.guard
+        # A compiled model names the entries of its library: they are evicted with it (_groups.py).
+        tag = GROUP_TAG if home == "compiled" else None
 
         def promote() -> None:
-            if guard("write", store.put, digest, blob):
+            if guard("write", store.put, digest, blob, tag=tag):
                 staged.remove(digest, blob)
 
         return promote

@@ -54,8 +54,10 @@ def counted_as_one() -> Iterator[None]:
 class StatsRecorder:
     """Counts lowerings of one cache directory (this process's, and every process's)."""
 
-    def __init__(self, directory: Path | None) -> None:
-        self.table = CounterTable(directory, background=writer.submit) if directory is not None else None
+    def __init__(self, directory: Path | None, *, make_root: bool = True) -> None:
+        # make_root=False: counting never makes a missing cache directory (a read-only cache's).
+        self.table = CounterTable(directory, background=writer.submit, make_root=make_root) \
+            if directory is not None else None
         self._names: dict[tuple[str, str, str], str] = {}
         # (codegen, mode, tier) -> the hit's count names: total, by codegen and mode, saved seconds by them
         self._hit_names: dict[tuple[str, str, str], tuple[str, str, str]] = {}

@@ -138,7 +138,8 @@ class DiskTier:
     def __init__(self, *, stores: dict[str, ArtifactStore], staged: dict[str, PendingFiles], guard: StorageGuard,
                  scratch: Callable[[], str], on_staged_hit: Callable[[str, str, bytes], None],
                  on_raw_hit: Callable[[str, str], None],
-                 on_fill: Callable[[str, str, bytes | memoryview], None] | None = None) -> None:
+                 on_fill: Callable[[str, str, bytes | memoryview], None] | None = None,
+                 on_used: Callable[[str, str], None] | None = None) -> None:
         self.stores = stores
         self.staged = staged
         self.guard = guard
@@ -147,6 +148,7 @@ class DiskTier:
         self.on_raw_hit = on_raw_hit  # (mode, digest): an llvm entry to upgrade
         # (mode, digest, blob): keep a remote hit's copy (the cache's writer does); None: stored now
         self.on_fill = on_fill
+        self.on_used = on_used  # (mode, digest): a stored entry was served (a mark of use, no I/O)
         self._checked: set = set()
 
     def get(self, probe: Probe) -> Hit | _Collision | None:
@@ -170,6 +172,8 @@ class DiskTier:
             return found
         if staged:
             self.on_staged_hit(probe.mode, probe.digest, blob)
+        elif self.on_used is not None:
+            self.on_used(probe.mode, probe.digest)
         if _artifacts.needs_upgrade(found.module, found.meta):
             self.on_raw_hit(probe.mode, probe.digest)  # served from LLVM IR: not upgraded yet
         found.blob = blob

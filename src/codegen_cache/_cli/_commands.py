@@ -19,6 +19,7 @@ from typing import Any
 from .._config import Settings, check_directory, describe_settings, format_age, format_size
 from .._artifacts._packed import unpack as unpack_ir
 from .._errors import ArtifactError, CommandError
+from .._storage._faults import writable
 
 __all__ = [
     "EXIT_CODES",
@@ -103,17 +104,29 @@ def fmt_table(rows: list[list[str]], right: set[int] = frozenset()) -> list[str]
 # ---- shared steps -----------------------------------------------------------------------------
 
 
-def open_cache(settings: Settings, *, remote: bool = False):
-    """The cache at the settings' directory (without the remote tier unless asked)."""
+def open_cache(settings: Settings, *, remote: bool = False, promote: bool = True, changes: bool = False):
+    """The cache at the settings' directory (without the remote tier unless asked).
+
+    promote: first move what stopped processes left staged into their stores (tools see all);
+    not where the command must change nothing (a dry run), nor where the directory is read-only.
+    changes: the command is asked to change the directory (clear, prune, verify --fix): a
+    CODEGEN_CACHE_READ_ONLY meant for the processes that use the cache does not stop it.
+    """
     from .._cache._cache import CodegenCache
 
+    if changes:
+        settings = dataclasses.replace(settings, read_only=False)
+    elif not settings.read_only and settings.directory.is_dir() and not writable(settings.directory):
+        # Read where it cannot be written: a read-only user of the directory, not a fault to warn about.
+        settings = dataclasses.replace(settings, read_only=True)
     push_to = None
     if not remote:
         # No lookups in the remote, but what this directory's processes left unpushed goes there.
         push_to = None if settings.remote_read_only else settings.remote
         settings = dataclasses.replace(settings, remote=None)
     cache = CodegenCache(settings=settings, write_behind=False)
-    cache.promote_staged(remote=push_to)  # entries of processes that stopped before moving them into their store
+    if promote and not cache.read_only:
+        cache.promote_staged(remote=push_to)  # entries of processes that stopped before moving them into their store
     return cache
 
 
@@ -260,16 +273,38 @@ def cmd_clear(args: argparse.Namespace, settings: Settings) -> int:
     chosen = chosen_stores(args, ("compiled", "source", "failures"))
     removed = 0
     if settings.directory.exists():
-        require_writable(args, settings)
-        cache = open_cache(settings)
-        removed = cache.clear(compiled="compiled" in chosen, source="source" in chosen,
-                              failures="failures" in chosen)
-        cache.close()
+        if args.dry_run:
+            removed = _entries_in(settings, chosen)
+        else:
+            require_writable(args, settings)
+            cache = open_cache(settings, changes=True)
+            removed = cache.clear(compiled="compiled" in chosen, source="source" in chosen,
+                                  failures="failures" in chosen)
+            cache.close()
     if args.json:
-        print_json({"directory": str(settings.directory), "stores": list(chosen), "removed": removed})
+        print_json({"directory": str(settings.directory), "stores": list(chosen), "removed": removed,
+                    "dry_run": args.dry_run})
     else:
-        print(f"removed {plural(removed, 'entry', 'entries')} from {', '.join(s + '/' for s in chosen)} in {settings.directory}")
+        print(f"{'would remove' if args.dry_run else 'removed'} {plural(removed, 'entry', 'entries')} from "
+              f"{', '.join(s + '/' for s in chosen)} in {settings.directory}")
     return EXIT_OK
+
+
+def _entries_in(settings: Settings, chosen: tuple[str, ...]) -> int:
+    """How many entries clear() would remove from the chosen stores (and what the index and tilelang/ hold
+    with compiled/ or source/), counted without changing anything."""
+    from ._inventory import open_store
+
+    cache = open_cache(settings, promote=False)
+    names = list(chosen) + (["index", "tilelang"] if {"compiled", "source"} & set(chosen) else [])
+    count = 0
+    for name in names:
+        store = open_store(cache, name)
+        count += len(store) if store is not None else 0
+        if name in ("compiled", "source", "index"):
+            count += sum(1 for _ in cache.staged(name).digests())
+    cache.close()
+    return count
 
 
 def cmd_prune(args: argparse.Namespace, settings: Settings) -> int:
@@ -281,12 +316,20 @@ def cmd_prune(args: argparse.Namespace, settings: Settings) -> int:
     chosen = chosen_stores(args, LISTED_STORES)
     result = {"removed": 0, "expired": 0, "freed_bytes": 0, "bytes_before": 0, "bytes_after": 0, "keys": []}
     if settings.directory.exists():
-        require_writable(args, settings)
-        cache = open_cache(settings)
-        result = prune(cache, max_size=args.max_size, older_than=args.older_than, stores=chosen)
+        if not args.dry_run:
+            require_writable(args, settings)
+        cache = open_cache(settings, promote=not args.dry_run, changes=not args.dry_run)
+        result = prune(cache, max_size=args.max_size, older_than=args.older_than, stores=chosen,
+                       dry_run=args.dry_run)
         cache.close()
     if args.json:
-        print_json({"directory": str(settings.directory), "stores": list(chosen), **result})
+        print_json({"directory": str(settings.directory), "stores": list(chosen), **result, "dry_run": args.dry_run})
+    elif args.dry_run:
+        print(f"would remove {plural(result['removed'], 'entry', 'entries')} ({format_size(result['freed_bytes'])}); "
+              f"{', '.join(s + '/' for s in chosen)} would hold {format_size(result['bytes_after'])} "
+              f"(now {format_size(result['bytes_before'])})")
+        for key in result["keys"]:
+            print(f"  {key}")
     else:
         print(f"removed {plural(result['removed'], 'entry', 'entries')} ({format_size(result['freed_bytes'])}) and "
               f"{result['expired']} expired ones; {', '.join(s + '/' for s in chosen)} now "
@@ -300,7 +343,7 @@ def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
 
     if args.fix and settings.directory.exists():
         require_writable(args, settings)
-    cache = open_cache(settings)
+    cache = open_cache(settings, changes=args.fix)
     result = verify_entries(cache, fix=args.fix)
     cache.close()
     if args.json:

@@ -227,34 +227,39 @@ def _volume(cache, names: Iterable[str]) -> int:
 
 
 def prune(cache, *, max_size: int | None = None, older_than: float | None = None,
-          stores: Iterable[str] = ENTRY_STORES, now: float | None = None) -> dict[str, Any]:
-    """Remove entries older than `older_than` seconds, then the oldest until the stores fit `max_size`.
+          stores: Iterable[str] = ENTRY_STORES, now: float | None = None, dry_run: bool = False) -> dict[str, Any]:
+    """Remove entries not used for `older_than` seconds, then the least recently used until the stores fit `max_size`.
 
     `max_size` is one budget for the named stores together (by default the lowerings' entries and
-    the frontend's), the oldest entry of any of them going first.
+    the frontend's), the least recently used entry of any of them going first (a frontend entry's
+    last use is when it was written). dry_run: what would go, removing nothing.
     """
     stores = tuple(stores)
     now = time.time() if now is None else now
     before = _volume(cache, stores)
-    expired = sum(store.expire() for _name, store in _open_stores(cache, ALL_STORES))
+    expired = 0 if dry_run else sum(store.expire() for _name, store in _open_stores(cache, ALL_STORES))
     removed, freed = [], 0
-    entries = sorted(iter_entries(cache, stores), key=lambda e: e.created or 0.0)
     by_store = dict(_open_stores(cache, stores))
+    used = {(name, key): when for name, store in by_store.items() if isinstance(store, ArtifactStore)
+            for key, _size, _tag, when in store.by_use()}
+    last_use = lambda e: used.get((e.store, e.key)) or e.created or 0.0  # noqa: E731
+    entries = sorted(iter_entries(cache, stores), key=last_use)
+    remove = (lambda entry: True) if dry_run else (lambda entry: by_store[entry.store].delete(entry.key))
     if older_than is not None:
         cutoff = now - older_than
         for entry in entries:
-            if entry.created is not None and entry.created < cutoff and by_store[entry.store].delete(entry.key):
+            if last_use(entry) and last_use(entry) < cutoff and remove(entry):
                 removed.append(entry)
                 freed += entry.size
     if max_size is not None:
         gone = {(e.store, e.key) for e in removed}
         # StoredItem sizes estimate what deleting frees; the stores' SQLite files shrink with them
         # (diskcache runs with auto_vacuum), so the volume measured after is close.
-        excess = _volume(cache, stores) - max_size
+        excess = before - freed - max_size
         for entry in entries:
             if excess <= 0:
                 break
-            if (entry.store, entry.key) not in gone and by_store[entry.store].delete(entry.key):
+            if (entry.store, entry.key) not in gone and remove(entry):
                 removed.append(entry)
                 freed += entry.size
                 excess -= entry.size
@@ -263,6 +268,7 @@ def prune(cache, *, max_size: int | None = None, older_than: float | None = None
         "expired": expired,
         "freed_bytes": freed,
         "bytes_before": before,
-        "bytes_after": _volume(cache, stores),
+        "bytes_after": before - freed if dry_run else _volume(cache, stores),
         "keys": [e.key for e in removed],
+        "dry_run": dry_run,
     }

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .._errors import KernelSourceError
+from .._errors import CachedCodegenError, KernelSourceError
 
 __all__ = ["KernelSourceError", "codegen_target", "is_lowered", "last_line", "load_kernels", "load_module",
            "load_source", "parse_target"]
@@ -104,7 +104,11 @@ def load_source(spec: str):
 
 
 def last_line(err: BaseException) -> str:
-    """'Type: last line of the message' of an exception from user code."""
+    """'Type: last line of the message' of an exception from user code (a remembered failure: the codegen's message)."""
+    message = getattr(err, "message", None)
+    if isinstance(err, CachedCodegenError) and isinstance(message, str):
+        text = message.strip().splitlines()
+        return f"{type(err).__name__}: {text[-1] if text else ''} (remembered failure)"
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[-1] if text else ''}"
 

@@ -33,9 +33,11 @@ from ._commands import (
 )
 from .._errors import CommandError, UncacheableError
 from ._stats_report import cmd_stats
-from ._parser import DEMO_CONFIGS, READS_A_CACHE, build_parser  # noqa: F401  DEMO_CONFIGS: re-exported
+from ._parser import DEMO_CONFIGS, READS_A_CACHE, build_parser, expand_short_options  # noqa: F401  DEMO_CONFIGS: re-exported
 from .._config import (
     ENV_VARS,
+    FILE_ALIASES,
+    FILE_SETTINGS,
     ConfigError,
     Settings,
     configure_logging,
@@ -44,9 +46,12 @@ from .._config import (
     format_size,
     parse_age,
     redact_url,
+    refuse_file_as_directory,
     settings_from_env,
+    suggest_env_var,
     unknown_env_vars,
 )
+from .._config_file import FILE_NAME, write_config_file
 
 # The exit codes are re-exported: scripts and tests name them from here.
 __all__ = ["EXIT_CACHE", "EXIT_CODES", "EXIT_CONFIG", "EXIT_INPUT", "EXIT_INTERRUPTED", "EXIT_NOT_FOUND", "EXIT_OK",
@@ -107,6 +112,9 @@ def cmd_warm(args: argparse.Namespace, settings: Settings) -> int:
     if settings.disable:
         raise ConfigError("CODEGEN_CACHE_DISABLE", "1", "unset or 0 to warm: with caching off, warm would store "
                           "nothing")
+    if settings.read_only:
+        raise ConfigError("read_only (CODEGEN_CACHE_READ_ONLY or cache.conf)", "1", "unset or 0 to warm: a "
+                          "read-only cache stores nothing")
     require_writable(args, settings)
     workers = default_workers() if args.workers is None else args.workers
     try:
@@ -166,18 +174,47 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_config(args: argparse.Namespace, settings: Settings) -> int:
-    """Every setting: its variable, value, where the value came from, and its default."""
+    """Every setting: its variable, value, where the value came from, and its default; or --set/--unset."""
+    refuse_file_as_directory(settings.directory, "--dir" if args.dir is not None else "CODEGEN_CACHE_DIR")
+    if args.set or args.unset:
+        return _set_config(args, settings)
     rows = [_redacted(r) for r in describe_settings(directory=args.dir)]
     unknown = unknown_env_vars()
     if args.json:
-        print_json({"settings": [r._asdict() for r in rows], "unknown_env_vars": unknown})
+        print_json({"settings": [r._asdict() for r in rows], "unknown_env_vars": unknown,
+                    "suggestions": {var: suggest_env_var(var) for var in unknown},
+                    "config_file": str(settings.directory / FILE_NAME)})
         return EXIT_OK
     table = [["VARIABLE", "VALUE", "FROM", "DEFAULT"]]
     for r in rows:
         table.append([r.variable, _show_value(r.field, r.value), r.origin, _show_value(r.field, r.default)])
     print("\n".join(fmt_table(table)))
     for var in unknown:
-        print(f"WARNING: {var} is set but is not a codegen-cache setting (a typo?)")
+        close = suggest_env_var(var)
+        print(f"WARNING: {var} is set but is not a codegen-cache setting" +
+              (f" (did you mean {close}?)" if close else " (a typo?)"))
+    return EXIT_OK
+
+
+def _set_config(args: argparse.Namespace, settings: Settings) -> int:
+    """--set NAME=VALUE / --unset NAME: the directory's cache.conf, written for every process that uses it."""
+    updates: dict[str, str | None] = {}
+    for name in args.unset:
+        field = FILE_ALIASES.get(name, name)
+        if field not in FILE_SETTINGS:
+            raise ConfigError("--unset", name, "one of " + ", ".join((*FILE_SETTINGS, *FILE_ALIASES)))
+        updates[field] = None
+    for field, value in args.set:
+        updates[field] = value
+    require_writable(args, settings)
+    path = write_config_file(settings.directory, updates)
+    if args.json:
+        print_json({"config_file": str(path), "set": {f: v for f, v in updates.items() if v is not None},
+                    "unset": [f for f, v in updates.items() if v is None]})
+        return EXIT_OK
+    for field, value in updates.items():
+        shown = "(unset)" if value is None else _show_value(field, getattr(settings_from_env(**{field: value}), field))
+        print(f"{field} = {shown} in {path}")
     return EXIT_OK
 
 
@@ -218,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of `codegen-cache`; returns the exit code."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(expand_short_options(sys.argv[1:] if argv is None else argv))
     except SystemExit as done:  # usage errors (2), --help (0)
         return int(done.code or 0)
     if args.command == "demo" and args.nvcc_configs is None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import argparse
 
-from .._config import ConfigError, parse_age, parse_size
+from .._config import FILE_ALIASES, FILE_SETTINGS, ConfigError, file_setting, parse_age, parse_size
 from .._version import __version__
 from ._commands import EXIT_CODES
 
-__all__ = ["DEMO_CONFIGS", "READS_A_CACHE", "build_parser"]
+__all__ = ["DEMO_CONFIGS", "READS_A_CACHE", "SHORT_OPTIONS", "build_parser", "expand_short_options"]
 
 # Commands that look at what a directory holds: an explicit --dir must exist.
 READS_A_CACHE = frozenset({"stats", "ls", "show", "explain", "clear", "prune", "verify"})
@@ -50,7 +50,10 @@ def _count_arg(least: int, most: int | None = None):
 
 
 def _epilog() -> str:
-    return "exit codes:\n" + "\n".join(f"  {code:>3}  {text}" for code, text in EXIT_CODES.items())
+    short = "ccache's short options:\n" + "\n".join(
+        f"  {option:<3}  " + ("config --set max_size=SIZE (-M SIZE)" if option == "-M" else " ".join(command))
+        for option, command in SHORT_OPTIONS.items())
+    return short + "\n\nexit codes:\n" + "\n".join(f"  {code:>3}  {text}" for code, text in EXIT_CODES.items())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,12 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=_count_arg(1), default=3, help="nearest entries to show (default 3)")
     p = add("clear", "remove every entry (of the chosen stores; all by default)")
     store_flags(p, tilelang=False)
-    p = add("prune", "remove old entries, or the oldest until the stores fit a size")
-    p.add_argument("--max-size", type=_size_arg, metavar="SIZE", help="e.g. 2G: remove the oldest entries "
-                   "until the stores together hold at most this")
+    p.add_argument("-n", "--dry-run", action="store_true", help="say what would be removed; remove nothing")
+    p = add("prune", "remove old entries, or the least recently used until the stores fit a size")
+    p.add_argument("--max-size", type=_size_arg, metavar="SIZE", help="e.g. 2G: remove the least recently used "
+                   "entries until the stores together hold at most this")
     p.add_argument("--older-than", type=_age_arg, metavar="AGE", help="e.g. 30d: remove entries written "
                    "longer ago")
     store_flags(p, failures=False)
+    p.add_argument("-n", "--dry-run", action="store_true", help="say what would be removed; remove nothing")
     p = add("verify", "check every entry's framing, checksum and key")
     p.add_argument("--fix", action="store_true", help="remove the bad entries")
     p = add("warm", "lower a file's kernels for targets in worker processes (progress bar)")
@@ -133,5 +138,51 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nvcc-configs", type=_count_arg(0, DEMO_CONFIGS), default=None, metavar="N",
                    help="how many of the 54 CUDA configs nvcc compiles (default 18; 0: none)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add("config", "every setting: value, where it came from, default")
+    p = add("config", "every setting: value, where it came from, default; --set keeps one in the directory")
+    p.add_argument("--set", action="append", metavar="NAME=VALUE", default=[], type=_assignment,
+                   help="keep a setting in the directory's cache.conf (repeatable), e.g. max_size=5G; "
+                   f"NAME is one of {', '.join((*FILE_SETTINGS, *FILE_ALIASES))}")
+    p.add_argument("--unset", action="append", metavar="NAME", default=[],
+                   help="remove a setting from the directory's cache.conf (repeatable)")
     return parser
+
+
+# ccache's short options, each the command (and options) it stands for here: `codegen-cache -s`
+# is `codegen-cache stats`. -M takes ccache's size (`-M 5G`, `-M5G`).
+SHORT_OPTIONS = {"-s": ["stats"], "-z": ["stats", "--reset"], "-C": ["clear"], "-p": ["config"],
+                 "-V": ["--version"], "-x": ["explain"], "-M": ["config", "--set"]}
+
+
+def expand_short_options(argv: list[str]) -> list[str]:
+    """argv with a ccache short option in the command's place replaced by the command it stands for."""
+    argv = list(argv)
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--dir":
+            i += 2
+            continue
+        if word.startswith("--dir=") or word == "--json":
+            i += 1
+            continue
+        if word.startswith("-M") and word not in SHORT_OPTIONS:
+            argv[i: i + 1] = ["-M", word[2:]]  # -M5G
+            word = "-M"
+        if word == "-M":
+            if i + 1 >= len(argv):
+                return argv  # argparse says -M needs its SIZE
+            return [*argv[:i], "config", "--set", f"max_size={argv[i + 1]}", *argv[i + 2:]]
+        if word in SHORT_OPTIONS:
+            return [*argv[:i], *SHORT_OPTIONS[word], *argv[i + 1:]]
+        return argv  # the command (or an option argparse will explain)
+    return argv
+
+
+def _assignment(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected NAME=VALUE, e.g. max_size=5G")
+    try:
+        return file_setting(name, value)
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None

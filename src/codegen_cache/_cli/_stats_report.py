@@ -6,11 +6,15 @@ the summary's hits, misses, codegen runs, stores and time saved."""
 from __future__ import annotations
 
 import argparse
+import os
+import stat
+from pathlib import Path
 
 from .._config import Settings, format_size
+from .._storage._faults import writable
 from ._commands import EXIT_OK, fmt_seconds, fmt_table, fmt_when, open_cache, print_json, require_writable
 
-__all__ = ["OTHER_COUNTERS", "cmd_stats"]
+__all__ = ["OTHER_COUNTERS", "cmd_stats", "disk_usage"]
 
 # The counters `stats` shows under "other" when they are not zero, each with what it counts
 # (docs/cli.md; the remote ones also in docs/remote.md).
@@ -53,20 +57,31 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     for name in ALL_STORES:
         store = open_store(cache, name)
         stores[name] = {"entries": len(store) if store is not None else 0,
-                        "bytes": store.volume() if store is not None else 0, "size_limit": limits[name]}
+                        "bytes": store.volume() if store is not None else 0,
+                        "size_limit": limits[name]}
     stats = cache.stats().as_dict()
     lookups = stats["hits"] + stats["misses"]
+    # Counts of a process that cannot write here stay in its memory: this user's are not kept.
+    counts_kept = not cache.directory.is_dir() or writable(cache.directory / "stats")
     data = {"directory": str(cache.directory), "exists": cache.directory.is_dir(), "stores": stores,
-            "counters": stats, "hit_rate": stats["hits"] / lookups if lookups else None}
+            "read_only": cache.read_only,
+            "counts_kept": counts_kept, "counters": stats, "hit_rate": stats["hits"] / lookups if lookups else None}
     cache.close()
+    # Measured once the stores are closed: an open SQLite database has write-ahead files beside it.
+    data["bytes_on_disk"] = disk_usage(cache.directory)
+    for name, store in stores.items():
+        store["bytes_on_disk"] = disk_usage(cache.directory / name)
     if args.json:
         print_json(data)
         return EXIT_OK
-    print(f"cache directory  {data['directory']}" + ("" if data["exists"] else "  (does not exist yet)"))
-    rows = [["store", "entries", "size", "limit"]]
-    rows += [[n, str(s["entries"]), format_size(s["bytes"]), format_size(s["size_limit"]) if s["size_limit"] else "-"]
-             for n, s in stores.items()]
-    print("\n".join(fmt_table(rows, right={1, 2, 3})))
+    print(f"cache directory  {data['directory']}" + ("" if data["exists"] else "  (does not exist yet)") +
+          ("  (read-only: hits are served, nothing is stored)" if data["exists"] and data["read_only"] else ""))
+    print(f"on disk          {format_size(data['bytes_on_disk'])}  (du: every file of the directory, "
+          "the stores' indexes, staged entries, locks and counters included)")
+    rows = [["store", "entries", "entry bytes", "on disk", "limit"]]
+    rows += [[n, str(s["entries"]), format_size(s["bytes"]), format_size(s["bytes_on_disk"]),
+              format_size(s["size_limit"]) if s["size_limit"] else "-"] for n, s in stores.items()]
+    print("\n".join(fmt_table(rows, right={1, 2, 3, 4})))
     c = stats
     rate = f"{data['hit_rate']:.1%}" if data["hit_rate"] is not None else "-"
     print()
@@ -80,12 +95,41 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
         print(f"{'other' if i == 0 else '':<12}{name} {value}: {OTHER_COUNTERS[name]}")
     errors = c["errors"]
     print("errors      " + (", ".join(f"{k} {v}" for k, v in sorted(errors.items())) if errors else "none"))
+    if not data["counts_kept"]:
+        print("not kept    the counts of processes that cannot write this directory (this user's): they "
+              "count in memory only")
     print("zeroed      " + (fmt_when(c["zeroed_at"]) if c["zeroed_at"] is not None else "never (counting since the "
                              "first use of this directory)"))
     if args.verbose:
         print()
         print("\n".join(_breakdown(c["by_codegen"])))
     return EXIT_OK
+
+
+def disk_usage(path: Path) -> int:
+    """Bytes the files under `path` take on disk, as `du -s` counts them (blocks; a hard link once; no link followed)."""
+    total, seen, stack = 0, set(), [str(path)]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as entries:
+                for entry in entries:
+                    try:
+                        info = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if (info.st_dev, info.st_ino) in seen:
+                        continue
+                    seen.add((info.st_dev, info.st_ino))
+                    total += info.st_blocks * 512
+                    if stat.S_ISDIR(info.st_mode):
+                        stack.append(entry.path)
+        except OSError:
+            continue
+    try:
+        total += os.lstat(path).st_blocks * 512  # the directory itself, as du counts it
+    except OSError:
+        pass
+    return total
 
 
 def _breakdown(by_codegen: dict[str, dict[str, float]]) -> list[str]:

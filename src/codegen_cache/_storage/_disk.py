@@ -16,10 +16,14 @@ storage work (docs/benchmarks.md at 5788f7c, "Lookups without SQLite"). The rows
 key file is written after its row (by whoever stored it), names only a value file of the
 store's own form, read under the size it names, and one that leads nowhere (the entry was
 evicted, replaced or removed) sends the lookup to the row. What a value file holds is checked
-by the reader as any row's value is (its frame names its key and its checksum). A delete or a
-clear removes key files with their rows; those of evicted entries go in a sweep where they
-outnumber the entries by more than a tenth (at least 64), counted as evictions come
-(`_after_evictions`), and at every expire (`codegen-cache prune`).
+by the reader as any row's value is (its frame names its key and its checksum). A delete, an
+eviction or a clear removes key files with their rows; those a killed process left go at every
+expire (`codegen-cache prune`).
+
+Eviction is least recently used (`evict`, `_eviction.py`): hits mark their rows used in
+batches (`_usage.py`, `mark_used`), and a put that takes the store over its size limit removes
+the rows used longest ago. Sizes are counted as `du` counts them (`footprint`): the index, and
+each entry's value file, key file and directory in whole blocks.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from .._errors import ArtifactError, UnsafeEntryError
 from .._forksafe import on_fork_child, sqlite_gate
 from ._faults import (READ_FLAGS, ReadOnlyStoreError, ensure_dir, freeze_file_mode, read_whole, real_dir,
                       share_file_mode, storage_fault, warn_read_only, writable)
+from ._eviction import BLOCK, ENTRY_OVERHEAD, GROUP_TAG, evict_least_used
 from ._fsprobe import on_block_device, sweep_leftovers, warn_if_unsafe
 from ._readonly import ReadOnlyView
 from ._values import VALUE_FILE, file_size, read_value_file
@@ -50,7 +55,7 @@ from ._values import VALUE_FILE, file_size, read_value_file
 if TYPE_CHECKING:
     import diskcache
 
-__all__ = ["KEYS_DIR", "STORAGE_ERRORS", "ArtifactStore", "Row", "storage_fault"]
+__all__ = ["BLOCK", "GROUP_TAG", "KEYS_DIR", "STORAGE_ERRORS", "ArtifactStore", "Row", "storage_fault"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +72,12 @@ KEYS_DIR = "keys"  # <store>/keys/<key>: the key files
 # Keys that get a key file: the cache's digests (any other key is looked up in the rows only).
 _KEY_FILE_NAME = re.compile(r"^[0-9a-f]{16,64}$")
 _KEY_FILE_MAX = 128  # "<value file name>\n<size>\n" is under 60 bytes
-_SWEEP_MIN = 64  # evictions, at least, between two sweeps of key files that lead nowhere
+_FOOTPRINT = (f"SELECT COALESCE(SUM((size + {BLOCK - 1}) / {BLOCK} * {BLOCK}), 0) + COUNT(*) * {ENTRY_OVERHEAD} "
+              "FROM Cache")
+_BY_USE = "SELECT key, size, tag, access_time FROM Cache WHERE raw = 1 ORDER BY access_time, rowid"
+_MARK = ("UPDATE Cache SET access_time = ?, access_count = access_count + 1 "
+         "WHERE key = ? AND raw = 1 AND access_time < ?")
+_BY_USE_INDEX = "CREATE INDEX IF NOT EXISTS Cache_access_time ON Cache (access_time)"
 
 
 def _is_corrupt(err: sqlite3.DatabaseError) -> bool:
@@ -120,7 +130,8 @@ class ArtifactStore:
     """One diskcache store (e.g. <dir>/compiled) of framed artifacts, opened lazily."""
 
     def __init__(self, directory: Path, *, size_limit: int, timeout: float = 2.0,
-                 on_evict: Callable[[int], None] | None = None, make_root: bool = True) -> None:
+                 on_evict: Callable[[int], None] | None = None, make_root: bool = True,
+                 along: Callable[[bytes], None] | None = None, read_only: bool = False) -> None:
         self.directory = Path(directory)
         # Every store lives directly in its cache directory; make_root=False: a helper process
         # never makes that directory again once it was removed.
@@ -128,6 +139,9 @@ class ArtifactStore:
         self.size_limit = size_limit
         self.timeout = timeout
         self.on_evict = on_evict
+        self.along = along  # what goes with an evicted GROUP_TAG entry (the cache's stores)
+        # True: opened as a read-only directory is (ReadOnlyView), without its warning: asked for.
+        self.forced_read_only = read_only
         self._reset()
         on_fork_child(self._reset)
 
@@ -140,7 +154,7 @@ class ArtifactStore:
         self._reader: sqlite3.Connection | None = None
         self._reader_lock = threading.Lock()
         self._keys_dir: str | None = None  # <store>/keys once looked at ("": not a real directory)
-        self._evicted, self._sweep_after = 0, 0  # evictions since the last sweep of key files; when the next comes
+        self._measured: tuple[int, int, int] | None = None  # (volume, count, footprint) at the last count
 
     def _read_row(self, key: str) -> tuple | None:
         """The row of `key`, read through a plain SQLite connection of this store's own.
@@ -161,13 +175,14 @@ class ArtifactStore:
         found = self._plain_row(key)
         return None if found is self._DAMAGED else found
 
-    def _plain_row(self, key: str) -> tuple | None:
+    def _connection(self) -> sqlite3.Connection | tuple | None:
+        """This process's plain SQLite connection to the store; None: no store yet; _UNREADABLE: read-only."""
         reader = self._reader
         if reader is None:
             db = self.directory / "cache.db"
             if not db.exists():
                 return None  # no store yet: nothing stored
-            if not writable(self.directory):
+            if self.forced_read_only or not writable(self.directory):
                 return self._UNREADABLE  # a read-only directory: ReadOnlyView reads it
             with self._reader_lock:
                 if self._reader is None:
@@ -176,6 +191,12 @@ class ArtifactStore:
                     self._reader = self._run(sqlite3.connect, f"{db.absolute().as_uri()}?mode=rw", uri=True,
                                              timeout=self.timeout, check_same_thread=False, isolation_level=None)
                 reader = self._reader
+        return reader
+
+    def _plain_row(self, key: str) -> tuple | None:
+        reader = self._connection()
+        if reader is None or reader is self._UNREADABLE:
+            return reader  # type: ignore[return-value]
         with self._reader_lock:
             try:
                 return self._run(lambda: reader.execute(_SELECT, (key, time.time())).fetchone())
@@ -206,12 +227,14 @@ class ArtifactStore:
 
     def _open_locked(self) -> diskcache.Cache | ReadOnlyView:
         check_filesystem(self.root)
-        if not writable(self.directory):
+        if self.forced_read_only or not writable(self.directory):
             real_dir(self.directory, self.root)  # a symlink in its place is refused here too
-            warn_read_only(self.root)
+            if not self.forced_read_only:
+                warn_read_only(self.root)
             from ._safedisk import SafeDisk
 
-            return ReadOnlyView(self.directory, SafeDisk(str(self.directory)))
+            return ReadOnlyView(self.directory, SafeDisk(str(self.directory)),
+                                writable_dir=self.forced_read_only and writable(self.directory))
         # The cache directory too, when this call makes it (an existing one is left as it is).
         made_root = not self.root.exists()
         ensure_dir(self.directory, self.root, make_root=self.make_root)
@@ -228,6 +251,12 @@ class ArtifactStore:
                      *(self.directory / n for n in _DB_FILES)):
             share_file_mode(path)
         self._db_id = self._db_identity()
+        # Eviction reads rows by last use: the index diskcache itself keeps under its LRU policy.
+        # Made here, not by that policy, whose get() writes each row it reads.
+        reader = self._connection()
+        if isinstance(reader, sqlite3.Connection):
+            with self._reader_lock, contextlib.suppress(sqlite3.Error):
+                self._run(reader.execute, _BY_USE_INDEX)
         return cache
 
     def _connect(self) -> diskcache.Cache:
@@ -432,25 +461,6 @@ class ArtifactStore:
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(directory, name))
 
-    def _after_evictions(self, cache: diskcache.Cache, evicted: int) -> None:
-        """Sweep the key files of evicted entries where they outnumber the entries by more than a tenth.
-
-        Counted at this process's first eviction, then once its evictions since number a tenth of
-        the entries (at least _SWEEP_MIN): a count of names and rows each time, a sweep (every key
-        file read) only past the bound, so a full store does not read its key files at every put.
-        """
-        self._evicted += evicted
-        if self._evicted < self._sweep_after:
-            return
-        rows = int(self._run(len, cache))
-        self._evicted, self._sweep_after = 0, max(_SWEEP_MIN, rows // 10)
-        try:
-            names = len(os.listdir(self.directory / KEYS_DIR))
-        except OSError:
-            return
-        if names > rows + self._sweep_after:
-            self._drop_key_files()
-
     def get(self, key: str) -> bytes | None:
         """The bytes stored under `key`, or None."""
         row = self.read(key)
@@ -471,13 +481,88 @@ class ArtifactStore:
             stored = bool(self._run(_set_over, cache, key, blob, over, expire, tag))
         if stored and expire is None:
             self._write_key_file(key)
-        if self._run(cache.volume) > self.size_limit:
-            evicted = int(self._run(cache.cull, retry=False))
-            if evicted:
-                self._after_evictions(cache, evicted)
-                if self.on_evict is not None:
-                    self.on_evict(evicted)
+        if self._footprint_bound(cache) > self.size_limit:
+            self.evict(keep=key)
         return stored
+
+    def _footprint_bound(self, cache: diskcache.Cache) -> int:
+        """At least the store's footprint, from what diskcache keeps as it goes (its volume and count).
+
+        The footprint itself is a scan of the rows: it is counted (by evict) only where this bound
+        passes the limit, and then kept, so that the next puts add only what grew since.
+        """
+        volume, count = int(self._run(cache.volume)), len(cache)
+        measured = self._measured
+        if measured is None:
+            return volume + count * (BLOCK + ENTRY_OVERHEAD)  # a value file's last block, at most, and the rest
+        at_volume, at_count, footprint = measured
+        return footprint + max(0, volume - at_volume) + max(0, count - at_count) * (BLOCK + ENTRY_OVERHEAD)
+
+    def footprint(self) -> int:
+        """Bytes the store takes on disk as its size limit counts them: as `du` counts them, within a block
+        per entry, but for SQLite's write-ahead log (transient, up to 4 MiB while the store is open)."""
+        reader = self._connection()
+        if reader is None or reader is self._UNREADABLE:
+            return self.volume() if reader is not None else 0
+        with self._reader_lock:
+            rows, pages, page_size = self._run(lambda: (
+                reader.execute(_FOOTPRINT).fetchone()[0], reader.execute("PRAGMA page_count").fetchone()[0],
+                reader.execute("PRAGMA page_size").fetchone()[0]))
+        footprint = int(rows) + int(pages) * int(page_size)
+        cache = self._cache
+        if cache is not None and not isinstance(cache, ReadOnlyView):
+            self._measured = (int(self._run(cache.volume)), len(cache), footprint)
+        return footprint
+
+    def by_use(self) -> list[tuple[str, int, str | None, float]]:
+        """(key, size, tag, time of last use) of every row, the least recently used first."""
+        reader = self._connection()
+        if reader is None or reader is self._UNREADABLE:
+            return []
+        with self._reader_lock:
+            rows = self._run(lambda: reader.execute(_BY_USE).fetchall())
+        return [(str(k), int(n), t, float(used or 0.0)) for k, n, t, used in rows]
+
+    def mark_used(self, keys: Iterable[str], when: float) -> int:
+        """Record that `keys` were used at `when` (a batch of hits: one transaction); how many rows changed.
+
+        Never raises for the storage: a mark that cannot be written (a read-only or locked store,
+        none yet) leaves its entry as old as its last recorded use.
+        """
+        try:
+            reader = self._connection()
+            if reader is None or reader is self._UNREADABLE:
+                return 0
+            with self._reader_lock:
+                return self._run(self._mark_all, reader, [(when, key, when) for key in keys])
+        except (*STORAGE_ERRORS, TimeoutError) as err:
+            logger.debug("codegen cache: use marks not written to %s (%s)", self.directory, err)
+            return 0
+
+    @staticmethod
+    def _mark_all(reader: sqlite3.Connection, rows: list[tuple[float, str, float]]) -> int:
+        # One transaction for the batch, committed without waiting for the disk (synchronous=OFF,
+        # on this connection, whose only writes are marks): a crash of the machine may lose the
+        # batch's marks, never a row; a process that only hit pays no fsync at its exit.
+        reader.execute("PRAGMA synchronous=OFF")
+        reader.execute("BEGIN IMMEDIATE")
+        try:
+            cursor = reader.executemany(_MARK, rows)
+            reader.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                reader.execute("ROLLBACK")
+            raise
+        return max(0, int(cursor.rowcount))
+
+    def evict(self, *, keep: str | None = None, limit: int | None = None) -> int:
+        """Remove the least recently used entries where the store is over its size limit (`limit`: another),
+        down to LOW_WATER of it; how many went. `keep` stays (the entry a put just stored)."""
+        evicted = evict_least_used(self, limit=self.size_limit if limit is None else limit, keep=keep,
+                                   along=self.along)
+        if evicted and self.on_evict is not None:
+            self.on_evict(evicted)
+        return evicted
 
     def add(self, key: str, blob: bytes, *, expire: float | None = None) -> bool:
         """Store `blob` only if `key` is absent; True when this call stored it."""
@@ -519,11 +604,8 @@ class ArtifactStore:
         return cleared
 
     def cull(self) -> int:
-        """Evict entries until the store fits its size limit."""
-        evicted = int(self._run(self._writable_cache().cull, retry=False))
-        if evicted:
-            self._drop_key_files()
-        return evicted
+        """Evict the least recently used entries where the store is over its size limit (evict)."""
+        return self.evict()
 
     def close(self) -> None:
         """Close the database connections of this process."""

@@ -25,16 +25,22 @@ class ReadOnlyView:
     checks; every write raises ReadOnlyStoreError, which the cache turns into a skipped store.
     """
 
-    def __init__(self, directory: Path, disk: diskcache.Disk) -> None:
+    def __init__(self, directory: Path, disk: diskcache.Disk, *, writable_dir: bool = False) -> None:
         self.directory = directory
         self._disk = disk  # the store's SafeDisk: its checks apply to every row read here
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         db = directory / "cache.db"
         if db.exists():
+            # Read-only by choice in a directory it could write: SQLite would make the -shm and -wal
+            # files of a WAL database. With no -shm there, no writer has the store open now: opened
+            # immutable, writing nothing (a row a writer adds later may be missed: a miss).
+            chosen = writable_dir and not (directory / "cache.db-shm").exists()
             try:
-                self._conn = self._connect(db, immutable=False)
+                self._conn = self._connect(db, immutable=chosen)
             except sqlite3.Error:
+                if chosen:
+                    raise
                 # A WAL database on read-only media without its -shm file opens only as
                 # immutable (SQLite then skips locking: entries are still checksummed).
                 self._conn = self._connect(db, immutable=True)
