@@ -212,7 +212,7 @@ class CodegenCache:
         # The stores, tiers, counters and locks are made at their first use (_made_once, below).
         self._remote = self._make_remote(remote, self.settings)
         leases = getattr(self._remote, "leases", None)
-        # Fleet-wide single-flight where the remote has build leases (a RedisTier that may write).
+        # Fleet-wide single-flight where the remote has build leases (a tier that may write).
         self._fleet: FleetFlight[Hit] | None = None
         if getattr(leases, "enabled", False):
             from ._flight import FleetFlight
@@ -313,12 +313,9 @@ class CodegenCache:
             return remote
         if not settings.remote:
             return None
-        from .._storage._remote import RedisTier
+        from .._storage._remotes import open_remote
 
-        tier = RedisTier(settings.remote, secret=settings.remote_secret, on_event=self._stats.add,
-                         ttl=settings.remote_ttl, max_entry_bytes=settings.remote_max_entry_bytes,
-                         timeout=settings.remote_timeout, read_only=settings.remote_read_only,
-                         lease=settings.remote_lease)
+        tier = open_remote(settings, on_event=self._stats.add)
         if not settings.disable:
             # A fresh process's first remote call would otherwise resolve the name and connect
             # (TLS, AUTH, SELECT) on its caller's path; it waits for this connection instead.

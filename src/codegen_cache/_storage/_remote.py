@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 from .. import _artifacts
 from .._artifacts import FORMAT_VERSION, read_meta, unframe
-from .._config import REMOTE_ACCEPTED, Settings, check_remote_url, redact_url
+from .._config import REMOTE_ACCEPTED, Settings, check_remote_url, redact_url, split_remote_urls
 from .._errors import ArtifactError, ConfigError, RemoteValueTooLargeError
 from ._client import RespClient
 from ._endpoint import Endpoint
@@ -81,6 +81,9 @@ class RedisTier:
         lease: float = DEFAULT_LEASE,
     ) -> None:
         self.url = check_url(url)
+        if urlsplit(self.url).scheme == "s3" or len(split_remote_urls(self.url)) > 1:
+            raise ConfigError("remote (CODEGEN_CACHE_REMOTE)", _redact(url), "one redis://, rediss:// or unix:// URL "
+                              "(an s3:// URL or a chain is opened by _storage._remotes.open_remote)")
         if isinstance(secret, str):
             secret = secret.encode()
         if secret is not None and not secret:
