@@ -473,6 +473,21 @@ class CodegenCache:
         """Move a staged whole-build entry into its store (by the writer; write_behind=False: now)."""
         self._promoter.promote_index_entry(digest, blob)
 
+    def fetch_remote_entry(self, digest: str) -> bytes | memoryview | None:
+        """A whole-build entry (a compiled model, a build's index) from the remote tier, or None.
+
+        What comes back passed the remote's checks (envelope, signature, frame and checksum) and
+        nothing of it is decoded here; the caller checks its codec and key. This disk's copy is
+        stored by the writer, off the caller's path.
+        """
+        if self._remote is None or self.settings.disable or self.settings.recache or not self.trusted:
+            return None
+        found = self._remote.get(digest)
+        if found is None:
+            return None
+        self._promoter.fill_index_entry(digest, found)
+        return found
+
     def promote_staged(self, *, remote: str | None = None) -> int:
         """Move every staged entry into its store now (tools do, to see all); how many moved.
 

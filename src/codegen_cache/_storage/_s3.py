@@ -5,6 +5,7 @@ never see them):
     <digest>                  the entry in a form every host can load (for llvm: its LLVM IR)
     lib/<platform>/<digest>   an llvm entry linked into a shared library, for hosts of that platform
     lease/<digest>            the build lease of a key (`_objleases`)
+    piece/<sha256>            a piece of an entry larger than `piece_bytes` (`_pieces`)
 
 Each value is the Redis tier's signed envelope around the framed artifact (`_envelope`), signed
 for its object's name. Entries are never overwritten: a put is create-only (`If-None-Match: *`),
@@ -39,6 +40,7 @@ from .._errors import ArtifactError, ConfigError, RemoteRefusedError, RemoteRepl
 from ._envelope import ENVELOPE_BYTES, Opened, Rejection, open_value, seal
 from ._health import FAILED, Health
 from ._objleases import ObjectLeases
+from ._pieces import join, manifest, pieces_of, split
 from ._platform import library_platform
 
 __all__ = ["S3Tier"]
@@ -49,6 +51,9 @@ _DEFAULTS = {field.name: field.default for field in dataclasses.fields(Settings)
 _ABSENT_SECONDS = 1.0  # as the Redis tier: a cold miss looks a key up twice, a waiter polls
 _MEMO_ENTRIES = 4096
 _WRITES = ("PUT", "DELETE")
+# An entry larger than this is stored in pieces (`_pieces`): each one PUT, far below S3's limit
+# of 5 GiB for a single PUT, and each GET bounded by the call's deadline.
+PIECE_BYTES = 64 << 20
 
 EventSink = Callable[..., None]
 
@@ -79,6 +84,7 @@ class S3Tier:
         read_only: bool = False,
         lease: float = _DEFAULTS["remote_lease"],
         aws: AwsSettings | None = None,
+        piece_bytes: int = PIECE_BYTES,
     ) -> None:
         self.url = check_remote_url(url)
         parts = urlsplit(self.url)
@@ -96,8 +102,11 @@ class S3Tier:
                 raise ConfigError(name, value, "a number of seconds, 0 or more")
         if timeout == 0:
             raise ConfigError("timeout", timeout, "a number of seconds above 0 (0 would mean no timeout)")
+        if not isinstance(piece_bytes, int) or isinstance(piece_bytes, bool) or piece_bytes <= 0:
+            raise ConfigError("piece_bytes", piece_bytes, "a whole number of bytes, 1 or more")
         self._secret = secret
         self.max_entry_bytes = max_entry_bytes
+        self.piece_bytes = piece_bytes
         self.ttl = float(ttl)
         self.timeout = float(timeout)
         self.read_only = bool(read_only)
@@ -134,6 +143,10 @@ class S3Tier:
     def lease_key(self, digest: str) -> str:
         """The object name of a key's build lease."""
         return f"{self.prefix}lease/{digest}"
+
+    def piece_name(self, sha256: str) -> str:
+        """The object name of a piece of a large entry (named by its content)."""
+        return f"{self.prefix}piece/{sha256}"
 
     # ---- the client: one request per call, its errors named ---------------------------------
 
@@ -274,7 +287,35 @@ class S3Tier:
             return None
         if self._secret is not None:
             self.health.verified()
+        if manifest(opened):
+            return self._joined(name, opened)
         return opened
+
+    def _joined(self, name: str, opened: Opened) -> Opened | None:
+        """The entry a checked manifest names, from its pieces; None (a miss) when one is missing or wrong."""
+        pieces = pieces_of(opened, self.max_entry_bytes)
+        try:
+            whole = pieces if isinstance(pieces, Rejection) else join(
+                pieces, lambda sha, size: self.read_if_any(self.piece_name(sha), size))
+        except _TooLarge:
+            whole = Rejection("damaged", "a piece is larger than its manifest says")
+        except ConfigError as err:
+            self.health.misconfigured(err)
+            return None
+        except OSError as err:
+            self.health.failed(self.health.reads, "get", err)
+            return None
+        if whole is None:
+            whole = Rejection("damaged", "a piece of it is missing")
+        if isinstance(whole, Rejection):
+            self._remember(name)
+            self.health.rejected(name, whole, replaceable=False)
+            if whole.damaged and not self.read_only and not self.health.writes.offline():
+                # A manifest whose pieces are gone (expired by a lifecycle rule) serves nobody, and
+                # create-only puts could never replace it: removed, so the next store writes it anew.
+                self.health.attempt(self.health.writes, "delete", lambda: self.delete(name))
+            return None
+        return whole
 
     # ---- writes ---------------------------------------------------------------------------
 
@@ -312,6 +353,13 @@ class S3Tier:
         if self.health.writes.offline():
             self.health.event("remote_offline")
             return "failed"
+        if len(blob) > self.piece_bytes:
+            # The pieces first, the manifest last: a reader never finds a manifest before its pieces.
+            blob, pieces = split(blob, self.piece_bytes)
+            for sha, piece in pieces:
+                if self.health.attempt(self.health.writes, "put", lambda sha=sha, piece=piece: self.create(
+                        self.piece_name(sha), bytes(piece))) is FAILED:
+                    return "failed"
         stored = self.health.attempt(self.health.writes, "put", lambda: self.create(name, seal(name, blob, self._secret)))
         if stored is FAILED:
             return "failed"

@@ -1,0 +1,112 @@
+"""Whole models through the remote tiers: host B, with an empty directory, compiles warm from what host A stored.
+
+A model's entry, its library's parts and whatever else it consists of reach the remote by their
+digests, as kernels do (Redis, S3, and Redis in front of S3); host B's `tvm.compile` runs no
+Relax pipeline and no codegen, and its output is exactly host A's. A large model entry travels
+in pieces; a missing piece is a miss (host B compiles), never a wrong module.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pytest
+import tvm
+
+import codegen_cache as cc
+import relax_models
+from redis_server import RedisServer, _need_redis_server
+
+pytestmark = pytest.mark.timeout(300)
+
+SECRET = "team-secret-for-tests"
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory):
+    _need_redis_server()
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield server.url
+    server.close()
+
+
+@pytest.fixture(params=["redis", "s3", "redis+s3"])
+def remote(request, redis_url):
+    """A remote of each kind, empty for this test (Redis: a database of its own; S3: a prefix of its own)."""
+    import redis
+
+    with redis.Redis.from_url(redis_url) as client:
+        client.flushall()
+    if request.param == "redis":
+        return redis_url
+    s3 = request.getfixturevalue("s3_env")
+    bucket = s3.url(f"m-{uuid.uuid4().hex[:12]}")
+    return bucket if request.param == "s3" else f"{redis_url} {bucket}"
+
+
+def _compile(directory, remote, mod, **options):
+    """tvm.compile through a cache of `directory` (a host), its outcomes and counters."""
+    cache = cc.CodegenCache(directory, remote=remote, remote_secret=SECRET, write_behind=False, **options)
+    cc.enable(cache, children=False)
+    try:
+        with cc.record_outcomes() as outcomes:
+            executable = tvm.compile(mod, "llvm")
+        return executable, [o.tier for o in outcomes if o.codegen == "relax.build"], cache.stats()
+    finally:
+        cc.disable()
+        cache.close()
+
+
+def _run(executable, named):
+    x = relax_models.inputs((1, 8, 64))
+    return relax_models.run(executable, "forward", x, *relax_models.parameters(named))
+
+
+def test_a_host_with_an_empty_directory_compiles_a_model_warm_from_the_remote(tmp_path, remote):
+    mod, named = relax_models.llama(layers=1, seq=8, width=64, hidden=128, heads=2)
+    cold, tiers, _ = _compile(tmp_path / "a", remote, mod)
+    assert tiers == ["codegen"]
+    warm, tiers, stats = _compile(tmp_path / "b", remote, mod)
+    assert tiers == ["disk"]  # the model entry came from the remote, and is on b's disk now
+    assert stats.codegen_runs == 0 and not stats.errors, stats
+    np.testing.assert_array_equal(_run(warm, named), _run(cold, named))
+    again, tiers, stats = _compile(tmp_path / "b", remote, mod)  # a later process on b: its own disk
+    assert tiers == ["disk"] and stats.codegen_runs == 0
+
+
+def test_a_model_larger_than_a_piece_travels_in_pieces_and_a_missing_piece_is_a_miss(tmp_path, s3_env):
+    from codegen_cache._storage._s3 import S3Tier
+
+    url = s3_env.url(f"m-{uuid.uuid4().hex[:12]}")
+    weights = np.random.default_rng(0).standard_normal((256, 256)).astype("float32")  # 256 KiB bound in the model
+    mod = relax_models.with_constant(weights)
+    x = relax_models.inputs(weights.shape)
+
+    events: list[str] = []
+
+    def host(name):
+        tier = S3Tier(url, secret=SECRET, piece_bytes=64 << 10, on_event=lambda e, n=1: events.append(e))
+        cache = cc.CodegenCache(tmp_path / name, remote=tier, write_behind=False)
+        cc.enable(cache, children=False)
+        try:
+            with cc.record_outcomes() as outcomes:
+                executable = tvm.compile(mod, "llvm")
+            out = relax_models.run(executable, "main", x)
+            return [o.tier for o in outcomes if o.codegen == "relax.build"], cache.stats(), out
+        finally:
+            cc.disable()
+            cache.close()
+
+    tiers, _, expected = host("a")
+    assert tiers == ["codegen"]
+    np.testing.assert_allclose(expected, x * weights + 1, rtol=1e-6)
+    pieces = [o["name"] for o in S3Tier(url).objects() if "/piece/" in o["name"]]
+    assert len(pieces) >= 4
+    tiers, stats, out = host("b")
+    assert tiers == ["disk"] and stats.codegen_runs == 0
+    np.testing.assert_array_equal(out, expected)
+    S3Tier(url).delete(pieces[1])
+    tiers, stats, out = host("c")  # a piece gone: a miss, compiled here, the same output
+    assert tiers == ["codegen"] and "remote_rejected" in events
+    np.testing.assert_array_equal(out, expected)
