@@ -8,6 +8,7 @@ in pieces; a missing piece is a miss (host B compiles), never a wrong module.
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import numpy as np
@@ -110,3 +111,51 @@ def test_a_model_larger_than_a_piece_travels_in_pieces_and_a_missing_piece_is_a_
     tiers, stats, out = host("c")  # a piece gone: a miss, compiled here, the same output
     assert tiers == ["codegen"] and "remote_rejected" in events
     np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize("kind", ["redis", "s3"])
+def test_a_local_hit_never_waits_for_the_remote(tmp_path, kind, request, monkeypatch):
+    """With the remote stopped (it accepts connections, never answers; 3 s deadline), disk and memory hits of a
+    kernel and a model return at their own speed: nothing on a hit's path asks the remote."""
+    import signal
+
+    from variants import variant
+
+    monkeypatch.setenv("CODEGEN_CACHE_REMOTE_TIMEOUT", "3")
+    if kind == "redis":
+        _need_redis_server()
+        server = RedisServer(tmp_path / "redis")
+        url, stop, cont = server.url, server.proc.send_signal, server.proc.send_signal
+        request.addfinalizer(server.close)
+    else:
+        s3 = request.getfixturevalue("s3_env")
+        url = s3.url(f"h-{uuid.uuid4().hex[:12]}")
+        stop, cont = (lambda _sig: s3.stop()), (lambda _sig: s3.cont())
+    mod, _ = relax_models.llama(layers=1, seq=8, width=64, hidden=128, heads=2)
+    kernel = variant(950)
+    warm = cc.CodegenCache(tmp_path / "host", remote=url, remote_secret=SECRET, write_behind=False)
+    warm.lower(*kernel)
+    cc.enable(warm, children=False)
+    tvm.compile(mod, "llvm")
+    cc.disable()
+    warm.close()
+    stop(signal.SIGSTOP)
+    try:
+        cache = cc.CodegenCache(tmp_path / "host", remote=url, remote_secret=SECRET)
+        cc.enable(cache, children=False)
+        try:
+            with cc.record_outcomes() as outcomes:
+                t0 = time.monotonic()
+                cache.lower(*kernel)
+                tvm.compile(mod, "llvm")
+                cache.lower(*kernel)
+                tvm.compile(mod, "llvm")
+                seconds = time.monotonic() - t0
+            assert [o.tier for o in outcomes if o.codegen in ("llvm", "relax.build")] == [
+                "disk", "disk", "memory", "memory"]
+            assert seconds < 2.0, seconds  # below one deadline: no hit waited for the remote
+        finally:
+            cc.disable()
+            cache.close(timeout=10)
+    finally:
+        cont(signal.SIGCONT)
