@@ -348,7 +348,7 @@ def run(rounds: int) -> list[dict]:
         if s3 is not None:
             remotes["s3"] = f"{s3[0]}/local"
         rows += local_hits(root, remotes, rounds)
-        rows += fresh_hits(root, remotes, max(3, rounds // 4), env)
+        rows += fresh_hits(root, remotes, rounds, env)
         tiers = {k: v for k, v in (("redis", redis_url), ("s3", s3 and f"{s3[0]}/remote")) if v}
         for tier, url in tiers.items():
             rows += remote_hits(root, tier, url, rounds)

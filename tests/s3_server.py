@@ -20,7 +20,7 @@ import pytest
 
 BUCKET = "codegen-tests"
 IDENTITIES = {
-    "writer": ("WRITERKEY000000000000", "writer-secret-0000000000000000000000000", ["Read", "List", "Write", "Tagging"]),
+    "writer": ("WRITERKEY000000000000", "writer-secret-0000000000000000000000000", ["Read", "List", "Write"]),
     "reader": ("READERKEY000000000000", "reader-secret-0000000000000000000000000", ["Read", "List"]),
     "nobody": ("NOBODYKEY000000000000", "nobody-secret-0000000000000000000000000", []),
 }

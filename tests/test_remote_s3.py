@@ -322,12 +322,18 @@ def test_a_chain_opens_each_tier_in_order(s3_env, redis_url):
 
 
 @pytest.mark.parametrize("tier_kind", ["s3", "redis"])
-def test_a_large_entry_travels_in_pieces_and_a_missing_piece_is_a_miss(s3_env, redis_url, tier_kind):
+def test_a_large_entry_travels_in_pieces_and_a_missing_piece_is_a_miss(s3_env, redis_url, tier_kind, request):
     from codegen_cache._storage._remote import RedisTier
 
     events, sink = _events()
     url = _url(s3_env) if tier_kind == "s3" else redis_url
-    make = S3Tier if tier_kind == "s3" else RedisTier
+    made = []
+
+    def make(*args, **kwargs):
+        made.append((S3Tier if tier_kind == "s3" else RedisTier)(*args, **kwargs))
+        return made[-1]
+
+    request.addfinalizer(lambda: [tier.close() for tier in made])
     writer = make(url, secret=SECRET, on_event=sink, piece_bytes=4096)
     reader = make(url, secret=SECRET, on_event=sink, piece_bytes=4096)
     digest = uuid.uuid4().hex
@@ -393,3 +399,27 @@ def test_hosts_starting_together_on_one_bucket_build_each_key_about_once(tmp_pat
     assert sum(builds.values()) <= 12 * 1.2, (builds, tiers)
     assert tiers["remote"] + tiers["codegen"] == 48
     assert sum(r["stats"]["remote_lease_waits"] for r in results) >= 12
+
+
+def test_a_child_made_by_fork_after_the_parent_used_s3_works_local_only_and_never_hangs(s3_env):
+    """obstore's runtime does not survive fork: the child's tier is off at once (a miss), not a request that waits."""
+    import os
+
+    tier = S3Tier(_url(s3_env), secret=SECRET)
+    assert tier.push("7" * 32, _blob(7)) == "stored" and tier.get("7" * 32) == _blob(7)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: one byte says what its lookup found, and how fast
+        try:
+            t0 = time.monotonic()
+            found = tier.get("7" * 32)
+            os.write(write, b"1" if found is None and time.monotonic() - t0 < 1.0 else b"0")
+        finally:
+            os._exit(0)
+    os.close(write)
+    try:
+        assert os.read(read, 1) == b"1"
+    finally:
+        os.close(read)
+        os.waitpid(pid, 0)
+    assert tier.get("7" * 32) == _blob(7)  # the parent's tier goes on

@@ -301,7 +301,8 @@ def aws_settings(environ: Mapping[str, str] | None = None) -> AwsSettings:
         return parser[section] if parser.has_section(section) else {}
 
     creds = read(env.get("AWS_SHARED_CREDENTIALS_FILE") or "~/.aws/credentials", profile)
-    config = read(env.get("AWS_CONFIG_FILE") or "~/.aws/config", profile if profile == "default" else f"profile {profile}")
+    section = profile if profile == "default" else f"profile {profile}"
+    config = read(env.get("AWS_CONFIG_FILE") or "~/.aws/config", section)
 
     def pick(*names: str, files: tuple[Mapping[str, str], ...] = (), key: str = "") -> str | None:
         for var in names:

@@ -486,6 +486,8 @@ class CodegenCache:
         if found is None:
             return None
         self._promoter.fill_index_entry(digest, found)
+        if self._pusher is not None:
+            self._refresh_later(digest, None)  # its TTL, and a chain's copy into its earlier tiers
         return found
 
     def promote_staged(self, *, remote: str | None = None) -> int:

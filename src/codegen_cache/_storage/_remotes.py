@@ -12,7 +12,7 @@ __all__ = ["open_remote"]
 
 def open_remote(settings: Settings, *, on_event: Callable[..., None] | None = None, read_only: bool | None = None,
                 lease: float | None = None, url: str | None = None) -> Any:
-    """The tier (or RemoteChain) for `url` (default: settings.remote), with the settings' secret, TTL, cap and deadline."""
+    """The tier (or RemoteChain) for `url` (default: settings.remote) with the settings' secret, TTL, cap, deadline."""
     spec = settings.remote if url is None else url
     options = {
         "secret": settings.remote_secret, "on_event": on_event, "ttl": settings.remote_ttl,

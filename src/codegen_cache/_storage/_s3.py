@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
@@ -35,8 +37,9 @@ from urllib.parse import urlsplit
 
 from .. import _artifacts
 from .._artifacts import FORMAT_VERSION, read_meta, unframe
-from .._config import AwsSettings, Settings, aws_settings, check_remote_url
+from .._config import AwsSettings, Settings, aws_settings, check_remote_url, split_remote_urls
 from .._errors import ArtifactError, ConfigError, RemoteRefusedError, RemoteReplyError
+from .._forksafe import on_fork_child
 from ._envelope import ENVELOPE_BYTES, Opened, Rejection, open_value, seal
 from ._health import FAILED, Health
 from ._objleases import ObjectLeases
@@ -67,7 +70,7 @@ class Taken(Exception):
 
 
 class S3Tier:
-    """The remote tier on a bucket: get/fetch(digest) -> framed bytes or None, put/push(digest, framed bytes), leases."""
+    """The remote tier on a bucket: get/fetch(digest) -> framed bytes or None, put/push(digest, frame), leases."""
 
     def __init__(
         self,
@@ -88,7 +91,7 @@ class S3Tier:
     ) -> None:
         self.url = check_remote_url(url)
         parts = urlsplit(self.url)
-        if parts.scheme != "s3":
+        if parts.scheme != "s3" or len(split_remote_urls(self.url)) > 1:
             raise ConfigError("remote (CODEGEN_CACHE_REMOTE)", url, "an s3://BUCKET[/PREFIX] URL")
         if isinstance(secret, str):
             secret = secret.encode()
@@ -115,7 +118,9 @@ class S3Tier:
         self.prefix = "/".join(p for p in (parts.path.strip("/"), prefix, f"v{FORMAT_VERSION}") if p) + "/"
         self._read_limit = max_entry_bytes + ENVELOPE_BYTES
         self.aws = aws_settings() if aws is None else aws
-        self._s3: Any = None  # made on the first call: importing obstore costs a process without a remote nothing
+        self._s3: Any = None  # made on the first call or by connect_early: a process without a remote imports nothing
+        self._making = threading.Lock()  # one client per tier: the first call waits for connect_early's
+        on_fork_child(self._forget_parent)
         self.health = Health(self.url, backoff=float(backoff), max_backoff=float(max_backoff), on_event=on_event)
         self._absent: dict[str, float] = {}
         self.leases = ObjectLeases(self, self.health, self.lease_key, expiry=float(lease), enabled=not self.read_only)
@@ -151,9 +156,12 @@ class S3Tier:
     # ---- the client: one request per call, its errors named ---------------------------------
 
     def _client(self) -> Any:
-        if self._s3 is None:
-            self._s3 = _make_store(self.bucket, self.aws, self.timeout)
-        return self._s3
+        # Making the client does no I/O (it connects on its first request), so waiting here for
+        # connect_early's thread never waits for the server.
+        with self._making:
+            if self._s3 is None:
+                self._s3 = _make_store(self.bucket, self.aws, self.timeout)
+            return self._s3
 
     def request(self, op: str, call: Callable[[Any, Any], Any]) -> Any:
         """call(obstore, store) with obstore's errors as this package's: Missing, Taken, or an OSError.
@@ -167,6 +175,7 @@ class S3Tier:
         except ImportError as err:  # the [s3] extra is not installed: a configuration problem
             raise ConfigError("remote (CODEGEN_CACHE_REMOTE)", self.url,
                               "an installed S3 client: pip install 'tvm-codegen-cache[s3]'") from err
+        _check_runtime(self.url)
         try:
             return call(obstore, self._client())
         except _TooLarge:
@@ -360,7 +369,8 @@ class S3Tier:
                 if self.health.attempt(self.health.writes, "put", lambda sha=sha, piece=piece: self.create(
                         self.piece_name(sha), bytes(piece))) is FAILED:
                     return "failed"
-        stored = self.health.attempt(self.health.writes, "put", lambda: self.create(name, seal(name, blob, self._secret)))
+        value = seal(name, blob, self._secret)
+        stored = self.health.attempt(self.health.writes, "put", lambda: self.create(name, value))
         if stored is FAILED:
             return "failed"
         self._absent.pop(name, None)
@@ -411,11 +421,29 @@ class S3Tier:
             return
 
     def connect_early(self) -> None:
-        """Nothing: the first request connects (its client is made then, within the call's deadline)."""
+        """Import the client, make it and open a connection now, on a thread of its own, for the first call to use."""
+        try:
+            threading.Thread(target=self._open_early, name="codegen-cache-s3-connect", daemon=True).start()
+        except RuntimeError:  # no new threads (the interpreter is exiting): the first call does it
+            pass
+
+    def _forget_parent(self) -> None:
+        # A child made by fork makes its own client: the parent's holds its connections and the
+        # state of threads that do not run here.
+        self._making = threading.Lock()
+        self._s3 = None
+
+    def _open_early(self) -> None:
+        # Not counted and not warned about: the first call reports what fails then.
+        try:
+            self.read_object(f"{self.prefix}doctor-check", 64)
+        except (Missing, OSError, ConfigError) as err:
+            logger.debug("codegen cache: connecting early to %s: %s", self.url, err)
 
     def close(self) -> None:
         """Drop the client (its connections close with it)."""
-        self._s3 = None
+        with self._making:
+            self._s3 = None
 
     def _remember(self, name: str) -> None:
         if len(self._absent) >= _MEMO_ENTRIES:
@@ -433,6 +461,23 @@ class _TooLarge(RemoteReplyError):
 
     def __reduce__(self):
         return (_TooLarge, (self.size,))
+
+
+# The pid of the process whose calls started obstore's runtime (one per process, Rust's tokio):
+# its threads do not exist in a child made by fork, where a request would wait for ever.
+_runtime_pid: list[int] = []
+
+
+def _check_runtime(url: str) -> None:
+    """ConfigError in a child of fork whose parent started obstore's runtime: the tier is off there, nothing hangs."""
+    pid = os.getpid()
+    if not _runtime_pid:
+        _runtime_pid.append(pid)
+    elif _runtime_pid[0] != pid:
+        raise ConfigError("remote (CODEGEN_CACHE_REMOTE)", url,
+                          "a process that did not inherit the S3 client by fork: obstore's runtime does not survive "
+                          "fork, so this child of a process that used it works local-only; start pool workers "
+                          "with the spawn or forkserver method to give them the S3 tier")
 
 
 def _make_store(bucket: str, aws: AwsSettings, timeout: float) -> Any:
