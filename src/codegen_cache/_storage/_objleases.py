@@ -3,7 +3,7 @@
 A lease is an object `lease/<digest>` holding `<expiry, ms since the epoch> <token>`, created
 only where none is (If-None-Match: *): of the hosts that try at once, one creates it. A lease
 whose expiry has passed belongs to nobody: a host that finds one deletes it and tries to create
-its own once more (two hosts doing that at once may both build: single-flight saves work, it is
+its own once more (one released between the two is held: that host waits and looks again) (two hosts doing that at once may both build: single-flight saves work, it is
 not needed for correctness). The holder renews it by writing a later expiry and deletes it once
 the entry is stored, each time only if the token read there is still its own.
 
@@ -49,9 +49,11 @@ class ObjectLeases:
         if self._tier.create(name, self._value(token)):
             return True
         held = self._read(name)
-        if held is not None and held[0] > time.time() * 1000:
+        if held is None or held[0] > time.time() * 1000:
+            # Held, or released since the create: its holder may have stored the entry just now,
+            # so this host waits and looks the entry up again (as a refused SET NX does in Redis).
             return False
-        self._tier.delete(name)  # expired, or gone meanwhile: free for whoever creates it first
+        self._tier.delete(name)  # expired: its holder is gone; free for whoever creates it first
         return self._tier.create(name, self._value(token))
 
     def renew(self, digest: str, token: bytes) -> bool:
