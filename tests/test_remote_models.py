@@ -107,7 +107,7 @@ def test_a_model_larger_than_a_piece_travels_in_pieces_and_a_missing_piece_is_a_
     tiers, stats, out = host("b")
     assert tiers == ["disk"] and stats.codegen_runs == 0
     np.testing.assert_array_equal(out, expected)
-    S3Tier(url).delete(pieces[1])
+    S3Tier(url).client.delete(pieces[1])
     tiers, stats, out = host("c")  # a piece gone: a miss, compiled here, the same output
     assert tiers == ["codegen"] and "remote_rejected" in events
     np.testing.assert_array_equal(out, expected)

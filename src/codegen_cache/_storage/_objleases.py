@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 from ._health import FAILED, Health
+from ._s3client import S3Client
 
 __all__ = ["ObjectLeases"]
 
@@ -30,8 +30,9 @@ _LEASE_BYTES = 256
 class ObjectLeases:
     """take / renew / release the build lease of a key in a bucket; each call bounded by the tier's deadline."""
 
-    def __init__(self, tier: Any, health: Health, key: Callable[[str], str], *, expiry: float, enabled: bool) -> None:
-        self._tier = tier  # an S3Tier: create(), overwrite(), read_if_any(), delete()
+    def __init__(self, client: S3Client, health: Health, key: Callable[[str], str], *, expiry: float,
+                 enabled: bool) -> None:
+        self._client = client
         self._health = health
         self._key = key
         self.expiry = expiry
@@ -46,15 +47,15 @@ class ObjectLeases:
 
     def _take(self, digest: str, token: bytes) -> bool:
         name = self._key(digest)
-        if self._tier.create(name, self._value(token)):
+        if self._client.create(name, self._value(token)):
             return True
         held = self._read(name)
         if held is None or held[0] > time.time() * 1000:
             # Held, or released since the create: its holder may have stored the entry just now,
             # so this host waits and looks the entry up again (as a refused SET NX does in Redis).
             return False
-        self._tier.delete(name)  # expired: its holder is gone; free for whoever creates it first
-        return self._tier.create(name, self._value(token))
+        self._client.delete(name)  # expired: its holder is gone; free for whoever creates it first
+        return self._client.create(name, self._value(token))
 
     def renew(self, digest: str, token: bytes) -> bool:
         """Extend the lease by its expiry; False when it is not this token's any more (or the call failed)."""
@@ -66,7 +67,7 @@ class ObjectLeases:
             held = self._read(name)
             if held is None or held[1] != token:
                 return False
-            self._tier.overwrite(name, self._value(token))
+            self._client.overwrite(name, self._value(token))
             return True
 
         return self._health.attempt(self._health.writes, "lease renewal", renew) is True
@@ -81,7 +82,7 @@ class ObjectLeases:
             held = self._read(name)
             if held is None or held[1] != token:
                 return False
-            self._tier.delete(name)
+            self._client.delete(name)
             return True
 
         return self._health.attempt(self._health.writes, "lease release", release) is True
@@ -91,7 +92,7 @@ class ObjectLeases:
 
     def _read(self, name: str) -> tuple[int, bytes] | None:
         """(expiry in ms, token) of the lease object, or None when there is none."""
-        value = self._tier.read_if_any(name, _LEASE_BYTES)
+        value = self._client.read_if_any(name, _LEASE_BYTES)
         if value is None:
             return None
         expiry, _, token = value.partition(b" ")
