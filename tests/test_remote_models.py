@@ -159,3 +159,45 @@ def test_a_local_hit_never_waits_for_the_remote(tmp_path, kind, request, monkeyp
             cache.close(timeout=10)
     finally:
         cont(signal.SIGCONT)
+
+
+HOST_B = """
+import hashlib, json, sys
+import tvm
+import codegen_cache as cc
+import relax_models
+mod, named = relax_models.llama(layers=1, seq=8, width=64, hidden=128, heads=2)
+cache = cc.CodegenCache(sys.argv[1], remote=sys.argv[2], remote_secret=sys.argv[3])
+cc.enable(cache, children=False)
+with cc.record_outcomes() as outcomes:
+    executable = tvm.compile(mod, "llvm")
+out = relax_models.run(executable, "forward", relax_models.inputs((1, 8, 64)), *relax_models.parameters(named))
+print(json.dumps({"tiers": [o.tier for o in outcomes if o.codegen == "relax.build"],
+                  "codegen_runs": cache.stats().codegen_runs, "out": hashlib.sha256(out.tobytes()).hexdigest()}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["redis", "s3"])
+def test_a_fresh_host_process_compiles_a_model_warm_from_the_remote(tmp_path, kind, request, redis_url):
+    """Host B is a fresh interpreter with an empty directory: no state of host A's process helps it."""
+    import hashlib
+
+    from processes import python_json
+
+    env = {}
+    if kind == "s3":
+        s3 = request.getfixturevalue("s3_env")
+        url, env = s3.url(f"f-{uuid.uuid4().hex[:12]}"), s3.env()
+    else:
+        import redis
+
+        with redis.Redis.from_url(redis_url) as client:
+            client.flushall()
+        url = redis_url
+    mod, named = relax_models.llama(layers=1, seq=8, width=64, hidden=128, heads=2)
+    cold, tiers, _ = _compile(tmp_path / "a", url, mod)
+    assert tiers == ["codegen"]
+    expected = hashlib.sha256(_run(cold, named).tobytes()).hexdigest()
+    found = python_json(HOST_B, str(tmp_path / "b"), url, SECRET, env=env)
+    assert found == {"tiers": ["disk"], "codegen_runs": 0, "out": expected}
