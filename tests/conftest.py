@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import codegen_cache as cc  # noqa: E402
 from codegen_cache import _compat  # noqa: E402
+from s3_server import s3_env, s3_server  # noqa: E402, F401 - fixtures for the S3 tier (tests/s3_server.py)
 
 # The suite's kernels are written for apache-tvm 0.27 (T.sblock, s_tir=True). On the TVM that
 # tilelang bundles, only the tests written for both TVMs run (and tests/tilelang/).

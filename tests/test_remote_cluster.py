@@ -243,3 +243,105 @@ def test_libraries_and_leases_work_across_the_cluster(tmp_path, fresh):
         assert not reader.stats().errors
     finally:
         reader.close()
+
+
+def _migrate(cluster, names: list[str]) -> list[tuple[int, str]]:
+    """Start moving the slots of `names` to the next node and move the keys: those slots answer -ASK now.
+
+    Returns (slot, target node id) for each slot, for _finish_migration.
+    """
+    moving = {}
+    for name in names:
+        slot = key_slot(name.encode())
+        if slot in moving:
+            continue
+        source = _owner(cluster, slot)
+        target = (source + 1) % len(cluster.nodes)
+        target_id = _node_id(cluster, target)
+        _setslot(cluster, slot, "IMPORTING", _node_id(cluster, source), nodes=[target])
+        _setslot(cluster, slot, "MIGRATING", target_id, nodes=[source])
+        moving[slot] = (source, target, target_id)
+    for name in names:
+        source, target, _ = moving[key_slot(name.encode())]
+        with cluster.nodes[source].client() as client:
+            client.execute_command("MIGRATE", "127.0.0.1", cluster.nodes[target].port, name, 0, 5000)
+    return [(slot, target_id) for slot, (_, _, target_id) in moving.items()]
+
+
+def _finish_migration(cluster, moved: list[tuple[int, str]]) -> None:
+    for slot, target_id in moved:
+        _setslot(cluster, slot, "NODE", target_id)
+
+
+def test_a_ttl_refresh_follows_ask_to_a_node_that_lacks_the_script(fresh):
+    """ASKING admits one command: the script's EVAL after the new node's NOSCRIPT needs its own."""
+    events, sink = _events()
+    tier = RedisTier(fresh.url(0), secret=SECRET, on_event=sink, ttl=80.0)
+    digest = "c" * 32
+    try:
+        assert tier.push(digest, _blob(3)) == "stored"
+        name = tier.redis_key(digest)
+        for node in fresh.nodes:
+            with node.client() as client:
+                client.script_flush()  # no node has the refresh script: each needs EVAL
+        with fresh.client() as client:
+            client.pexpire(name, 5_000)  # more than an eighth of the TTL has passed
+        moved = _migrate(fresh, [name])
+        tier.refresh(digest, library=False)  # -ASK, then ASKING + EVALSHA, NOSCRIPT, ASKING + EVAL
+        assert events.count("remote_refreshed") == 1, events
+        _finish_migration(fresh, moved)
+        with fresh.client() as client:
+            assert client.pttl(name) > 70_000
+    finally:
+        tier.close()
+    assert not [e for e in events if e.startswith("error")], events
+
+
+def test_a_host_keeps_hitting_while_slots_move_by_ask_and_then_by_moved(tmp_path, fresh):
+    """Hits (and their TTL refreshes) during a migration (-ASK) and after it (-MOVED): no error, no rebuild."""
+    mods = [(i, *variant(i)) for i in range(640, 652)]
+    codegen, calls = counting_codegen()
+    writer = cc.CodegenCache(tmp_path / "w", remote=fresh.url(0), remote_secret=SECRET, write_behind=False)
+    try:
+        for _, mod, target in mods:
+            writer.lower(mod, target, codegen=codegen)
+    finally:
+        writer.close()
+    assert len(calls) == 12
+    names = []
+    for node in fresh.nodes:
+        with node.client() as client:
+            client.script_flush()  # no node has the refresh script: each needs EVAL
+            for name in client.keys("codegen-cache:*"):
+                client.pexpire(name, 60_000)  # due for a refresh at the default TTL
+                names.append(name.decode())
+    assert len(names) == 12
+    moved = _migrate(fresh, names)
+    host = cc.CodegenCache(tmp_path / "during", remote=fresh.url(1), remote_secret=SECRET, write_behind=False)
+    try:
+        for i, mod, target in mods:
+            module, outcome = host.lower_with_outcome(mod, target, codegen=codegen)
+            assert outcome.tier == "remote"
+            _check(module, i)
+        assert host.flush(30)
+        stats = host.stats()
+        assert not stats.errors and stats.remote_offline == 0, stats
+        assert stats.remote_refreshed == 12, stats
+    finally:
+        host.close()
+    _finish_migration(fresh, moved)
+    after = cc.CodegenCache(tmp_path / "after", remote=fresh.url(2), remote_secret=SECRET, write_behind=False)
+    try:
+        for i, mod, target in mods:
+            module, outcome = after.lower_with_outcome(mod, target, codegen=codegen)
+            assert outcome.tier == "remote"
+            _check(module, i)
+        assert after.flush(30)
+        stats = after.stats()
+        assert not stats.errors and stats.remote_offline == 0, stats
+    finally:
+        after.close()
+    assert len(calls) == 12
+    for name in names:
+        with fresh.nodes[_owner(fresh, key_slot(name.encode()))].client() as client:
+            assert client.pttl(name) > 3_600_000  # refreshed during the migration

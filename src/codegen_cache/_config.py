@@ -33,9 +33,11 @@ __all__ = [
     "FILE_SETTINGS",
     "REMOTE_ACCEPTED",
     "REMOTE_URL_OPTIONS",
+    "AwsSettings",
     "Settings",
     "SettingRow",
     "check_directory",
+    "aws_settings",
     "check_remote_url",
     "configure_logging",
     "describe_settings",
@@ -49,6 +51,7 @@ __all__ = [
     "settings_from_env",
     "file_setting",
     "suggest_env_var",
+    "split_remote_urls",
     "own_env_vars",
     "unknown_env_vars",
 ]
@@ -174,16 +177,25 @@ def _parse_text(name: str, value: str) -> str | None:
 
 
 REMOTE_ACCEPTED = (
-    "redis://[[user]:password@]host[:port][/db], rediss://... (TLS) or unix:///path/to/redis.sock[?db=N]"
+    "redis://[[user]:password@]host[:port][/db], rediss://... (TLS), unix:///path/to/redis.sock[?db=N] or "
+    "s3://BUCKET[/PREFIX]; several separated by spaces or commas are chained in that order"
 )
-_REMOTE_SCHEMES = ("redis", "rediss", "unix")
+_REMOTE_SCHEMES = ("redis", "rediss", "unix", "s3")
+# A chain's URLs: split at whitespace or at a comma where a scheme follows, so a comma inside a
+# password or a query does not split a URL.
+_CHAIN_SPLIT = re.compile(r"\s+|,\s*(?=[A-Za-z][A-Za-z0-9+.-]*://)")
+# S3's bucket naming rules (3-63 characters, lowercase letters, digits, dots and hyphens).
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 # The query options of a remote URL; docs/remote.md says what each one does.
 REMOTE_URL_OPTIONS = ("db", "timeout", "socket_timeout", "ssl_ca_certs", "ssl_ca_path", "ssl_certfile",
                       "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname")
 
 
 def redact_url(url: str) -> str:
-    """The URL with any password replaced by ***, for messages and listings."""
+    """The URL (or each URL of a chain) with any password replaced by ***, for messages and listings."""
+    parts = split_remote_urls(url) if isinstance(url, str) else []
+    if len(parts) > 1:
+        return " ".join(redact_url(part) for part in parts)
     try:
         parts = urlsplit(url)
         password = parts.password
@@ -195,14 +207,30 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 
-def check_remote_url(url: object, name: str = "remote (CODEGEN_CACHE_REMOTE)") -> str:
-    """Check a redis://, rediss:// or unix:// URL; ConfigError naming `name` and the (redacted) value if not.
+def split_remote_urls(text: str) -> list[str]:
+    """The URLs of a remote setting, in lookup order (one, or a chain such as `redis://... s3://...`)."""
+    return [part for part in _CHAIN_SPLIT.split(text.strip()) if part]
 
-    The one checker: the environment variable, the CLI (config, doctor) and the remote tier
+
+def check_remote_url(url: object, name: str = "remote (CODEGEN_CACHE_REMOTE)") -> str:
+    """Check a remote URL, or a chain of them; ConfigError naming `name` and the (redacted) value if not.
+
+    The one checker: the environment variable, the CLI (config, doctor) and the remote tiers
     accept and reject exactly the same URLs.
     """
     if not isinstance(url, str) or not url.strip():
         raise ConfigError(name, url, REMOTE_ACCEPTED)
+    parts = split_remote_urls(url)
+    if len(parts) > 1:
+        for part in parts:
+            _check_one_remote_url(part, name)
+        if len(set(parts)) != len(parts):
+            raise ConfigError(name, redact_url(url), f"{REMOTE_ACCEPTED} (a URL appears twice in the chain)")
+        return url
+    return _check_one_remote_url(url.strip(), name)
+
+
+def _check_one_remote_url(url: str, name: str) -> str:
 
     def bad(why: str) -> ConfigError:
         return ConfigError(name, redact_url(url), f"{REMOTE_ACCEPTED} ({why})")
@@ -216,6 +244,8 @@ def check_remote_url(url: object, name: str = "remote (CODEGEN_CACHE_REMOTE)") -
         raise bad("no scheme: write it as redis://host:port/db")
     if parts.scheme not in _REMOTE_SCHEMES:
         raise bad(f"scheme {parts.scheme!r} is not one of {', '.join(_REMOTE_SCHEMES)}")
+    if parts.scheme == "s3":
+        return _check_s3_url(url, parts, bad)
     problem = _remote_query_problem(parts.scheme, parts.query)
     if problem:
         raise bad(problem)
@@ -231,6 +261,79 @@ def check_remote_url(url: object, name: str = "remote (CODEGEN_CACHE_REMOTE)") -
     if db and not db.isdigit():
         raise bad(f"database {db!r} is not a number")
     return url
+
+
+def _check_s3_url(url: str, parts, bad) -> str:
+    # The endpoint, credentials and region come from the AWS variables and files (aws_settings):
+    # nothing of them belongs in the URL, where a log would show it.
+    if parts.username is not None or parts.password is not None or parts.port is not None:
+        raise bad("an s3:// URL names the bucket alone: credentials and the endpoint come from the AWS "
+                  "variables (AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL, ...) or files")
+    if parts.query or parts.fragment:
+        raise bad("an s3:// URL takes no options")
+    if not _BUCKET.fullmatch(parts.hostname or ""):
+        raise bad(f"bucket {parts.netloc!r} is not an S3 bucket name")
+    if "//" in parts.path or any(seg in (".", "..") for seg in parts.path.split("/")):
+        raise bad(f"prefix {parts.path!r} has an empty, '.' or '..' part")
+    return url
+
+
+class AwsSettings(NamedTuple):
+    """Where an S3 tier connects and as whom: the standard AWS variables, then the profile's files."""
+
+    endpoint: str | None
+    region: str | None
+    access_key_id: str | None
+    secret_access_key: str | None
+    session_token: str | None
+    profile: str
+
+
+def aws_settings(environ: Mapping[str, str] | None = None) -> AwsSettings:
+    """The AWS settings an S3 client reads: variables first, then the profile in the shared files.
+
+    As the AWS SDKs do: AWS_PROFILE (default "default") picks the profile; the credentials file
+    (AWS_SHARED_CREDENTIALS_FILE, ~/.aws/credentials) gives its keys and the config file
+    (AWS_CONFIG_FILE, ~/.aws/config, section "profile NAME") its region and endpoint_url; a
+    variable wins over a file. AWS_ENDPOINT_URL_S3 wins over AWS_ENDPOINT_URL.
+    """
+    import configparser
+
+    env = os.environ if environ is None else environ
+    profile = env.get("AWS_PROFILE") or env.get("AWS_DEFAULT_PROFILE") or "default"
+
+    def read(path: str, section: str) -> Mapping[str, str]:
+        parser = configparser.RawConfigParser()
+        try:
+            parser.read(os.path.expanduser(path), encoding="utf-8")
+        except (OSError, configparser.Error, UnicodeDecodeError):
+            return {}
+        return parser[section] if parser.has_section(section) else {}
+
+    creds = read(env.get("AWS_SHARED_CREDENTIALS_FILE") or "~/.aws/credentials", profile)
+    section = profile if profile == "default" else f"profile {profile}"
+    config = read(env.get("AWS_CONFIG_FILE") or "~/.aws/config", section)
+
+    def pick(*names: str, files: tuple[Mapping[str, str], ...] = (), key: str = "") -> str | None:
+        for var in names:
+            if env.get(var):
+                return env[var]
+        for found in files:
+            if found.get(key):
+                return found[key]
+        return None
+
+    from_files = (creds, config)
+    keys_from_env = bool(env.get("AWS_ACCESS_KEY_ID"))
+    return AwsSettings(
+        endpoint=pick("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", files=(config,), key="endpoint_url"),
+        region=pick("AWS_REGION", "AWS_DEFAULT_REGION", files=(config,), key="region"),
+        access_key_id=pick("AWS_ACCESS_KEY_ID", files=from_files, key="aws_access_key_id"),
+        secret_access_key=pick("AWS_SECRET_ACCESS_KEY", files=() if keys_from_env else from_files,
+                               key="aws_secret_access_key"),
+        session_token=pick("AWS_SESSION_TOKEN", files=() if keys_from_env else from_files, key="aws_session_token"),
+        profile=profile,
+    )
 
 
 def _remote_query_problem(scheme: str, query: str) -> str | None:
@@ -321,7 +424,8 @@ ENV_VARS: dict[str, tuple[str, object, str]] = {
                                 "(also where it cannot be written)"),
     "CODEGEN_CACHE_TRUSTED_DIRS": ("trusted_dirs", _parse_dir_list,
                                    "cache directories trusted although other users could change them"),
-    "CODEGEN_CACHE_REMOTE": ("remote", _parse_remote, "redis://host:port/db of a shared tier (any node of a cluster)"),
+    "CODEGEN_CACHE_REMOTE": ("remote", _parse_remote, "redis://host:port/db (any node of a cluster) or "
+                             "s3://BUCKET/PREFIX of a shared tier; several are chained"),
     "CODEGEN_CACHE_REMOTE_SECRET": ("remote_secret", _parse_text, "HMAC key for remote entries"),
     "CODEGEN_CACHE_REMOTE_TTL": ("remote_ttl", parse_age, "remote entries expire this long after a write (0: never)"),
     "CODEGEN_CACHE_REMOTE_MAX_ENTRY": ("remote_max_entry_bytes", parse_size,

@@ -270,6 +270,8 @@ def read_entry(cache: CodegenCache, key: CacheKey, codec: str, parse: Callable[[
             blob = cache.staged("index").read(key.digest)
             if blob is not None:
                 cache.promote_index_entry(key.digest, blob)
+            else:
+                blob = cache.fetch_remote_entry(key.digest)  # another host's (checked there; its codec and key here)
     except INDEX_ERRORS as err:
         if not isinstance(err, CacheLinkError):  # that one was warned about where it was found
             warn_once(logger, (f"{codec}-read", str(cache.directory)), "codegen cache: cannot read the %s "

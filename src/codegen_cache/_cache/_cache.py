@@ -217,7 +217,7 @@ class CodegenCache:
         # The stores, tiers, counters and locks are made at their first use (_made_once, below).
         self._remote = self._make_remote(remote, self.settings)
         leases = getattr(self._remote, "leases", None)
-        # Fleet-wide single-flight where the remote has build leases (a RedisTier that may write).
+        # Fleet-wide single-flight where the remote has build leases (a tier that may write).
         self._fleet: FleetFlight[Hit] | None = None
         if getattr(leases, "enabled", False):
             from ._flight import FleetFlight
@@ -328,12 +328,9 @@ class CodegenCache:
             return remote
         if not settings.remote:
             return None
-        from .._storage._remote import RedisTier
+        from .._storage._remotes import open_remote
 
-        tier = RedisTier(settings.remote, secret=settings.remote_secret, on_event=self._stats.add,
-                         ttl=settings.remote_ttl, max_entry_bytes=settings.remote_max_entry_bytes,
-                         timeout=settings.remote_timeout, read_only=settings.remote_read_only,
-                         lease=settings.remote_lease)
+        tier = open_remote(settings, on_event=self._stats.add)
         if not settings.disable:
             # A fresh process's first remote call would otherwise resolve the name and connect
             # (TLS, AUTH, SELECT) on its caller's path; it waits for this connection instead.
@@ -503,6 +500,23 @@ class CodegenCache:
         """Move a staged whole-build entry into its store (by the writer; write_behind=False: now)."""
         if not self.read_only:
             self._promoter.promote_index_entry(digest, blob)
+
+    def fetch_remote_entry(self, digest: str) -> bytes | memoryview | None:
+        """A whole-build entry (a compiled model, a build's index) from the remote tier, or None.
+
+        What comes back passed the remote's checks (envelope, signature, frame and checksum) and
+        nothing of it is decoded here; the caller checks its codec and key. This disk's copy is
+        stored by the writer, off the caller's path.
+        """
+        if self._remote is None or self.settings.disable or self.settings.recache or not self.trusted:
+            return None
+        found = self._remote.get(digest)
+        if found is None:
+            return None
+        self._promoter.fill_index_entry(digest, found)
+        if self._pusher is not None:
+            self._refresh_later(digest, None)  # its TTL, and a chain's copy into its earlier tiers
+        return found
 
     def promote_staged(self, *, remote: str | None = None) -> int:
         """Move every staged entry into its store now (tools do, to see all); how many moved.

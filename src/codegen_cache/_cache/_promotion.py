@@ -5,7 +5,8 @@ moves that file's bytes into the diskcache store, pushes them to the remote, ask
 upgrader for a shared library, and removes the staged file last. It holds the stores, not the
 cache, and so does each job it makes: a job runs even if the cache object is gone. The same for
 whole-build entries (staged in `staged/index/`: codegen_cache.build's index entries go to the
-index store, compiled Relax models to the compiled store) and for tools (`promote_staged`).
+index store, compiled Relax models to the compiled store; both are pushed to the remote by
+digest, as kernels are) and for tools (`promote_staged`).
 """
 
 from __future__ import annotations
@@ -127,14 +128,24 @@ class Promoter:
         """Move a staged whole-build entry into its store (by the writer; write_behind=False: now)."""
         self._run(self._index_job(digest, blob))
 
+    def fill_index_entry(self, digest: str, blob: bytes | memoryview) -> None:
+        """A whole-build entry the remote served: this disk's copy, stored by the writer (not pushed back)."""
+        store, guard = self.stores[home_store(blob)], self.guard
+        self._run(lambda: guard("write", store.put, digest, bytes(blob)))
+
     def _index_job(self, digest: str, blob: bytes) -> Callable[[], None]:
         home = home_store(blob)
-        store, staged, guard = self.stores[home], self.staged_index, self.guard
+        store, staged, guard, pusher = self.stores[home], self.staged_index, self.guard, self.pusher
         # A compiled model names the entries of its library: they are evicted with it (_groups.py).
         tag = GROUP_TAG if home == "compiled" else None
 
         def promote() -> None:
-            if guard("write", store.put, digest, blob, tag=tag):
+            # Whole-build entries travel like kernels: whatever a model or a build consists of
+            # reaches the remote by its digest. The staged file goes only after the push was
+            # tried (or marked in the outbox): a process that ends first leaves it for the next.
+            stored = guard("write", store.put, digest, blob, tag=tag)
+            pushed = pusher is None or pusher.push(home, digest, blob)
+            if stored and pushed:
                 staged.remove(digest, blob)
 
         return promote

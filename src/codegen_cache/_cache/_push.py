@@ -115,10 +115,8 @@ def _remote_from_env(count: Callable[..., None]) -> Any:
             settings = None
         remote = None
         if settings is not None and settings.remote and not settings.remote_read_only:
-            from .._storage._remote import RedisTier
+            from .._storage._remotes import open_remote
 
-            remote = RedisTier(settings.remote, secret=settings.remote_secret, on_event=count, ttl=settings.remote_ttl,
-                               max_entry_bytes=settings.remote_max_entry_bytes, timeout=settings.remote_timeout,
-                               lease=0)
+            remote = open_remote(settings, on_event=count, lease=0)
         _upgrader_remote.append(remote)
     return _upgrader_remote[0]

@@ -226,12 +226,12 @@ def check_remote(settings) -> dict[str, Any]:
     """Where a remote is set: one round trip to it, and what a failure means."""
     from .._config import redact_url
     from .._errors import ConfigError
-    from .._storage._remote import RedisTier
+    from .._storage._remotes import open_remote
 
     if settings.remote is None:
         return {"url": None, "reached": None, "problems": []}
     url = redact_url(settings.remote)
-    tier = RedisTier(settings.remote, secret=settings.remote_secret, timeout=settings.remote_timeout, read_only=True)
+    tier = open_remote(settings, read_only=True)
     try:
         tier.check()
     except (OSError, ConfigError) as err:

@@ -4,9 +4,10 @@ Each call (GET, SET NX, a script) has one monotonic deadline for everything it d
 opening a connection (TLS, AUTH, SELECT), reading the cluster's slot map, following redirects
 and reading the reply. A URL names one node; the client sends every command there until a node
 answers `-MOVED`: from then on it routes by key slot (`_cluster.SlotMap`), reads the map with
-CLUSTER SLOTS from the node that redirected, follows `-MOVED` (remembered) and `-ASK` (once, after
-ASKING), at most MAX_REDIRECTS times per call. There are no retries: a node that fails ends the
-call, and marks the map to be read again by the next one (a failover may have moved its slots).
+CLUSTER SLOTS from the node that redirected, follows `-MOVED` (remembered) and `-ASK` (not
+remembered: every command of that call goes to the node named, each after its own ASKING), at
+most MAX_REDIRECTS times per call. There are no retries: a node that fails ends the call, and
+marks the map to be read again by the next one (a failover may have moved its slots).
 
 Every failure is an OSError (`_resp`'s), or ConfigError for a setting a cluster cannot have (a
 database other than 0). A few idle connections per node are kept for reuse (thread-safe); a
@@ -153,12 +154,11 @@ class RespClient:
         asking = False
         for _redirect in range(MAX_REDIRECTS + 1):
             conn = self._take(address, deadline)
+            conn.asking = asking
             try:
-                if asking:
-                    conn.call([b"ASKING"], deadline)
-                    conn.expect_ok("ASKING", deadline)
                 result = send(conn, deadline)
             except Redirect as moved:
+                conn.asking = False
                 self._give(address, conn)  # an error reply: the connection is still in step
                 # An empty host: the node did not know its address; it is the one we asked.
                 target = (moved.address[0] or _host(address), moved.address[1])
@@ -172,6 +172,7 @@ class RespClient:
                 address = target
                 continue
             except RemoteRefusedError:
+                conn.asking = False
                 self._give(address, conn)
                 raise
             except BaseException:
@@ -179,6 +180,7 @@ class RespClient:
                 if self.slots.clustered:
                     self.slots.stale = True  # a node failed: a failover may have moved its slots
                 raise
+            conn.asking = False
             self._give(address, conn)
             return result
         raise RemoteReplyError(f"more than {MAX_REDIRECTS} cluster redirects for one key")

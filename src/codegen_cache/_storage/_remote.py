@@ -4,6 +4,8 @@ Keys, under `codegen-cache:v<format>:` (readers of another layout never see them
     <digest>                  the entry in a form every host can load (for llvm: its LLVM IR)
     lib:<platform>:<digest>   an llvm entry linked into a shared library, for hosts of that platform
     lease:<digest>            the build lease of a key (fleet-wide single-flight, `_cache._flight`)
+    piece:<sha256>            a piece of an entry larger than `piece_bytes` (`_pieces`: the entry's
+                              key then holds the manifest that names its pieces)
 
 Each value is a framed artifact in a signed envelope (`_envelope`). Writes never replace a
 value they cannot verify: an entry is stored only where its key is absent (SET NX), or over a
@@ -30,13 +32,14 @@ from urllib.parse import urlsplit
 
 from .. import _artifacts
 from .._artifacts import FORMAT_VERSION, read_meta, unframe
-from .._config import REMOTE_ACCEPTED, Settings, check_remote_url, redact_url
+from .._config import REMOTE_ACCEPTED, Settings, check_remote_url, redact_url, split_remote_urls
 from .._errors import ArtifactError, ConfigError, RemoteValueTooLargeError
 from ._client import RespClient
 from ._endpoint import Endpoint
 from ._envelope import ENVELOPE_BYTES, Opened, Rejection, open_value, seal
 from ._health import FAILED, Health
 from ._leases import Leases
+from ._pieces import join, manifest, pieces_of, split
 from ._platform import library_platform
 from ._scripts import REFRESH, REPLACE
 
@@ -54,6 +57,9 @@ _LOOPBACK = ("localhost", "127.0.0.1", "::1")
 _ABSENT_SECONDS = 1.0
 _REFRESH_FRACTION = 8  # a hit refreshes an entry's TTL once an eighth of it has passed
 _MEMO_ENTRIES = 4096
+# An entry larger than this is stored in pieces (`_pieces`): one value stays a short GET, far
+# below Redis's proto-max-bulk-len (512 MB), however large a model's weights are.
+PIECE_BYTES = 8 << 20
 
 EventSink = Callable[..., None]
 
@@ -79,8 +85,12 @@ class RedisTier:
         prefix: str = "codegen-cache",
         read_only: bool = False,
         lease: float = DEFAULT_LEASE,
+        piece_bytes: int = PIECE_BYTES,
     ) -> None:
         self.url = check_url(url)
+        if urlsplit(self.url).scheme == "s3" or len(split_remote_urls(self.url)) > 1:
+            raise ConfigError("remote (CODEGEN_CACHE_REMOTE)", _redact(url), "one redis://, rediss:// or unix:// URL "
+                              "(an s3:// URL or a chain is opened by _storage._remotes.open_remote)")
         if isinstance(secret, str):
             secret = secret.encode()
         if secret is not None and not secret:
@@ -95,8 +105,11 @@ class RedisTier:
             raise ConfigError("timeout", timeout, "a number of seconds above 0 (0 would mean no timeout)")
         if not isinstance(read_only, bool):
             raise ConfigError("remote_read_only", read_only, "True or False")
+        if not isinstance(piece_bytes, int) or isinstance(piece_bytes, bool) or piece_bytes <= 0:
+            raise ConfigError("piece_bytes", piece_bytes, "a whole number of bytes, 1 or more")
         self._secret = secret
         self.max_entry_bytes = max_entry_bytes
+        self.piece_bytes = piece_bytes
         self.ttl = float(ttl)
         self.timeout = float(timeout)
         self.read_only = read_only
@@ -147,6 +160,10 @@ class RedisTier:
     def lease_key(self, digest: str) -> str:
         """The Redis key of a key's build lease."""
         return f"{self.prefix}lease:{digest}"
+
+    def piece_key(self, sha256: str) -> str:
+        """The Redis key of a piece of a large entry (named by its content)."""
+        return f"{self.prefix}piece:{sha256}"
 
     # ---- reads ----------------------------------------------------------------------------
 
@@ -222,7 +239,30 @@ class RedisTier:
             return None
         if self._secret is not None:
             self.health.verified()
+        if manifest(opened):
+            return self._joined(name, opened, value)
         return opened  # views of `value`, which nothing changes: it is this call's own buffer
+
+    def _joined(self, name: str, opened: Opened, value: bytearray) -> Opened | None:
+        """The entry a checked manifest names, from its pieces; None (a miss) when one is missing or wrong."""
+        pieces = pieces_of(opened, self.max_entry_bytes)
+        try:
+            whole = pieces if isinstance(pieces, Rejection) else join(
+                pieces, lambda sha, size: self._client.get(self.piece_key(sha).encode(), size))
+        except RemoteValueTooLargeError:
+            whole = Rejection("damaged", "a piece is larger than its manifest says")
+        except ConfigError as err:
+            self.health.misconfigured(err)
+            return None
+        except OSError as err:
+            self.health.failed(self.health.reads, "get", err)
+            return None
+        if whole is None:  # a piece expired or was evicted: the entry is damaged for every reader
+            whole = Rejection("damaged", "a piece of it is missing")
+        if isinstance(whole, Rejection):
+            self._rejected(name, whole, value if whole.damaged else None)
+            return None
+        return whole
 
     # ---- writes ---------------------------------------------------------------------------
 
@@ -258,8 +298,16 @@ class RedisTier:
         if self.health.writes.offline():
             self.health.event("remote_offline")
             return "failed"
-        value = seal(name, blob, self._secret)
         px = int(self.ttl * 1000)
+        if len(blob) > self.piece_bytes:
+            # The pieces first, the manifest last: a reader never finds a manifest before its pieces.
+            blob, pieces = split(blob, self.piece_bytes)
+            for sha, piece in pieces:
+                key = self.piece_key(sha).encode()
+                if self.health.attempt(self.health.writes, "put", lambda key=key, piece=piece: self._client.set(
+                        key, piece, px or None, nx=True)) is FAILED:
+                    return "failed"
+        value = seal(name, blob, self._secret)
         damaged = self._damaged.pop(name, None)
         if damaged is None:
             stored = self.health.attempt(self.health.writes, "put",

@@ -47,6 +47,10 @@ class Connection:
         self.endpoint = endpoint
         self._buf = bytearray()
         self._answered = False  # any reply byte yet (a plain client at a TLS port never gets one)
+        # Set by a cluster client for the commands of one call that a node redirected with -ASK:
+        # ASKING admits only the command right after it, and a call may send several (a script's
+        # EVALSHA, then its EVAL where the node lacks it), so each is preceded by its own ASKING.
+        self.asking = False
         self._sock = connect(endpoint.address, deadline)
         try:
             if endpoint.tls is not None:
@@ -99,7 +103,13 @@ class Connection:
     # ---- sending -------------------------------------------------------------------------
 
     def call(self, args: list[str | bytes], deadline: float) -> None:
-        """Send one command; a large argument goes out from its own buffer, not a copy."""
+        """Send one command (after ASKING where `asking` is set); a large argument goes out from its own buffer."""
+        if self.asking:
+            self._send([b"ASKING"], deadline)
+            self.expect_ok("ASKING", deadline)
+        self._send(args, deadline)
+
+    def _send(self, args: list[str | bytes], deadline: float) -> None:
         chunks: list[bytes] = []
         head = [b"*%d\r\n" % len(args)]
         for arg in args:
