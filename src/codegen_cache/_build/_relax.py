@@ -251,7 +251,7 @@ def _warm(cache: CodegenCache, key: CacheKey, weights: Weights | None, mod: IRMo
     library = serve_parts(cache, record.host, record.devices, named_exactly=verify) if record is not None else None
     if record is not None and library is None:
         return None  # a part was evicted: compile again (and store it anew)
-    data: bytes | bytearray = skeleton
+    data = skeleton
     if chunks:
         pieces = _tensors.read_chunks(cache, chunks, check_digest=verify)
         if pieces is None:
@@ -266,7 +266,7 @@ def _warm(cache: CodegenCache, key: CacheKey, weights: Weights | None, mod: IRMo
     return executable
 
 
-def _executable(data: bytes | bytearray, library: Module | None) -> Any:
+def _executable(data: bytes, library: Module | None) -> Any:
     """A VMExecutable from its own bytes, importing `library` as relax.build's VMLink does.
 
     Where `library` is a cached library that answers as built, the executable's module is the
