@@ -5,7 +5,9 @@ comes here. The *model key* is computed from what relax.build is given, before a
 
     input          structural hash of the IRModule (map_free_vars=True); TVM's hash covers the
                    bytes of every bound constant (relax.const, bound weights), so two models
-                   that differ in one weight never share a key (tests/test_relax_compile.py)
+                   that differ in one weight never share a key. A model with 1 MiB of Relax
+                   constants or more is hashed with tensor bytes left out here, and:
+    weights        xxh3-128 of its constants' dtypes, shapes and bytes (_weights.py; else empty)
     params         the names and structural hashes of the tensors passed as `params`
     target         the target given, canonical, host included; Target.current() when none is
     relax_pipeline, tir_pipeline, exec_mode, system_lib
@@ -19,12 +21,16 @@ comes here. The *model key* is computed from what relax.build is given, before a
     model_format
 
 An entry (codec "relax-executable", in the cache's compiled store, where its library's entries
-are: a warm compile reads them through their key files, or from one store's rows) holds the VMExecutable's own
-bytes (VM bytecode, constants, bound params: what its write_to_file writes, without imports)
-and names the parts of the build that made its library (device-level entries by digest). A hit
-loads the executable from those bytes, serves the library from its parts and imports it: no
-Relax pipeline, no TIR pipeline, no codegen. A re-run in one process is a memory hit, exact
-(the input is compared with the one compiled, structural_equal).
+are: a warm compile reads them through their key files, or from one store's rows) holds the
+VMExecutable's own bytes (VM bytecode, constants, bound params: what its write_to_file writes,
+without imports) less its tensors' byte runs, which are entries of their own, by content
+(_tensors.py: shared by every model holding them), and names the parts of the build that made
+its library (device-level entries by digest). A hit joins those bytes back, loads the
+executable from them, serves the library from its parts and imports it: no Relax pipeline, no
+TIR pipeline, no codegen. A model is served whole or not at all: a part absent or damaged
+makes it a miss. A re-run in one process is a memory hit, exact (the input is compared with
+the one compiled, structural_equal; with weights keyed apart, the structure, the weights
+being equal by digest).
 
 With verify=True the entry also holds an exact digest of the input (the module's JSON, the
 params' bytes), and a disk hit is served only where the compile's input has that digest.
@@ -35,10 +41,10 @@ tensors, a codegen that reads an input no key can hold, a registration no identi
 (warned once per registration, with the way to declare a salt). Not stored: an executable that
 imports other modules than the library its one build made (external BYOC modules).
 
-Counted as one call in the row "relax.build/model" (_cache/_stats.py): a hit with the codegen
-seconds of the model's library, or a miss, whose TIR build and codegen lowerings count only
-their work (codegen runs, stores). A compile the model key cannot hold is not counted here:
-its TIR build counts as a call of its own.
+Counted as one call in the row "relax.build/model" (_cache/_stats.py): a hit saving the whole
+compile it replaced (the miss's seconds in TVM's relax.build), or a miss, whose TIR build and
+codegen lowerings count only their work (codegen runs, stores). A compile the model key cannot
+hold is not counted here: its TIR build counts as a call of its own.
 """
 
 from __future__ import annotations
@@ -297,8 +303,8 @@ def _store(cache: CodegenCache, key: CacheKey, weights: Weights | None, executab
 
     Its weights go to entries of their own (_tensors.py). A model with BACKGROUND_BYTES of
     weights or more is serialized and stored by the writer thread after the compile returned
-    (a process killed before that stores nothing: its next compile is a miss); a smaller one
-    is staged before the compile returns.
+    (a process killed before that stores nothing: its next compile is a miss); a smaller one,
+    or any with write_behind=False, is staged before the compile returns.
     """
     module = getattr(executable, "mod", None)
     if not isinstance(module, Module) or module.kind != "relax.VMExecutable":
@@ -325,7 +331,7 @@ def _store(cache: CodegenCache, key: CacheKey, weights: Weights | None, executab
     if cache.settings.verify:
         meta["input_digest"] = _input_digest(snapshot, params)
     _remember(cache, key, snapshot, module, record, compile_seconds)
-    if weights is not None and weights.nbytes >= BACKGROUND_BYTES:
+    if cache.write_behind and weights is not None and weights.nbytes >= BACKGROUND_BYTES:
         writer.submit(lambda: _write(cache, key, module, meta, staged=False))
         return True
     return _write(cache, key, module, meta, staged=True)
