@@ -136,6 +136,7 @@ def _damage_one_chunk(cache, how: str) -> None:
 def test_a_damaged_or_evicted_tensor_is_a_miss_and_never_a_wrong_weight(enabled, how):
     values = _weights()
     tvm.compile(_bound(values), "llvm")
+    assert enabled.flush(upgrades=True, timeout=120)  # the llvm upgrader replaces library entries: done first
     _damage_one_chunk(enabled, how)
     fresh = _fresh(enabled)
     with cc.use_cache(fresh), cc.record_outcomes() as outcomes:
@@ -231,3 +232,57 @@ def test_a_model_below_the_weights_size_keeps_tvms_hash_of_the_whole_module():
     key = _relax.model_key(small, tvm.target.Target("llvm"), None, "default", "default", "bytecode", None,
                            cc.default_registry)
     assert key.as_dict()["weights"] == ""
+
+
+def test_a_model_miss_is_explained_by_the_key_parts_that_differ_from_the_nearest_entry(enabled, caplog):
+    values = _weights()
+    tvm.compile(_bound(values), "llvm")
+    assert cc.explain_model(_bound(values), "llvm")["status"] == "hit"
+    edited = dict(values, **{"l2.weight": values["l2.weight"] * 2})
+    report = cc.explain_model(_bound(edited), "llvm")
+    assert report["status"] == "miss"
+    assert report["nearest"]["differs"] == ["weights"]
+    assert report["nearest"]["tensors"] == [2]  # l1.weight, l1.bias, l2.weight, l2.bias: the order TVM visits them
+    with caplog.at_level("INFO", logger="codegen_cache"):
+        tvm.compile(_bound(edited), "llvm")
+    assert any("differs from the nearest entry" in r.getMessage() and "weights (tensor 2 of 4)" in r.getMessage()
+               for r in caplog.records)
+    with tvm.transform.PassContext(opt_level=3):
+        report = cc.explain_model(_bound(edited), "llvm")
+    assert report["status"] == "miss" and report["nearest"]["differs"] == ["pass_context"]
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "skylake"})
+    assert cc.explain_model(_bound(edited), target)["nearest"]["differs"][0] == "target"  # then what follows it
+
+
+MODEL_FILE = """
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax.frontend import nn
+import test_model_weights as t
+
+values = t._weights()
+values["l1.weight"] = values["l1.weight"] + {edit}
+mod = t._bound(values)
+"""
+
+
+@pytest.mark.slow
+def test_codegen_cache_explain_model_names_the_differing_part(enabled, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    tvm.compile(_bound(_weights()), "llvm")
+    model = tmp_path / "model.py"
+    model.write_text(MODEL_FILE.format(edit=1))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(os.path.dirname(__file__)), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-m", "codegen_cache", "--dir", str(enabled.directory), "explain", "--model",
+                           str(model), "-t", "llvm", "--json"], capture_output=True, text=True, timeout=240, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["status"] == "miss" and report["nearest"]["differs"] == ["weights"]
+    assert report["nearest"]["tensors"] == [0]
+    text = subprocess.run([sys.executable, "-m", "codegen_cache", "--dir", str(enabled.directory), "explain", "--model",
+                           str(model)], capture_output=True, text=True, timeout=240, env=env).stdout
+    assert "differs in weights" in text and "MISS" in text

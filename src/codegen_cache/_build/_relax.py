@@ -80,7 +80,7 @@ from ._index import (codegen_seconds_of, codegens_json, input_key, pass_context_
                      write_entry)
 from ._plan import tirx_host
 from ._reads import database_part, registered_part
-from . import _tensors
+from . import _lineage, _tensors
 from ._weights import Weights, model_weights
 
 __all__ = ["MODEL_CODEC", "MODEL_FORMAT", "model_key", "relax_build"]
@@ -331,14 +331,16 @@ def _store(cache: CodegenCache, key: CacheKey, weights: Weights | None, executab
     if cache.settings.verify:
         meta["input_digest"] = _input_digest(snapshot, params)
     _remember(cache, key, snapshot, module, record, compile_seconds)
+    family = _lineage.family_of(snapshot)
     if cache.write_behind and weights is not None and weights.nbytes >= BACKGROUND_BYTES:
-        writer.submit(lambda: _write(cache, key, module, meta, staged=False))
+        writer.submit(lambda: _write(cache, key, module, meta, family, staged=False))
         return True
-    return _write(cache, key, module, meta, staged=True)
+    return _write(cache, key, module, meta, family, staged=True)
 
 
-def _write(cache: CodegenCache, key: CacheKey, module: Module, meta: dict[str, Any], *, staged: bool) -> bool:
-    """Serialize the executable, store its weights' chunks, then the model's entry naming them."""
+def _write(cache: CodegenCache, key: CacheKey, module: Module, meta: dict[str, Any], family: str, *,
+           staged: bool) -> bool:
+    """Serialize the executable, store its weights' chunks, then the model's entry naming them, then its lineage record."""
     data = _executable_bytes(module, cache)
     if data is None:
         return False
@@ -346,7 +348,16 @@ def _write(cache: CodegenCache, key: CacheKey, module: Module, meta: dict[str, A
     if not _tensors.store_chunks(cache, chunks, pieces, staged=staged):
         return False  # a model entry is written only once every chunk it names is
     meta["weights"] = _tensors.as_meta(chunks)
-    return write_entry(cache, key, frame(MODEL_CODEC, meta, [skeleton]))
+    if not write_entry(cache, key, frame(MODEL_CODEC, meta, [skeleton])):
+        return False
+    def record() -> None:
+        _lineage.add_record(cache, family, key.digest, key.as_dict(), meta.get("tensors"))
+
+    if cache.write_behind and staged:
+        writer.submit(record)  # not on the caller's path: it opens the index store
+    else:
+        record()
+    return True
 
 
 def _executable_bytes(module: Module, cache: CodegenCache) -> bytes | None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-__all__ = ["ALL_STORES", "ENTRY_STORES", "FRONTEND_DIR", "INDEX_CODEC", "INDEX_CODECS", "MODEL_CODEC", "STAGED_DIR",
-           "STORE_NAMES", "TENSOR_CODEC"]
+__all__ = ["ALL_STORES", "ENTRY_STORES", "FRONTEND_DIR", "INDEX_CODEC", "INDEX_CODECS", "LINEAGE_CODEC", "MODEL_CODEC",
+           "STAGED_DIR", "STORE_NAMES", "TENSOR_CODEC"]
 
 # A lowering's entry lives in the store named after its mode (the key's `mode` part).
 ENTRY_STORES = ("compiled", "source")
@@ -28,5 +28,8 @@ MODEL_CODEC = "relax-executable"
 # compiled store beside the models that name it (_build/_tensors.py); stored directly, never staged
 # in `index`.
 TENSOR_CODEC = "tensor-chunk"
+# The stored models of one family (the same Relax function names): what explains a model's miss
+# (_build/_lineage.py); in the index store.
+LINEAGE_CODEC = "model-lineage"
 # Payload fields of each, for the command line's verify.
-INDEX_CODECS = {INDEX_CODEC: 0, MODEL_CODEC: 1, TENSOR_CODEC: 1}
+INDEX_CODECS = {INDEX_CODEC: 0, MODEL_CODEC: 1, TENSOR_CODEC: 1, LINEAGE_CODEC: 0}
