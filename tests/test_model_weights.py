@@ -164,6 +164,26 @@ def test_a_rerun_hashes_no_tensor_with_tvm_and_compares_structure_only(enabled, 
     np.testing.assert_allclose(_run(executable), _expected(_weights()), rtol=1e-4, atol=1e-5)
 
 
+def test_a_model_too_big_for_the_memory_tier_is_a_memory_hit_while_its_executable_lives(tmp_path):
+    import gc
+
+    cache = cc.CodegenCache(tmp_path / "cache", write_behind=False, memory_bytes=4 << 20)  # a quarter: 1 MiB
+    mod = _bound(_weights())
+    cc.enable(cache, children=False)
+    try:
+        with cc.record_outcomes() as outcomes:
+            cold = tvm.compile(mod, "llvm")
+            again = tvm.compile(mod, "llvm")
+            del cold, again
+            gc.collect()
+            later = tvm.compile(mod, "llvm")  # nothing held it: read from disk, not kept alive by the tier
+    finally:
+        cc.disable()
+        cache.close()
+    assert _tiers(outcomes) == ["codegen", "memory", "disk"]
+    np.testing.assert_allclose(_run(later), _expected(_weights()), rtol=1e-4, atol=1e-5)
+
+
 def test_a_tensor_changed_in_place_after_a_compile_changes_the_key(enabled):
     values = _weights()
     tensors = {n: tvm.runtime.tensor(v) for n, v in values.items()}

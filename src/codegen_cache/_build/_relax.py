@@ -53,6 +53,7 @@ import logging
 import os
 import tempfile
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any
@@ -243,10 +244,10 @@ def _warm(cache: CodegenCache, key: CacheKey, weights: Weights | None, mod: IRMo
     # With weights keyed apart, the key holds their content digest: the memory hit compares the
     # structure alone (not the tensors' bytes again), the weights being equal by digest.
     memo = cache.fetch_kept(_MEMO_PREFIX + key.digest, ir=mod if weights is None else None, count=False)
-    if memo is not None and (weights is None or _compat.structure_equal(memo[1]["ir"], mod)):
-        meta = memo[1]
-        _served(cache, "memory", key, key_seconds, start, meta["saves"])
-        return tvm.relax.VMExecutable(meta["executable"])
+    module = _kept_module(memo[1]) if memo is not None else None
+    if module is not None and (weights is None or _compat.structure_equal(memo[1]["ir"], mod)):
+        _served(cache, "memory", key, key_seconds, start, memo[1]["saves"])
+        return tvm.relax.VMExecutable(module)
     entry = _read(cache, key)
     if entry is None:
         return None
@@ -267,7 +268,7 @@ def _warm(cache: CodegenCache, key: CacheKey, weights: Weights | None, mod: IRMo
         except ArtifactError:
             return None
     executable = _executable(data, library)
-    _remember(cache, key, mod.clone(), executable.mod, record, saves)
+    _remember(cache, key, mod.clone(), executable, record, saves, len(data))
     _served(cache, "disk", key, key_seconds, start, saves)
     return executable
 
@@ -330,7 +331,7 @@ def _store(cache: CodegenCache, key: CacheKey, weights: Weights | None, executab
         meta["tensors"] = list(weights.tensors)
     if cache.settings.verify:
         meta["input_digest"] = _input_digest(snapshot, params)
-    _remember(cache, key, snapshot, module, record, compile_seconds)
+    _remember(cache, key, snapshot, executable, record, compile_seconds, weights.nbytes if weights is not None else 0)
     family = _lineage.family_of(snapshot)
     if cache.write_behind and weights is not None and weights.nbytes >= BACKGROUND_BYTES:
         writer.submit(lambda: _write(cache, key, module, meta, family, staged=False))
@@ -423,10 +424,26 @@ def _parse_entry(art: Artifact) -> _Entry:
     return bytes(art.fields[0]), chunks, record, stored_input, float(saves)
 
 
-def _remember(cache: CodegenCache, key: CacheKey, mod: IRModule, module: Module, record: BuildRecord | None,
-              saves: float) -> None:
+def _remember(cache: CodegenCache, key: CacheKey, mod: IRModule, executable: Any, record: BuildRecord | None,
+              saves: float, nbytes: int) -> None:
     # In-process only: the meta holds the executable's module (each hit wraps it anew; nothing
     # changes a VMExecutable once built) and the input it was compiled from, never serialized.
+    # A model whose constants (`nbytes`, where known) would take over a quarter of the memory
+    # tier is held weakly, through the executable the caller got: a re-run while the caller
+    # still holds it is a memory hit, and the tier never keeps those bytes alive by itself.
+    module = executable.mod
     library = module.imports[0] if len(module.imports) else None
-    cache.keep(_MEMO_PREFIX + key.digest, library, mod, {"key": key.digest, "executable": module, "ir": mod,
-                                                         "record": record, "saves": saves}, nbytes=1 << 16)
+    weak = nbytes + (1 << 16) > cache.settings.memory_bytes // 4
+    held = weakref.ref(executable) if weak else module
+    cache.keep(_MEMO_PREFIX + key.digest, library, mod, {"key": key.digest, "executable": held, "ir": mod,
+                                                         "record": record, "saves": saves},
+               nbytes=(1 << 16) + (0 if weak else nbytes))
+
+
+def _kept_module(meta: dict[str, Any]) -> Module | None:
+    """The executable module _remember kept, or None where it was held weakly and is gone."""
+    held = meta["executable"]
+    if isinstance(held, weakref.ref):
+        executable = held()
+        return None if executable is None else executable.mod
+    return held
