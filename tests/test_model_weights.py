@@ -150,6 +150,19 @@ def test_a_damaged_or_evicted_tensor_is_a_miss_and_never_a_wrong_weight(enabled,
     assert _tiers(outcomes) == ["disk"]
 
 
+def test_verify_reports_a_model_whose_weights_are_gone_and_fix_removes_the_model(enabled):
+    from codegen_cache._cli._inventory import verify_entries
+
+    values = _weights()
+    tvm.compile(_bound(values), "llvm")
+    assert verify_entries(enabled)["bad"] == []
+    (model,) = _entries(enabled, MODEL_CODEC)
+    _damage_one_chunk(enabled, "evicted")
+    found = verify_entries(enabled, fix=True)
+    assert [(b["key"], b["removed"]) for b in found["bad"]] == [(model, True)]
+    assert _entries(enabled, MODEL_CODEC) == []
+
+
 def test_a_rerun_hashes_no_tensor_with_tvm_and_compares_structure_only(enabled, monkeypatch):
     mod = _bound(_weights())
     tvm.compile(mod, "llvm")

@@ -322,7 +322,8 @@ def _store(cache: CodegenCache, key: CacheKey, weights: Weights | None, executab
             return False  # a part was not stored
         seconds = sum(r.codegen_seconds for r, _module in builds)
         record = BuildRecord("codegen", record.key, record.host, record.devices, seconds)
-    meta = {"key": key.digest, "parts": key.as_dict(), "build_seconds": record.codegen_seconds if record else 0.0,
+    meta = {"key": key.digest, "codegen": "relax.build", "parts": key.as_dict(),
+            "build_seconds": record.codegen_seconds if record else 0.0,
             "compile_seconds": compile_seconds, "created": time.time(),
             "library": None if record is None else {"build_key": record.key.digest,
                                                     "host": record.host.as_dict(),

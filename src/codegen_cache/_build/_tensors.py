@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import struct
+import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -150,7 +151,8 @@ def store_chunks(cache: CodegenCache, chunks: Sequence[Chunk], pieces: Sequence[
         done.add(chunk.digest)
         if cache.has_part(_MODE, chunk.digest):
             continue  # content-addressed: the entry there holds these bytes
-        blob = frame(TENSOR_CODEC, {"key": chunk.digest}, [piece])
+        # "codegen" and "created" are for the command line's listing (ls: what made it, its age).
+        blob = frame(TENSOR_CODEC, {"key": chunk.digest, "codegen": TENSOR_CODEC, "created": time.time()}, [piece])
         if not cache.put_part(_MODE, chunk.digest, blob, staged=staged):
             return False
     return True
