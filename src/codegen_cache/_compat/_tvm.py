@@ -98,7 +98,10 @@ def bound_constants(func: Any) -> list | None:
     if made is None or not isinstance(func, tvm.relax.Function):
         return None
     found: list = []
-    made[0](found).visit_expr(func)
+    try:
+        made[0](found).visit_expr(func)
+    except (RuntimeError, TypeError, ValueError):  # TVM's errors are RuntimeErrors: a function it cannot walk
+        return None
     return found
 
 
