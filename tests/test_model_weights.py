@@ -163,6 +163,42 @@ def test_verify_reports_a_model_whose_weights_are_gone_and_fix_removes_the_model
     assert _entries(enabled, MODEL_CODEC) == []
 
 
+class _DictRemote:
+    """A remote tier as the cache takes one: get(digest) and put(digest, blob)."""
+
+    def __init__(self) -> None:
+        self.entries: dict[str, bytes] = {}
+
+    def get(self, digest):
+        return self.entries.get(digest)
+
+    def put(self, digest, blob) -> bool:
+        self.entries.setdefault(digest, bytes(blob))
+        return True
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_the_weights_chunks_go_to_the_remote_through_the_put_path_of_every_entry(tmp_path, monkeypatch, background):
+    # background: stored by the writer thread after tvm.compile returned (what big models get)
+    monkeypatch.setattr(_relax, "BACKGROUND_BYTES", 1 if background else _relax.BACKGROUND_BYTES)
+    remote = _DictRemote()
+    cache = cc.CodegenCache(tmp_path / "cache", remote=remote, write_behind=background)
+    cc.enable(cache, children=False)
+    try:
+        tvm.compile(_bound(_weights()), "llvm")
+        assert cache.flush(timeout=120)
+        chunks = _entries(cache, TENSOR_CODEC)
+        with cc.use_cache(_fresh(cache)), cc.record_outcomes() as outcomes:
+            warm = tvm.compile(_bound(_weights()), "llvm")
+    finally:
+        cc.disable()
+        cache.close()
+    assert _tiers(outcomes) == ["disk"]
+    np.testing.assert_allclose(_run(warm), _expected(_weights()), rtol=1e-4, atol=1e-5)
+    assert len(chunks) == 2 and set(chunks) <= set(remote.entries)
+    assert all(TENSOR_CODEC.encode() in remote.entries[d][-64:] for d in chunks)
+
+
 def test_a_rerun_hashes_no_tensor_with_tvm_and_compares_structure_only(enabled, monkeypatch):
     mod = _bound(_weights())
     tvm.compile(mod, "llvm")
