@@ -355,3 +355,27 @@ def test_codegen_cache_explain_model_names_the_differing_part(enabled, tmp_path)
     text = subprocess.run([sys.executable, "-m", "codegen_cache", "--dir", str(enabled.directory), "explain", "--model",
                            str(model)], capture_output=True, text=True, timeout=240, env=env).stdout
     assert "differs in weights" in text and "MISS" in text
+
+
+@pytest.mark.parametrize("memory_bytes", [None, 4 << 20])  # held by the tier; held through the caller's executable
+def test_a_kept_executable_whose_bound_tensors_were_written_in_place_is_not_served_for_the_old_bytes(
+        tmp_path, memory_bytes):
+    # TVM's executable holds the very tensors bound into the module: writing into one changes
+    # what the executable computes. A later model with the old bytes must not get that executable.
+    cache = cc.CodegenCache(tmp_path / "cache", write_behind=False, memory_bytes=memory_bytes)
+    values = _weights()
+    mod = _bound(values)
+    cc.enable(cache, children=False)
+    try:
+        first = tvm.compile(mod, "llvm")
+        for tensor in _compat.bound_constants(mod["forward"]):
+            if tuple(tensor.shape) == (WIDTH,):
+                tensor.copyfrom(values["l1.bias"] + 3)
+        with cc.record_outcomes() as outcomes:
+            again = tvm.compile(_bound(values), "llvm")  # fresh tensors with the bytes first was keyed by
+    finally:
+        cc.disable()
+        cache.close()
+    assert _tiers(outcomes) == ["disk"]
+    np.testing.assert_allclose(_run(again), _expected(values), rtol=1e-4, atol=1e-5)
+    assert first is not None

@@ -82,7 +82,7 @@ from ._index import (codegen_seconds_of, codegens_json, input_key, pass_context_
 from ._plan import tirx_host
 from ._reads import database_part, registered_part
 from . import _lineage, _tensors
-from ._weights import Weights, model_weights
+from ._weights import Weights, model_weights, unchanged
 
 __all__ = ["MODEL_CODEC", "MODEL_FORMAT", "model_key", "relax_build"]
 
@@ -244,8 +244,11 @@ def _warm(cache: CodegenCache, key: CacheKey, weights: Weights | None, mod: IRMo
     # With weights keyed apart, the key holds their content digest: the memory hit compares the
     # structure alone (not the tensors' bytes again), the weights being equal by digest.
     memo = cache.fetch_kept(_MEMO_PREFIX + key.digest, ir=mod if weights is None else None, count=False)
-    module = _kept_module(memo[1]) if memo is not None else None
-    if module is not None and (weights is None or _compat.structure_equal(memo[1]["ir"], mod)):
+    module, kept = _kept(memo[1]) if memo is not None else (None, None)
+    if module is not None and weights is not None:
+        if not _compat.structure_equal(memo[1]["ir"], mod) or (kept is not None and not unchanged(kept, weights)):
+            module = None  # another structure, or tensors written in place since: the disk entry, or a compile
+    if module is not None:
         _served(cache, "memory", key, key_seconds, start, memo[1]["saves"])
         return tvm.relax.VMExecutable(module)
     entry = _read(cache, key)
@@ -268,7 +271,7 @@ def _warm(cache: CodegenCache, key: CacheKey, weights: Weights | None, mod: IRMo
         except ArtifactError:
             return None
     executable = _executable(data, library)
-    _remember(cache, key, mod.clone(), executable, record, saves, len(data))
+    _remember(cache, key, mod.clone(), executable, record, saves, len(data), None)
     _served(cache, "disk", key, key_seconds, start, saves)
     return executable
 
@@ -332,7 +335,8 @@ def _store(cache: CodegenCache, key: CacheKey, weights: Weights | None, executab
         meta["tensors"] = list(weights.tensors)
     if cache.settings.verify:
         meta["input_digest"] = _input_digest(snapshot, params)
-    _remember(cache, key, snapshot, executable, record, compile_seconds, weights.nbytes if weights is not None else 0)
+    _remember(cache, key, snapshot, executable, record, compile_seconds, weights.nbytes if weights is not None else 0,
+              weights)
     family = _lineage.family_of(snapshot)
     if cache.write_behind and weights is not None and weights.nbytes >= BACKGROUND_BYTES:
         writer.submit(lambda: _write(cache, key, module, meta, family, staged=False))
@@ -426,25 +430,30 @@ def _parse_entry(art: Artifact) -> _Entry:
 
 
 def _remember(cache: CodegenCache, key: CacheKey, mod: IRModule, executable: Any, record: BuildRecord | None,
-              saves: float, nbytes: int) -> None:
+              saves: float, nbytes: int, weights: Weights | None) -> None:
     # In-process only: the meta holds the executable's module (each hit wraps it anew; nothing
     # changes a VMExecutable once built) and the input it was compiled from, never serialized.
+    # `weights`: the tensors a fresh executable holds (TVM does not copy bound constants), checked
+    # before it is served again; None where it holds its own copies (loaded from bytes).
     # A model whose constants (`nbytes`, where known) would take over a quarter of the memory
     # tier is held weakly, through the executable the caller got: a re-run while the caller
     # still holds it is a memory hit, and the tier never keeps those bytes alive by itself.
     module = executable.mod
     library = module.imports[0] if len(module.imports) else None
     weak = nbytes + (1 << 16) > cache.settings.memory_bytes // 4
-    held = weakref.ref(executable) if weak else module
+    # Weakly: a one-item WeakKeyDictionary, so that the tensors `weights` names are held only
+    # while the executable (which holds them too) lives.
+    held = weakref.WeakKeyDictionary({executable: weights}) if weak else (module, weights)
     cache.keep(_MEMO_PREFIX + key.digest, library, mod, {"key": key.digest, "executable": held, "ir": mod,
                                                          "record": record, "saves": saves},
                nbytes=(1 << 16) + (0 if weak else nbytes))
 
 
-def _kept_module(meta: dict[str, Any]) -> Module | None:
-    """The executable module _remember kept, or None where it was held weakly and is gone."""
+def _kept(meta: dict[str, Any]) -> tuple[Module | None, Weights | None]:
+    """(the executable module _remember kept, the tensors it holds), or (None, None) where it was held weakly and is gone."""
     held = meta["executable"]
-    if isinstance(held, weakref.ref):
-        executable = held()
-        return None if executable is None else executable.mod
+    if isinstance(held, weakref.WeakKeyDictionary):
+        for executable, weights in list(held.items()):
+            return executable.mod, weights
+        return None, None
     return held

@@ -18,7 +18,9 @@ equal structure and equal bytes at each constant's place. What this cannot see: 
 by a Relax call's attributes (no TVM operator has such an attribute; docs/key.md).
 
 The same tensors passed again are hashed again: a tensor's bytes can change in place (copyfrom,
-a numpy view over DLPack) and nothing tells, so no digest is remembered by identity.
+a numpy view over DLPack) and nothing tells, so no digest is remembered by identity. For the
+same reason an executable kept in memory is served again only while the tensors it was compiled
+from still hold the bytes it was keyed by (`unchanged`): TVM's executable holds those very tensors.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from .. import _compat
 from .._compat import IRModule
 from .._key import _encode_part
 
-__all__ = ["SPLIT_BYTES", "Weights", "model_weights"]
+__all__ = ["SPLIT_BYTES", "Weights", "model_weights", "unchanged"]
 
 # Below this many bytes of constants, TVM's own hash of the whole module is as fast: kept.
 SPLIT_BYTES = 1 << 20
@@ -46,6 +48,7 @@ class Weights(NamedTuple):
     digest: str
     nbytes: int
     tensors: tuple[str, ...]  # each constant's digest, in visiting order (what explain compares)
+    objects: tuple[Any, ...]  # the constants' tensors themselves, in the same order
 
 
 def model_weights(mod: IRModule, split_bytes: int | None = None) -> Weights | None:
@@ -79,15 +82,39 @@ def model_weights(mod: IRModule, split_bytes: int | None = None) -> Weights | No
     whole = xxhash.xxh3_128(_WEIGHTS)
     for tensor in buffers:
         try:
-            data = _compat.tensor_buffer(tensor)
+            digests.append(_digest(tensor))
         except (TypeError, ValueError, RuntimeError, BufferError):
             return None  # a dtype numpy cannot view (bfloat16 without ml_dtypes): TVM's hash
-        one = xxhash.xxh3_128(_encode_part(str(tensor.dtype), str(tuple(int(s) for s in tensor.shape))))
-        one.update(data)
-        digests.append(one.hexdigest())
         whole.update(digests[-1].encode())
-        total += data.nbytes
-    return Weights(structure.intdigest(), whole.hexdigest(), total, tuple(digests))
+        total += _nbytes(tensor)
+    return Weights(structure.intdigest(), whole.hexdigest(), total, tuple(digests), tuple(buffers))
+
+
+def unchanged(kept: Weights, now: Weights) -> bool:
+    """Whether the tensors `kept` was hashed from still hold those bytes, given `now` has the same digests.
+
+    A compiled executable holds the very tensors bound into its module (TVM does not copy them)
+    and constants folded from them: one kept in memory is still the model `kept` names only if
+    no one wrote into those tensors since. A tensor `now` passes again is checked by `now`'s own
+    hash; any other is hashed again.
+    """
+    for old, new, digest in zip(kept.objects, now.objects, kept.tensors):
+        if old.same_as(new):
+            continue
+        try:
+            if _digest(old) != digest:
+                return False
+        except (TypeError, ValueError, RuntimeError, BufferError):
+            return False
+    return True
+
+
+def _digest(tensor: Any) -> str:
+    """xxh3-128 of a tensor's dtype, shape and bytes (read in place)."""
+    data = _compat.tensor_buffer(tensor)
+    one = xxhash.xxh3_128(_encode_part(str(tensor.dtype), str(tuple(int(s) for s in tensor.shape))))
+    one.update(data)
+    return one.hexdigest()
 
 
 def _nbytes(tensor: Any) -> int:
