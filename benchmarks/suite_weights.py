@@ -39,6 +39,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+__all__ = ["DESCRIPTION", "main", "run"]
+
 DESCRIPTION = "real models with bound weights (ONNX from_onnx, nn.Module+BindParams): cold, warm, floor, re-run, bytes per edit"
 
 ROOT = Path(__file__).resolve().parent.parent
