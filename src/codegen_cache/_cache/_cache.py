@@ -653,6 +653,30 @@ class CodegenCache:
         row = self._guard("read", self._stores[mode].read, digest)
         return row.blob if row is not None else self._staged[mode].read(digest)
 
+    def has_part(self, mode: str, digest: str) -> bool:
+        """Whether a content-addressed entry (a model's weights chunk) is in `mode`'s store, without reading it."""
+        return bool(self._guard("read", self._stores[mode].contains, digest))
+
+    def drop_part(self, mode: str, digest: str) -> None:
+        """Remove a content-addressed entry found damaged (its store's row and any staged file)."""
+        self._guard("delete", self._stores[mode].delete, digest)
+        self._staged[mode].remove(digest)
+
+    def put_part(self, mode: str, digest: str, blob: bytes, *, staged: bool) -> bool:
+        """Store a content-addressed entry the way a miss's entry is: into `mode`'s store and to the remote.
+
+        staged=True writes its file now (it survives the process) and leaves the rest to the
+        writer; staged=False does everything now, on the calling thread (the writer's own jobs).
+        False: not stored (counted and warned by the guard).
+        """
+        if staged:
+            if not self._guard("stage", self._staged[mode].write, digest, blob):
+                return bool(self._guard("write", self._stores[mode].put, digest, blob))
+            self._promoter.promote(mode, digest, blob)
+            return True
+        self._promoter.job(mode, digest, blob, remote=True)()
+        return self.has_part(mode, digest)
+
     def tier_plan(self, codegen: str, mode: str) -> Plan:
         """Which tiers a lowering of `codegen` in `mode` uses now (_budget.py)."""
         return self._budget.plan(codegen, mode)

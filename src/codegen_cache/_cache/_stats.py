@@ -4,7 +4,8 @@ A *call* is what a user (or TVM, through the switch) asked of the cache: a kerne
 (`CodegenCache.lower`: row "<codegen>/<mode>"), a TIR build (`codegen_cache.build`,
 `tvm.tirx.build` under the switch: row "build/build"), a Relax compile (`tvm.compile` /
 `relax.build` under the switch: row "relax.build/model"). Each call counts exactly one of, in
-its row: a hit (of the tier that served it, with the codegen seconds it saved), a miss (it was
+its row: a hit (of the tier that served it, with the seconds it saved: a lowering's or a build's
+codegen seconds, a Relax model's whole compile), a miss (it was
 compiled, or a remembered failure was raised), uncacheable (the cache stepped aside: an input
 it cannot key, a user's callback without a declared salt), or uncached_cheap (no tier pays for
 that codegen's runs: `_budget.py`; no key was computed). The calls a counted call makes (the

@@ -18,7 +18,7 @@ from .._artifacts import CODEC_FIELDS, read_meta, unframe
 from .._errors import ArtifactError
 from .._key import PART_NAMES
 from .._storage._disk import STORAGE_ERRORS, ArtifactStore
-from .._storage._layout import ALL_STORES, INDEX_CODECS, ENTRY_STORES, FRONTEND_DIR
+from .._storage._layout import ALL_STORES, INDEX_CODECS, ENTRY_STORES, FRONTEND_DIR, MODEL_CODEC, TENSOR_CODEC
 from .._storage._plain import PlainFiles
 from ..tilelang._entry import ENTRY_CODEC, entry_problem
 
@@ -198,8 +198,11 @@ def _problem(store: str, key: str, blob: bytes) -> str | None:
 
 
 def verify_entries(cache, *, fix: bool = False, stores: Iterable[str] = ALL_STORES) -> dict[str, Any]:
-    """Check framing, checksum and key of every entry; with fix, delete the bad ones."""
+    """Check framing, checksum and key of every entry, and that each compiled model's weights are all
+    there (a model is served whole or not at all); with fix, delete the bad ones."""
     checked, bad = 0, []
+    models: list[tuple[ArtifactStore, str, list[str]]] = []  # (store, model key, the chunks it names)
+    chunks: set[str] = set()  # the sound weights chunks
     for name, store in _open_stores(cache, stores):
         try:
             keys = list(store.keys())
@@ -215,11 +218,29 @@ def verify_entries(cache, *, fix: bool = False, stores: Iterable[str] = ALL_STOR
                 if blob is None:
                     continue  # expired or removed meanwhile
                 problem = _problem(name, key, blob)
+                if problem is None and name == "compiled":
+                    _note_model_parts(store, key, blob, models, chunks)
             checked += 1
             if problem is not None:
                 removed = bool(fix and store.delete(key))
                 bad.append({"store": name, "key": key, "problem": problem, "removed": removed})
+    for store, key, named in models:
+        missing = [d for d in named if d not in chunks]
+        if missing:
+            removed = bool(fix and store.delete(key))
+            bad.append({"store": "compiled", "key": key, "removed": removed,
+                        "problem": f"compiled model names {len(missing)} weights chunk(s) not stored or bad "
+                                   f"({missing[0][:16]}...): it is a miss"})
     return {"checked": checked, "bad": bad, "removed": sum(1 for b in bad if b["removed"])}
+
+
+def _note_model_parts(store: ArtifactStore, key: str, blob: bytes, models: list, chunks: set[str]) -> None:
+    """Note a sound weights chunk, or the chunks a compiled model names (checked once every entry was read)."""
+    codec, meta = read_meta(blob)
+    if codec == TENSOR_CODEC:
+        chunks.add(key)
+    elif codec == MODEL_CODEC and isinstance(meta.get("weights"), list):
+        models.append((store, key, [c[2] for c in meta["weights"] if isinstance(c, list) and len(c) == 3]))
 
 
 def _volume(cache, names: Iterable[str]) -> int:

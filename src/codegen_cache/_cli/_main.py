@@ -74,6 +74,20 @@ def cmd_explain(args: argparse.Namespace, settings: Settings) -> int:
     from ._explain import explain, render
     from ._kernel_files import load_module
 
+    if args.model:
+        from ._explain_model import explain_model_file, render_model
+
+        try:
+            cache = open_cache(settings)
+            report = explain_model_file(cache, args.module, args.target)
+        except (OSError, SyntaxError, ImportError, *_input_errors()) as err:
+            raise CommandError(str(err), EXIT_INPUT) from None
+        cache.close()
+        if args.json:
+            print_json(report)
+        else:
+            print("\n".join(render_model(report)))
+        return EXIT_OK
     try:
         mod, target, kernel = load_module(args.module, args.target, kernel=args.kernel,
                                           lowered=args.lowered or None)

@@ -105,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "when every function has a target)")
     p.add_argument("--build", action="store_true", help="explain codegen_cache.build(kernel, target) (its build "
                    "key and index) instead of one codegen lowering")
+    p.add_argument("--model", action="store_true", help="explain tvm.compile of the Relax model the .py FILE "
+                   "leaves in `mod` (its model key; for a miss, the key parts that differ from the nearest entry "
+                   "of the same model)")
     p.add_argument("--limit", type=_count_arg(1), default=3, help="nearest entries to show (default 3)")
     p = add("clear", "remove every entry (of the chosen stores; all by default)")
     store_flags(p, tilelang=False)

@@ -89,7 +89,7 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     print(f"misses      {c['misses']:>8}   hit rate {rate}")
     print(f"codegen runs{c['codegen_runs']:>8}   codegen time {fmt_seconds(c['codegen_seconds'])}")
     print(f"stores      {c['stores']:>8}   skipped {c['stores_skipped']}")
-    print(f"time saved  {fmt_seconds(c['saved_seconds']):>8}   (codegen time of the calls served, once each)")
+    print(f"time saved  {fmt_seconds(c['saved_seconds']):>8}   (what the calls served replaced, once each: a model's whole compile)")
     other = [(name, c[name]) for name in OTHER_COUNTERS if c.get(name)]
     for i, (name, value) in enumerate(other):
         print(f"{'other' if i == 0 else '':<12}{name} {value}: {OTHER_COUNTERS[name]}")

@@ -75,6 +75,70 @@ def structural_equal(a: Any, b: Any) -> bool:
     return bool(_equal(a, b, map_free_vars=True))
 
 
+def structure_hash(obj: Any) -> int | None:
+    """structural_hash with every tensor's bytes left out (shape and dtype kept); None where tvm-ffi cannot."""
+    try:
+        return _hash(obj, map_free_vars=True, skip_tensor_content=True)
+    except TypeError:  # a tvm-ffi without skip_tensor_content (tilelang's)
+        return None
+
+
+def structure_equal(a: Any, b: Any) -> bool:
+    """structural_equal with every tensor's bytes left out, as structure_hash (only called where it answered)."""
+    return bool(_equal(a, b, map_free_vars=True, skip_tensor_content=True))
+
+
+def bound_constants(func: Any) -> list | None:
+    """The tensors of the Relax constants in `func`, in the order TVM's expression visitor meets them.
+
+    None where `func` is not a Relax function or this TVM has no visitor for its constants.
+    Only constants call back into Python: the walk itself is TVM's.
+    """
+    made = _constant_visitor()
+    if made is None or not isinstance(func, tvm.relax.Function):
+        return None
+    found: list = []
+    try:
+        made[0](found).visit_expr(func)
+    except (RuntimeError, TypeError, ValueError):  # TVM's errors are RuntimeErrors: a function it cannot walk
+        return None
+    return found
+
+
+@functools.lru_cache(maxsize=1)
+def _constant_visitor() -> tuple[Any] | None:
+    """(a visitor class taking the list it appends constants' tensors to,), or None where TVM has none."""
+    try:
+        functor = importlib.import_module("tvm.relax.expr_functor")
+    except ImportError:
+        return None
+    generic = getattr(tvm.ir, "GenericConst", None)  # apache-tvm 0.27: relax constants are ir.GenericConst
+    method = "visit_generic_const_" if generic is not None else "visit_constant_"
+    if not hasattr(functor.PyExprVisitor, method):
+        return None
+
+    def __init__(self, found: list) -> None:
+        self.found = found
+
+    def visit(self, const: Any) -> None:
+        self.found.append(const.value if generic is not None else const.data)
+
+    return (functor.visitor(type("ConstantCollector", (functor.PyExprVisitor,), {"__init__": __init__, method: visit})),)
+
+
+def tensor_buffer(tensor: Any):
+    """A C-contiguous buffer of a CPU tensor's bytes without a copy (numpy over DLPack); else a copy of them."""
+    import numpy
+
+    try:
+        array = numpy.from_dlpack(tensor)
+    except (TypeError, ValueError, RuntimeError, BufferError):
+        array = tensor.numpy()
+    if not array.flags["C_CONTIGUOUS"]:
+        array = numpy.ascontiguousarray(array)
+    return array.reshape(-1).view(numpy.uint8)
+
+
 def tir_pipeline(name: str | None, target: Target | None = None):
     """(passes, finalize_host, finalize_device) of a TIR pipeline, as apache-tvm 0.27 returns them.
 

@@ -356,6 +356,17 @@ class ArtifactStore:
             return None  # evicted by another process between the row and the file
         return Row(blob, path)
 
+    def contains(self, key: str) -> bool:
+        """Whether `key` has a row whose value is there, without reading the value."""
+        named = self._named_by_key_file(key)
+        if named is not None and file_size(os.path.join(str(self.directory), named[0])) == named[1]:
+            return True
+        found = self._read_row(key)
+        if found is None or found is self._UNREADABLE or found is self._DAMAGED:
+            return False
+        mode, filename, _value, size = found
+        return mode != _MODE_BINARY or file_size(os.path.join(str(self.directory), filename)) == int(size)
+
     def _read_key_file(self, key: str) -> Row | None:
         """The value file `key`'s key file names, read without SQLite; None where there is none to read."""
         named = self._named_by_key_file(key)

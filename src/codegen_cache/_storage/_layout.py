@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-__all__ = ["ALL_STORES", "ENTRY_STORES", "FRONTEND_DIR", "INDEX_CODEC", "INDEX_CODECS", "MODEL_CODEC", "STAGED_DIR",
-           "STORE_NAMES"]
+__all__ = ["ALL_STORES", "ENTRY_STORES", "FRONTEND_DIR", "INDEX_CODEC", "INDEX_CODECS", "LINEAGE_CODEC", "MODEL_CODEC",
+           "STAGED_DIR", "STORE_NAMES", "TENSOR_CODEC"]
 
 # A lowering's entry lives in the store named after its mode (the key's `mode` part).
 ENTRY_STORES = ("compiled", "source")
@@ -24,5 +24,12 @@ ALL_STORES = (*STORE_NAMES, FRONTEND_DIR)
 # compiled store). Both are staged in `<dir>/staged/index/` until the writer stores them.
 INDEX_CODEC = "build-index"
 MODEL_CODEC = "relax-executable"
+# A compiled model's bound weights, by content: one chunk of a constant's bytes per entry, in the
+# compiled store beside the models that name it (_build/_tensors.py); stored directly, never staged
+# in `index`.
+TENSOR_CODEC = "tensor-chunk"
+# The stored models of one family (the same Relax function names): what explains a model's miss
+# (_build/_lineage.py); in the index store.
+LINEAGE_CODEC = "model-lineage"
 # Payload fields of each, for the command line's verify.
-INDEX_CODECS = {INDEX_CODEC: 0, MODEL_CODEC: 1}
+INDEX_CODECS = {INDEX_CODEC: 0, MODEL_CODEC: 1, TENSOR_CODEC: 1, LINEAGE_CODEC: 0}
