@@ -201,3 +201,21 @@ def test_a_fresh_host_process_compiles_a_model_warm_from_the_remote(tmp_path, ki
     expected = hashlib.sha256(_run(cold, named).tobytes()).hexdigest()
     found = python_json(HOST_B, str(tmp_path / "b"), url, SECRET, env=env)
     assert found == {"tiers": ["disk"], "codegen_runs": 0, "out": expected}
+
+
+def test_a_model_with_bound_weights_travels_with_its_weights_chunks(tmp_path, redis_url):
+    # The weights are entries of their own (tensor chunks, by content): host B fetches the model's
+    # entry and each chunk it names from the remote, and runs the same numbers.
+    import redis
+    from test_model_weights import _bound, _expected, _run as run_bound, _weights
+
+    with redis.Redis.from_url(redis_url) as client:
+        client.flushall()
+    values = _weights(3)
+    mod = _bound(values)
+    cold, tiers, _ = _compile(tmp_path / "a", redis_url, mod)
+    assert tiers == ["codegen"]
+    warm, tiers, stats = _compile(tmp_path / "b", redis_url, mod)
+    assert tiers == ["disk"] and stats.codegen_runs == 0 and not stats.errors, stats
+    np.testing.assert_allclose(run_bound(warm), _expected(values), rtol=1e-3, atol=1e-5)
+    np.testing.assert_array_equal(run_bound(warm), run_bound(cold))

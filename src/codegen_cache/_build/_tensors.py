@@ -169,6 +169,8 @@ def read_chunks(cache: CodegenCache, chunks: Sequence[Chunk], *, check_digest: b
                       "weights (%s: %s)", type(err).__name__, err)
             return None
         if blob is None:
+            blob = cache.fetch_remote_entry(chunk.digest)  # another host stored it: this disk gets a copy
+        if blob is None:
             return None  # evicted: the model compiles again, and stores it anew
         try:
             art = unframe(blob, info=False, views=True)
@@ -186,4 +188,6 @@ def read_chunks(cache: CodegenCache, chunks: Sequence[Chunk], *, check_digest: b
             cache.drop_part(_MODE, chunk.digest)
             return None
         pieces.append(art.fields[0])
+    for chunk in chunks:
+        cache.entry_used(_MODE, chunk.digest)  # served with its model: used now (eviction is LRU)
     return pieces

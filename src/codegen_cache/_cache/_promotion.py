@@ -18,7 +18,7 @@ from .. import _artifacts
 from .._artifacts import read_meta
 from .._errors import ArtifactError
 from .._storage._disk import GROUP_TAG, ArtifactStore
-from .._storage._layout import MODEL_CODEC
+from .._storage._layout import MODEL_CODEC, TENSOR_CODEC
 from .._storage._pending import PendingFiles
 from . import _upgrade
 from ._flight import FleetFlight, Lease
@@ -159,9 +159,10 @@ def _native_llvm(blob: bytes) -> bool:
 
 
 def home_store(blob: bytes) -> str:
-    """The store of a whole-build entry: a compiled Relax model's is `compiled`, beside its library; else `index`."""
+    """The store of a whole-build entry: a compiled Relax model's and its weights' chunks are `compiled`,
+    beside its library; else `index`."""
     try:
         codec = read_meta(blob)[0]
     except ArtifactError:
         return "index"  # a bad frame: stored where a reader of the index checks and drops it
-    return "compiled" if codec == MODEL_CODEC else "index"
+    return "compiled" if codec in (MODEL_CODEC, TENSOR_CODEC) else "index"
