@@ -124,6 +124,10 @@ def run_suites(names: list[str], rounds: int | None, quick: bool, log=print) -> 
         entry: dict[str, Any] = {"description": module.DESCRIPTION, "rounds": n, "load_start": os.getloadavg()[0],
                                  "rows": [], "error": None}
         t0 = time.perf_counter()
+        # Suites that use tests/ helpers may have imported tests/kernels.py as `kernels`; the next
+        # suite's `import kernels` (in forked workers too) is this directory's.
+        if getattr(sys.modules.get("kernels"), "__file__", None) != str(HERE / "kernels.py"):
+            sys.modules.pop("kernels", None)
         try:
             entry["rows"] = check_rows(name, module.run(n))
         # A suite that cannot run here (a missing tool, a child that failed) is reported, and the

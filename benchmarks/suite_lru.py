@@ -14,9 +14,6 @@ import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 DESCRIPTION = "a hit that marks its entry used (LRU eviction) against the same hit without marking"
 
@@ -56,7 +53,7 @@ def run(rounds: int) -> list[dict]:
     import codegen_cache as cc
     import kernels
 
-    mod, target = cc.prepare_for_codegen(kernels.vadd, "llvm")
+    mod, target = cc.prepare_for_codegen(kernels.vadd(), "llvm")  # benchmarks/kernels.py
     rows = []
     with tempfile.TemporaryDirectory() as directory:
         seed = cc.CodegenCache(directory, min_codegen_time=0, write_behind=False)

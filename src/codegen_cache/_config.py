@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import stat
+import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -375,6 +376,10 @@ def tvm_state_directory() -> Path:
     """Where what was learnt of the installed TVM is kept (its clean state, its digest): per user,
     beside the default cache directory and never inside one, so every cache directory shares it and
     a removed cache directory stays removed."""
+    if sys.platform.startswith("linux"):
+        # platformdirs' rule on Linux, without importing it on a warm compile's path.
+        base = os.environ.get("XDG_CACHE_HOME", "").strip()
+        return Path(base if os.path.isabs(base) else os.path.expanduser("~/.cache")) / "codegen-cache-tvm"
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("codegen-cache-tvm", appauthor=False))

@@ -312,6 +312,13 @@ def _digest_module(name: str, module: types.ModuleType) -> bool:
 # ---- the registration points ------------------------------------------------------------------
 
 
+def _warm_up() -> None:
+    try:
+        tvm_parts(frozenset())
+    except (UncacheableError, OSError, ValueError) as err:  # the first key meets it again, and says so
+        logger.debug("codegen cache: reading TVM's state ahead of the first key: %s", err)
+
+
 def install_hooks(*, as_imported: bool = False) -> None:
     """Wrap TVM's registration points (enable()); the state is stale: what was registered meanwhile is found.
 
@@ -342,6 +349,10 @@ def install_hooks(*, as_imported: bool = False) -> None:
             _read.modules, _read.seen, _read.module_count, _read.flat = {}, {}, -1, None
             _read.pipelines = tuple((kind, tuple(table.items())) for kind, table in _compat.named_pipelines())
             _read.fresh = True
+            # What the first key would read first (the install's files, the modules as imported, the
+            # clean state's file) is read now, while the script builds its model: Python and file
+            # reads only, no call into TVM, and nothing a later key does not check again.
+            threading.Thread(target=_warm_up, name="codegen-cache-warm-up", daemon=True).start()
 
 
 def uninstall_hooks() -> None:
