@@ -109,8 +109,9 @@ def print_rows(name: str, result: dict) -> None:
               f"  ratio {ratio}  goal {r['goal'] or '-'}" + (f"  ({r['note']})" if r["note"] else ""))
 
 
-def run_suites(names: list[str], rounds: int | None, quick: bool, log=print) -> dict[str, Any]:
-    """Run the named suites in turn; the results dict (what --json writes)."""
+def run_suites(names: list[str], rounds: int | None, quick: bool, log=print,
+               json_path: Path | None = None) -> dict[str, Any]:
+    """Run the named suites in turn; the results dict (what --json writes, after each suite where given)."""
     from timing import compile_bytecode
 
     compile_bytecode()
@@ -126,6 +127,9 @@ def run_suites(names: list[str], rounds: int | None, quick: bool, log=print) -> 
         t0 = time.perf_counter()
         # Suites that use tests/ helpers may have imported tests/kernels.py as `kernels`; the next
         # suite's `import kernels` (in forked workers too) is this directory's.
+        if str(HERE) in sys.path:
+            sys.path.remove(str(HERE))
+        sys.path.insert(0, str(HERE))
         if getattr(sys.modules.get("kernels"), "__file__", None) != str(HERE / "kernels.py"):
             sys.modules.pop("kernels", None)
         try:
@@ -137,6 +141,8 @@ def run_suites(names: list[str], rounds: int | None, quick: bool, log=print) -> 
         entry["seconds"] = time.perf_counter() - t0
         entry["load_end"] = os.getloadavg()[0]
         results["suites"][name] = entry
+        if json_path is not None:  # after each suite: a run cut short keeps what it measured
+            json_path.write_text(json.dumps(results, indent=1))
         print_rows(name, entry)
     results["machine"]["load_end"] = os.getloadavg()[0]
     results["seconds"] = time.perf_counter() - start
@@ -164,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         results = json.loads(args.from_json.read_text())
     else:
         names = available if "all" in args.suites else list(dict.fromkeys(args.suites))
-        results = run_suites(names, args.rounds, args.quick)
+        results = run_suites(names, args.rounds, args.quick, json_path=args.json)
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=1, default=str))
         print(f"total {results['seconds']:.0f} s; results in {args.json}")
