@@ -51,7 +51,7 @@ def _per_hit(cache, mod, target, number: int) -> float:
 def run(rounds: int) -> list[dict]:
     """One row per kind of hit (memory, disk): the median per hit with marking, its floor, their ratio."""
     import codegen_cache as cc
-    import kernels
+    from benchmarks import kernels  # this directory's (tests/ has a kernels module too)
 
     mod, target = cc.prepare_for_codegen(kernels.vadd(), "llvm")  # benchmarks/kernels.py
     rows = []
