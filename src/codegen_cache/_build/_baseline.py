@@ -31,6 +31,7 @@ from .._errors import UncacheableError
 from .._forksafe import renew_after_fork
 from .._log import warn_once
 from .._version import __version__
+from ._install import write_json
 
 __all__ = ["Baseline", "directory", "load"]
 
@@ -139,19 +140,7 @@ def _read(path: Path) -> Baseline | None:
 
 
 def _write(path: Path, baseline: Baseline) -> None:
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(temporary, "w", encoding="utf-8") as f:
-            json.dump({"slots": baseline.slots, "modules": baseline.modules}, f, separators=(",", ":"))
-        os.replace(temporary, path)
-    except OSError as err:
-        warn_once(logger, ("tvm-state", str(path)), "codegen cache: cannot keep TVM's clean state in %s (%s); "
-                  "each process takes it again", path, err)
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
+    write_json(path, {"slots": baseline.slots, "modules": baseline.modules}, "TVM's clean state")
 
 
 def _take(modules: list[str]) -> Baseline:

@@ -28,7 +28,7 @@ from .._compat import tvm, tvm_ffi
 from .._forksafe import renew_after_fork
 from .._log import warn_once
 
-__all__ = ["install_part"]
+__all__ = ["install_part", "write_json"]
 
 logger = logging.getLogger(__name__)
 
@@ -129,20 +129,24 @@ def _read(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _write(path: Path, data: dict) -> None:
-    temporary = path.with_name(f".{_FILE}.{os.getpid()}.tmp")
+def write_json(path: Path, data: dict, what: str) -> bool:
+    """Replace `path` with `data` as JSON (a temporary file renamed over it); False, warned once, where
+    it cannot be written (`what` names what is not kept)."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(temporary, "w", encoding="utf-8") as f:
             json.dump(data, f, separators=(",", ":"))
         os.replace(temporary, path)
+        return True
     except OSError as err:
-        warn_once(logger, ("installs-json", str(path)), "codegen cache: cannot remember the TVM install's digest in "
-                  "%s (%s); it is taken again in the next process", path, err)
+        warn_once(logger, ("tvm-state-file", str(path)), "codegen cache: cannot keep %s in %s (%s); it is "
+                  "taken again in the next process", what, path, err)
         try:
             os.unlink(temporary)
         except OSError:
             pass
+        return False
 
 
 class _Checked:
@@ -185,7 +189,7 @@ def install_part(directory: Path | None) -> str:
                     found, stats = _digest(root)
                     remembered[root] = {"digest": found, "files": stats}
                     if directory is not None:
-                        _write(directory / _FILE, remembered)
+                        write_json(directory / _FILE, remembered, "the TVM install's digest")
                 held = _checked[root] = _Checked(found, checked)
             parts.append(held.digest)
         _last[:] = [len(sys.modules), "-".join(parts)]
