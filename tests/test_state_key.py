@@ -345,3 +345,45 @@ def test_a_process_with_the_variable_and_one_with_enable_share_the_clean_states_
     assert (first["tiers"], second["tiers"], third["tiers"]) == (["codegen"], ["disk"], ["disk"])
     for run in (first, second, third):
         np.testing.assert_allclose(run["out"], model_reads.EXPECTED["stock"], rtol=1e-6)
+
+
+IMPORTS_OVER_A_RULE = """
+    import json, sys
+    import numpy as np
+    import tvm
+    if sys.argv[1] == "intrin":
+        import tvm.target.intrin  # registers its own lowering of tirx.exp over TVM's default one
+    import codegen_cache as cc
+    from tvm import relax
+    from tvm.script import relax as R
+
+    builder = relax.BlockBuilder()
+    x = relax.Var("x", R.Tensor((8,), "float32"))
+    with builder.function("main", [x]):
+        builder.emit_func_output(builder.emit(relax.op.exp(x)))
+    if sys.argv[2] == "explicit":
+        cc.enable(cc.CodegenCache(sys.argv[3]), children=False)
+    with cc.record_outcomes() as outcomes:
+        executable = tvm.compile(builder.get(), "llvm")
+    x = np.linspace(-2, 2, 8, dtype="float32")
+    out = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    print(json.dumps({"tiers": [o.tier for o in outcomes if o.codegen == "relax.build"],
+                      "keys": [o.key for o in outcomes if o.codegen == "relax.build"],
+                      "error": float(np.abs(out - np.exp(x)).max())}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("switch", ["explicit", "variable"])
+def test_a_tvm_module_that_registers_over_another_is_its_own_clean_state_whatever_ran_before(tmp_path, switch):
+    # tvm.target.intrin, imported, replaces tirx.exp's default lowering: a process that imported it
+    # compiles another program. The clean state of the modules one process imported is not that of
+    # another's, whichever process took its clean state first (one per user, shared by all).
+    directory = str(tmp_path / "cache")
+    env = {"XDG_CACHE_HOME": str(tmp_path / "state"), "CODEGEN_CACHE_DIR": directory,
+           "CODEGEN_CACHE_ENABLE": "1" if switch == "variable" else None}
+    runs = [python_json(IMPORTS_OVER_A_RULE, which, switch, directory, env=env)
+            for which in ("intrin", "stock", "stock", "intrin")]
+    assert [r["tiers"] for r in runs] == [["codegen"], ["codegen"], ["disk"], ["disk"]], runs
+    assert runs[0]["keys"] == runs[3]["keys"] != runs[1]["keys"] == runs[2]["keys"], runs
+    assert all(r["error"] < 1e-5 for r in runs), runs

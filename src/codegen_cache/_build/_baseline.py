@@ -1,13 +1,18 @@
 """What a clean import of this TVM installs: the baseline the `registered` key part is a difference from.
 
 A helper process (this module run with -m, in a session of its own, with the cache switched
-off) imports tvm and the TVM modules the asking process has imported, nothing of the user's,
-and reports the state a compile reads (_state.py): every slot's fingerprint and each module's
-digest. It is taken once per install (the `tvm_install` digest and this package's version name
-the file) and per set of modules, kept as JSON in the user's `codegen-cache-tvm` cache directory (beside the install digests,
-_install.py; ~/.cache/codegen-cache-tvm on Linux), and merged
-when a process has imported TVM modules the file does not cover yet. Nothing in the file is
-code: a damaged or planted file can only make keys differ (misses), never run anything.
+off) runs `import tvm` and reads every slot a compile reads (_state.py); then it imports the
+TVM modules the asking process has imported, nothing of the user's, and reports each module's
+digest. The slots are those of `import tvm` alone: importing a TVM module may register over
+what another registered (tvm.target.intrin puts its own lowering rule on tirx.exp), and a
+process that imported such a module compiles another program, so its slot is a difference
+(TVM's frontends, relax and the script parser register no slot of their own). A module's
+digest does not depend on what else was imported. It is taken once per install (the
+`tvm_install` digest and this package's version name the file), kept as JSON in the user's
+`codegen-cache-tvm` cache directory (beside the install digests, _install.py;
+~/.cache/codegen-cache-tvm on Linux), and merged when a process has imported TVM modules the
+file does not cover yet. Nothing in the file is code: a damaged or planted file can only make
+keys differ (misses), never run anything.
 """
 
 from __future__ import annotations
@@ -175,8 +180,11 @@ def _main() -> None:
     import warnings
 
     warnings.simplefilter("ignore")
+    import tvm  # noqa: F401  the slots of `import tvm` alone (module docstring)
+
     from . import _state
 
+    slots = _state.read_slots(None)
     failed = []
     for name in request["modules"]:
         try:
@@ -186,7 +194,7 @@ def _main() -> None:
     # A module that does not import alone has no clean digest: "" differs from any digest, so a
     # process that imported it keys that module's state (a miss at worst, never a wrong hit).
     modules = {**dict.fromkeys(failed, ""), **_state.read_modules()}
-    json.dump({"slots": _state.read_slots(None), "modules": modules}, sys.stdout)
+    json.dump({"slots": slots, "modules": modules}, sys.stdout)
 
 
 if __name__ == "__main__":

@@ -2,17 +2,19 @@
 
 Two parts of the model key (_relax.py) and of the build key (_index.py):
 
-    registered   the difference between TVM's registered state in this process and what a clean
-                 import of this TVM installs (_baseline.py): every slot (global functions backed
-                 by Python, the operator attributes and lowering rules a compile for its target
-                 kinds reads, pipelines by name) and every imported TVM module (its callable
-                 attributes) whose fingerprint (_state.py) is not the clean one, with that
-                 fingerprint. Nothing is judged by whose an object is or where it was
-                 registered from: TVM's own function at another place, TVM code bound to a
-                 user's value, a function assigned over one of TVM's are all differences. ''
-                 where there are none, so processes that imported different parts of TVM share
-                 keys. A difference no fingerprint stands for (UncacheableError) makes that
-                 compile skip the whole-compile cache, with a warning naming declare_salt.
+    registered   the difference between TVM's registered state in this process and a clean
+                 import of this TVM (_baseline.py): every slot (global functions backed by
+                 Python, the operator attributes and lowering rules a compile for its target
+                 kinds reads, pipelines by name) whose fingerprint (_state.py) is not what
+                 `import tvm` alone puts there, and every imported TVM module (its callable
+                 attributes) whose digest is not its clean one, with that fingerprint. Nothing
+                 is judged by whose an object is or where it was registered from: TVM's own
+                 function at another place, TVM code bound to a user's value, a function
+                 assigned over one of TVM's, a TVM module that registers over another's rule
+                 when imported are all differences. '' where there are none, so processes that
+                 imported different parts of TVM (a frontend, the script parser) share keys. A
+                 difference no fingerprint stands for (UncacheableError) makes that compile skip
+                 the whole-compile cache, with a warning naming declare_salt.
     database     the MetaSchedule database in context (`with database:`): a digest of all its
                  records (a superset of those that apply), memoized per (database, record count).
 
@@ -128,14 +130,11 @@ _RELAX_SLOT = f"op:{_state.RELAX_OPS}"
 
 
 def _difference(kinds: frozenset[str], install: str, slots: dict[str, str], modules: dict[str, str]) -> str:
-    imported = list(modules)
-    clean = _baseline.load(install, [name for name, digest in modules.items() if digest != AS_IMPORTED], imported)
-    found = _compare(clean, kinds, slots, modules)
-    if found and not all(name in clean.modules for name in imported):
-        # A registration of a module imported since the clean state was taken is TVM's own
-        # there: take it again with every module imported here before saying what differs.
-        clean = _baseline.load(install, imported, imported)
-        found = _compare(clean, kinds, slots, modules)
+    needed = [name for name, digest in modules.items() if digest != AS_IMPORTED]
+    if not slots and not needed:
+        found = []  # nothing registered and every module as its import left it: the clean state itself
+    else:
+        found = _compare(_baseline.load(install, needed, list(modules)), kinds, slots, modules)
     with _lock:
         # What differs is read again at every key: a user's function may name a helper redefined since.
         _read.differing = [label for label, _ in found]
