@@ -305,7 +305,9 @@ def test_once_the_upgrader_lets_go_of_a_directory_it_holds_none_of_its_databases
     assert _holders(str(directory / "compiled" / "cache.db")) == []
 
 
-@pytest.mark.parametrize("how", ["garbage", "truncated", "header-zeroed", "pages-overwritten", "deleted"])
+# One kind of damage in the default run; the others (each four fresh processes) in the slow tier.
+@pytest.mark.parametrize("how", ["garbage", *(pytest.param(how, marks=pytest.mark.slow) for how in (
+    "truncated", "header-zeroed", "pages-overwritten", "deleted"))])
 def test_damaged_sqlite_index_is_a_miss_and_the_store_recovers(tmp_path, how):
     directory = tmp_path / "cache"
     populate(directory, 1)
