@@ -140,6 +140,66 @@ def test_a_registration_made_while_the_switch_was_off_is_seen(tmp_path, add_lega
         cache.close()
 
 
+@pytest.mark.parametrize("pause", [0.0, 0.002, 0.02])
+def test_a_registration_while_enable_reads_ahead_is_seen_by_the_first_compile(tmp_path, add_legalization, pause):
+    # enable() after `import tvm` reads TVM's state on a thread: a registration made meanwhile, at
+    # any point of that read, is what the first compile keys and runs.
+    import time
+
+    cache = cc.CodegenCache(tmp_path / "cache", write_behind=False)
+    _compile_with(cache)  # the stock model is stored: a stale state would be served it
+    cc.enable(cache, children=False)
+    try:
+        time.sleep(pause)
+        tvm.ir.register_op_attr("relax.add", "FLegalize", model_reads.subtract, level=11)
+        compiled, tier = _compile()
+        assert tier == "codegen"
+        np.testing.assert_allclose(model_reads.run(compiled), model_reads.EXPECTED["subtract"], rtol=1e-6)
+    finally:
+        cc.disable()
+        cache.close()
+
+
+def _compile_with(cache):
+    cc.enable(cache, children=False)
+    try:
+        _compile()
+    finally:
+        cc.disable()
+
+
+def test_a_fork_right_after_enable_gives_a_child_that_compiles(tmp_path):
+    # The read ahead calls into TVM's registries on a thread: a fork meanwhile waits for it, so the
+    # child never inherits a registry mutex held by a thread it does not have.
+    import os
+    import time
+
+    cache = cc.CodegenCache(tmp_path / "cache", write_behind=False)
+    cc.enable(cache, children=False)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                executable, _ = _compile()
+                code = 0 if np.allclose(model_reads.run(executable), model_reads.EXPECTED["stock"], rtol=1e-6) else 1
+            finally:
+                os._exit(code)  # never back into pytest from the child
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                assert os.waitstatus_to_exitcode(status) == 0
+                return
+            time.sleep(0.05)
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        raise AssertionError("the child forked right after enable() did not finish its compile in 120 s")
+    finally:
+        cc.disable()
+        cache.close()
+
+
 _LEGALIZED = [
     "relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum", "relax.minimum",
     "relax.exp", "relax.log", "relax.sqrt", "relax.nn.relu", "relax.nn.silu", "relax.sigmoid", "relax.tanh"]

@@ -159,7 +159,7 @@ def module_digest(name: str, module: types.ModuleType) -> str:
     """
     texts = []
     function, ffi = types.FunctionType, tvm_ffi.Function
-    for attribute, value in vars(module).items():
+    for attribute, value in list(vars(module).items()):  # one step in C: an import on another thread may add to it
         kind = type(value)
         # The common cases inline (the others as _callable_text has them): TVM's own plain
         # function by where it is defined, and a Function at an `_ffi_api` name.
