@@ -2,12 +2,14 @@
 
 A helper process (this module run with -m, in a session of its own, with the cache switched
 off) runs `import tvm` and reads every slot a compile reads (_state.py); then it imports the
-TVM modules the asking process has imported, nothing of the user's, and reports each module's
-digest. The slots are those of `import tvm` alone: importing a TVM module may register over
-what another registered (tvm.target.intrin puts its own lowering rule on tirx.exp), and a
-process that imported such a module compiles another program, so its slot is a difference
-(TVM's frontends, relax and the script parser register no slot of their own). A module's
-digest does not depend on what else was imported. It is taken once per install (the
+TVM modules the asking process has imported, nothing of the user's, and reports the slots
+those imports added and each module's digest. A slot that `import tvm` sets is compared with
+what `import tvm` put there: importing a TVM module may register over it (tvm.target.intrin puts
+its own lowering rule on tirx.exp), and a process that imported such a module compiles another
+program, so that slot is a difference whichever process took the clean state first. A slot a
+TVM module adds (a global function of meta_schedule, disco or a contrib package) is compared
+with what that module's import put there: a process that did not import it cannot read it. A
+module's digest does not depend on what else was imported. It is taken once per install (the
 `tvm_install` digest and this package's version name the file), kept as JSON in the user's
 `codegen-cache-tvm` cache directory (beside the install digests, _install.py;
 ~/.cache/codegen-cache-tvm on Linux), and merged when a process has imported TVM modules the
@@ -50,13 +52,20 @@ renew_after_fork(globals(), "_lock", threading.Lock)
 
 
 class Baseline:
-    """A clean import's state: `slots` (label -> fingerprint) and `modules` (name -> digest)."""
+    """A clean import's state: `slots` (label -> fingerprint after `import tvm`), `added` (the slots
+    the imports of `modules` added) and `modules` (name -> digest)."""
 
-    __slots__ = ("modules", "slots")
+    __slots__ = ("added", "modules", "slots")
 
-    def __init__(self, slots: dict[str, str], modules: dict[str, str]) -> None:
+    def __init__(self, slots: dict[str, str], added: dict[str, str], modules: dict[str, str]) -> None:
         self.slots = slots
+        self.added = added
         self.modules = modules
+
+    def clean(self, label: str) -> str | None:
+        """The clean fingerprint of slot `label` (module docstring); None where no import sets it."""
+        found = self.slots.get(label)
+        return found if found is not None else self.added.get(label)
 
 
 _loaded: dict[str, Baseline] = {}
@@ -136,16 +145,17 @@ def _read(path: Path) -> Baseline | None:
         return None
     if not isinstance(data, dict):
         return None
-    slots, modules = data.get("slots"), data.get("modules")
-    if not isinstance(slots, dict) or not isinstance(modules, dict):
+    slots, added, modules = data.get("slots"), data.get("added"), data.get("modules")
+    if not isinstance(slots, dict) or not isinstance(added, dict) or not isinstance(modules, dict):
         return None
-    if not all(isinstance(v, str) for v in (*slots.values(), *modules.values())):
+    if not all(isinstance(v, str) for v in (*slots.values(), *added.values(), *modules.values())):
         return None
-    return Baseline(slots, modules)
+    return Baseline(slots, added, modules)
 
 
 def _write(path: Path, baseline: Baseline) -> None:
-    write_json(path, {"slots": baseline.slots, "modules": baseline.modules}, "TVM's clean state")
+    write_json(path, {"slots": baseline.slots, "added": baseline.added, "modules": baseline.modules},
+               "TVM's clean state")
 
 
 def _take(modules: list[str]) -> Baseline:
@@ -162,7 +172,7 @@ def _take(modules: list[str]) -> Baseline:
         raise _unavailable(f"the helper process exited with {done.returncode}: {done.stderr.strip()[-500:]}")
     try:
         data = json.loads(done.stdout)
-        return Baseline(dict(data["slots"]), dict(data["modules"]))
+        return Baseline(dict(data["slots"]), dict(data["added"]), dict(data["modules"]))
     except (ValueError, KeyError, TypeError) as err:
         raise _unavailable(f"the helper process's reply is not a baseline ({err})") from err
 
@@ -184,7 +194,7 @@ def _main() -> None:
 
     from . import _state
 
-    slots = _state.read_slots(None)
+    slots = _state.read_slots(None)  # `import tvm`'s own (module docstring)
     failed = []
     for name in request["modules"]:
         try:
@@ -194,7 +204,8 @@ def _main() -> None:
     # A module that does not import alone has no clean digest: "" differs from any digest, so a
     # process that imported it keys that module's state (a miss at worst, never a wrong hit).
     modules = {**dict.fromkeys(failed, ""), **_state.read_modules()}
-    json.dump({"slots": slots, "modules": modules}, sys.stdout)
+    added = {label: fp for label, fp in _state.read_slots(None).items() if label not in slots}
+    json.dump({"slots": slots, "added": added, "modules": modules}, sys.stdout)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ Two parts of the model key (_relax.py) and of the build key (_index.py):
                  import of this TVM (_baseline.py): every slot (global functions backed by
                  Python, the operator attributes and lowering rules a compile for its target
                  kinds reads, pipelines by name) whose fingerprint (_state.py) is not what
-                 `import tvm` alone puts there, and every imported TVM module (its callable
+                 `import tvm` puts there (or, for a slot `import tvm` does not set, what the
+                 TVM module that adds it puts there), and every imported TVM module (its callable
                  attributes) whose digest is not its clean one, with that fingerprint. Nothing
                  is judged by whose an object is or where it was registered from: TVM's own
                  function at another place, TVM code bound to a user's value, a function
@@ -131,10 +132,16 @@ _RELAX_SLOT = f"op:{_state.RELAX_OPS}"
 
 def _difference(kinds: frozenset[str], install: str, slots: dict[str, str], modules: dict[str, str]) -> str:
     needed = [name for name, digest in modules.items() if digest != AS_IMPORTED]
-    if not slots and not needed:
-        found = []  # nothing registered and every module as its import left it: the clean state itself
-    else:
-        found = _compare(_baseline.load(install, needed, list(modules)), kinds, slots, modules)
+    found = []  # nothing registered and every module as its import left it: the clean state itself
+    if slots or needed:
+        imported = list(modules)
+        clean = _baseline.load(install, needed, imported)
+        found = _compare(clean, kinds, slots, modules)
+        if found and not all(name in clean.modules for name in imported):
+            # A slot added by a module imported since the clean state was taken is TVM's own
+            # there: take it again with every module imported here before saying what differs.
+            clean = _baseline.load(install, imported, imported)
+            found = _compare(clean, kinds, slots, modules)
     with _lock:
         # What differs is read again at every key: a user's function may name a helper redefined since.
         _read.differing = [label for label, _ in found]
@@ -159,7 +166,7 @@ def _compare(clean: _baseline.Baseline, kinds: frozenset[str], slots: dict[str, 
     wanted = {f"{kind}." for kind in kinds}
     found = []
     for label, fp in sorted(slots.items()):
-        if clean.slots.get(label) != fp and _reads(label, wanted):
+        if clean.clean(label) != fp and _reads(label, wanted):
             found.append((label, fp))
     for name, digest in sorted(modules.items()):
         if digest != AS_IMPORTED and clean.modules.get(name) != digest:
