@@ -66,7 +66,7 @@ class _Read:
         self.hooked = False
         self.kinds: set[str] | None = set()  # the target kinds whose lowering rules were read (None: all)
         self.slots: dict[str, str] = {}
-        self.inner: dict[str, Any] = {}  # global:<name> -> the Python callable read there
+        self.inner: dict[str, Any] = {}  # global:<name> -> the Function read there (held)
         self.pipelines: tuple = ()  # the pipeline tables' items as last read (held: compared by identity)
         self.modules: dict[str, str] = {}
         # name -> (module, number of attributes, their values) as last digested
@@ -242,20 +242,21 @@ def _update(found: dict[str, str], gone: list[str] = ()) -> bool:
 
 
 def _remember(names) -> None:
-    """Keep the Python callable at each global function `names`, for _same_global."""
+    """Hold the Function at each global function of `names` backed by Python, for _same_global."""
     for name in names:
         func = _compat.global_func(name, missing_ok=True)
-        inner = python_callable(func) if func is not None else None
-        if inner is None:
+        if func is None or python_callable(func) is None:
             _read.inner.pop(f"global:{name}", None)
         else:
-            _read.inner[f"global:{name}"] = inner
+            _read.inner[f"global:{name}"] = func
 
 
 def _same_global(label: str) -> bool:
+    # A registration makes a new function object in TVM's registry: the one held (alive, so its
+    # address is not reused) is still there where the handles are equal.
     func = _compat.global_func(label.split(":", 1)[1], missing_ok=True)
     held = _read.inner.get(label)
-    return func is not None and held is not None and python_callable(func) is held
+    return func is not None and held is not None and func.__chandle__() == held.__chandle__()
 
 
 def _read_modules() -> bool:
