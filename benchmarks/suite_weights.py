@@ -7,8 +7,8 @@ in, float32) read by `tvm.relax.frontend.onnx.from_onnx` (weights bound as const
 default), and the same MLP as a `tvm.relax.frontend.nn.Module` exported and bound with
 `relax.transform.BindParams`. Sizes in MB of weights: 10 (512/1024) and 48 (1024/2048); `--big`
 adds 500 (4096/6144). Per round, in a shuffled order, fresh interpreters each build the model
-(untimed) and time one of (the compiles in wall time: the switch reads TVM's state on a thread
-of its own that the compile may wait for; the floor on the main thread's CPU, time.thread_time):
+(untimed) and time one of (the compiles in wall time: the cache's threads may take part in a
+compile; the floor on the main thread's CPU, time.thread_time):
 
 - plain:  tvm.compile(mod, "llvm") + relax.VirtualMachine(ex, tvm.cpu()), no cache;
 - cold:   the same through codegen_cache.enable() on an empty directory (what the writer thread
@@ -137,7 +137,7 @@ else:
         vm = relax.VirtualMachine(ex, tvm.cpu())
         out["t"] = time.thread_time() - t
     else:
-        # Wall time: the switch reads TVM's state on a thread of its own that the compile may wait for.
+        # Wall time, the main thread's CPU beside it: the cache's threads may take part in a compile.
         t, cpu = time.perf_counter(), time.thread_time()
         ex = tvm.compile(mod, "llvm")
         vm = relax.VirtualMachine(ex, tvm.cpu())

@@ -141,9 +141,9 @@ def test_a_registration_made_while_the_switch_was_off_is_seen(tmp_path, add_lega
 
 
 @pytest.mark.parametrize("pause", [0.0, 0.002, 0.02])
-def test_a_registration_while_enable_reads_ahead_is_seen_by_the_first_compile(tmp_path, add_legalization, pause):
-    # enable() after `import tvm` reads TVM's state on a thread: a registration made meanwhile, at
-    # any point of that read, is what the first compile keys and runs.
+def test_a_registration_right_after_enable_is_seen_by_the_first_compile(tmp_path, add_legalization, pause):
+    # Whenever TVM's state is read after enable() (at the first key, or by anything reading it
+    # ahead), a registration made meanwhile is what the first compile keys and runs.
     import time
 
     cache = cc.CodegenCache(tmp_path / "cache", write_behind=False)
@@ -169,8 +169,8 @@ def _compile_with(cache):
 
 
 def test_a_fork_right_after_enable_gives_a_child_that_compiles(tmp_path):
-    # The read ahead calls into TVM's registries on a thread: a fork meanwhile waits for it, so the
-    # child never inherits a registry mutex held by a thread it does not have.
+    # Nothing enable() starts may leave a child forked right after it holding a lock of TVM's or
+    # of this package that a thread it does not have held at the fork.
     import os
     import time
 

@@ -43,7 +43,7 @@ import xxhash
 
 from .. import _compat
 from .._errors import UncacheableError
-from .._forksafe import build_gate, renew_after_fork
+from .._forksafe import renew_after_fork
 from .._log import warn_once
 from . import _baseline, _imports, _state
 from ._install import install_part
@@ -319,18 +319,11 @@ def _digest_module(name: str, module: types.ModuleType) -> bool:
 # ---- the registration points ------------------------------------------------------------------
 
 
-def _warm_up(kinds: frozenset[str]) -> None:
+def _warm_up() -> None:
     try:
-        # A fork waits until this read is done (build_gate): TVM's registry mutexes it takes stay
-        # held in a child made meanwhile.
-        with build_gate:
-            tvm_parts(kinds)
+        tvm_parts(frozenset())
     except (UncacheableError, OSError, ValueError, RuntimeError) as err:  # the first key meets it again, and says so
         logger.debug("codegen cache: reading TVM's state ahead of the first key: %s", err)
-
-
-def _read_ahead(kinds: frozenset[str]) -> None:
-    threading.Thread(target=_warm_up, args=(kinds,), name="codegen-cache-read-ahead", daemon=True).start()
 
 
 def install_hooks(*, as_imported: bool = False) -> None:
@@ -356,13 +349,6 @@ def install_hooks(*, as_imported: bool = False) -> None:
             _read.wrapped.append((module, attribute, original, wrapper))
         _read.hooked = hooked
         _imports.observe()
-        if hooked and not as_imported:
-            # enable() after `import tvm`: the first key reads the whole state (~40 ms of CPU).
-            # It is read now, on a thread, while the script goes on (builds its model, loads its
-            # weights; a notebook's next cell); the first key waits for it (_lock) and reads
-            # again what was registered since (the wrappers above are already in place) and the
-            # lowering rules of any target kind besides llvm's.
-            _read_ahead(frozenset({"llvm"}))
         if hooked and as_imported:
             _read.memo, _read.slots, _read.inner, _read.differing = {}, {}, {}, []
             _read.kinds = None  # every kind: a later registration of any is seen by the wrappers
@@ -373,7 +359,7 @@ def install_hooks(*, as_imported: bool = False) -> None:
             # What the first key would read first (the install's files, the modules as imported, the
             # clean state's file) is read now, while the script builds its model: Python and file
             # reads only, no call into TVM, and nothing a later key does not check again.
-            _read_ahead(frozenset())
+            threading.Thread(target=_warm_up, name="codegen-cache-warm-up", daemon=True).start()
 
 
 def uninstall_hooks() -> None:
