@@ -56,7 +56,7 @@ def test_a_fleet_of_processes_that_end_without_exit_handlers_leaves_one_counter_
     directory = tmp_path / "cache"
     assert _forked_tier(directory, FILL) == "codegen"
     sizes = []
-    runs = 12
+    runs = 6
     for _ in range(runs):
         assert _forked_tier(directory, HIT) == "disk"
         # The child before this one ended like a pool worker (no atexit): this one's writer folded its file.
