@@ -32,6 +32,7 @@ import time
 from collections import Counter
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from unittest import mock
 
 DESCRIPTION = ("remote tiers (Redis, S3): remote hit vs disk hit for a kernel and a model, local hits with and "
                "without a remote, N hosts cold on one remote")
@@ -346,8 +347,8 @@ def run(rounds: int) -> list[dict]:
         redis_url = stack.enter_context(redis_server(root / "redis"))
         s3 = stack.enter_context(s3_server(root / "s3"))
         env = s3[1] if s3 is not None else {}
-        stack.callback(_restore_environment, {name: os.environ.get(name) for name in env})
-        os.environ.update(env)  # the S3 tier reads the AWS variables, as a host would (until the suite ends)
+        # The S3 tier reads the AWS variables, as a host would: set until the suite ends.
+        stack.enter_context(mock.patch.dict(os.environ, env))
         remotes: dict[str, str | None] = {"none": None}
         if redis_url is not None:
             remotes["redis"] = redis_url
@@ -362,14 +363,6 @@ def run(rounds: int) -> list[dict]:
             if url:
                 rows += fleet(root, tier, url, env)
     return rows
-
-
-def _restore_environment(saved: dict[str, str | None]) -> None:
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
 
 
 def _show(rows: list[dict]) -> None:

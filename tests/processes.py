@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -54,3 +55,18 @@ def remove_tree(directory: Path, tries: int = 20) -> None:
             return
         time.sleep(0.05)
     raise AssertionError(f"{directory} is still there after {tries} removals: {sorted(os.listdir(directory))}")
+
+
+def reap(pid: int, timeout: float) -> int:
+    """The exit status of forked child `pid` (waiting up to `timeout`); a child still running then
+    (or stopped) is killed and AssertionError raised."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGCONT)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    raise AssertionError(f"child {pid} did not finish within {timeout}s")

@@ -24,6 +24,7 @@ import tvm
 
 import codegen_cache as cc
 from codegen_cache._storage._locks import STOPPED_GRACE, KeyLocks
+from processes import reap
 from slow_codegen import SLOW_LLVM
 from variants import variant
 
@@ -54,20 +55,6 @@ def _is_locked(directory: Path, key: str) -> bool:
         return True
     probe.release(held)
     return False
-
-
-def _reap(pid: int, timeout: float) -> int:
-    """The exit status of child `pid` (waiting up to `timeout`); a child still running then is killed."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.05)
-    os.kill(pid, signal.SIGCONT)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    raise AssertionError(f"child {pid} did not finish within {timeout}s")
 
 
 def _fork_holder(directory: Path, log: Path, i: int, seconds: float) -> int:
@@ -117,7 +104,7 @@ def test_a_waiter_passes_over_a_stopped_holder_and_waits_for_a_live_one(tmp_path
             assert outcome.tier == "disk" and took >= holds - 1.0, took  # the live build was waited for
             assert not any("stopped" in m for m in said), said
         reaped = True
-        assert _reap(pid, 120) == 0  # continued, the holder finished its build and its module ran
+        assert reap(pid, 120) == 0  # continued, the holder finished its build and its module ran
     finally:
         if not reaped:
             try:
