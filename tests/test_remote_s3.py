@@ -114,6 +114,19 @@ def test_puts_are_create_only_and_a_lost_race_is_kept(s3_env):
     assert events.count("remote_stores") == 1 and events.count("remote_kept") == 1
 
 
+def test_tiers_of_one_bucket_share_one_store_and_closing_one_leaves_the_others_working(s3_env):
+    """Making a store costs ~7 ms of CPU with the GIL held: a process makes one per bucket and settings."""
+    url = _url(s3_env)
+    first, second = S3Tier(url, secret=SECRET), S3Tier(url, secret=SECRET)
+    assert first.push("8" * 32, _blob(8)) == "stored"
+    first.close()
+    assert second.get("8" * 32) == _blob(8)
+    assert first.client._made() is second.client._made()
+    slower = S3Tier(url, secret=SECRET, timeout=second.client.timeout + 1)
+    assert slower.client._made() is not second.client._made()  # another deadline is another store
+    assert slower.get("8" * 32) == _blob(8)
+
+
 def test_read_only_credentials_refuse_writes_with_one_warning_and_reads_go_on(tmp_path, s3_env, monkeypatch, caplog):
     url = _url(s3_env)
     writer = cc.CodegenCache(tmp_path / "w", remote=url, remote_secret=SECRET, write_behind=False)

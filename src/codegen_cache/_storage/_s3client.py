@@ -23,7 +23,7 @@ from typing import Any
 
 from .._config import AwsSettings
 from .._errors import ConfigError, RemoteRefusedError, RemoteReplyError
-from .._forksafe import on_fork_child
+from .._forksafe import on_fork_child, renew_after_fork
 
 __all__ = ["Missing", "S3Client", "Taken", "TooLarge"]
 
@@ -137,7 +137,12 @@ class S3Client:
     # ---- the store -------------------------------------------------------------------------
 
     def connect_early(self, probe: str) -> None:
-        """Import obstore, make the store and open a connection (a GET of `probe`) on a thread of its own."""
+        """Import obstore, make the store and open a connection (a GET of `probe`) on a thread of its own.
+
+        Nothing to do where this process has the store already: an earlier client made it and
+        keeps its connections."""
+        if (self.bucket, self.aws, self.timeout) in _stores:
+            return
         try:
             threading.Thread(target=self._open_early, args=(probe,), name="codegen-cache-s3-connect",
                              daemon=True).start()
@@ -152,7 +157,7 @@ class S3Client:
             logger.debug("codegen cache: connecting early to %s: %s", self.url, err)
 
     def close(self) -> None:
-        """Drop the store (its connections close with it)."""
+        """Drop this client's store (the process keeps it, with its idle connections, for the next client)."""
         with self._making:
             self._store = None
 
@@ -161,7 +166,7 @@ class S3Client:
         # connect_early's thread never waits for the server.
         with self._making:
             if self._store is None:
-                self._store = _make_store(self.bucket, self.aws, self.timeout)
+                self._store = _shared_store(self.bucket, self.aws, self.timeout)
             return self._store
 
     def _forget_parent(self) -> None:
@@ -185,6 +190,26 @@ def _check_runtime(url: str) -> None:
                           "a process that did not inherit the S3 client by fork: obstore's runtime does not survive "
                           "fork, so this child of a process that used it works local-only; start pool workers "
                           "with the spawn or forkserver method to give them the S3 tier")
+
+
+# One store per bucket, settings and timeout in a process. Making one costs ~7 ms of CPU with
+# the GIL held (obstore reads the TLS roots), and connect_early makes it beside the caller's first
+# lookups: a new CodegenCache on the same remote (a harness's, a test's) would make the caller's
+# hits wait for it again (docs/benchmarks.md, "remote"). A store is thread-safe; a child of fork
+# starts with none (its parent's belongs to a runtime the child does not have).
+_stores: dict[tuple[str, AwsSettings, float], Any] = {}
+_stores_lock = threading.Lock()
+on_fork_child(lambda: _stores.clear())
+renew_after_fork(globals(), "_stores_lock")
+
+
+def _shared_store(bucket: str, aws: AwsSettings, timeout: float) -> Any:
+    with _stores_lock:
+        key = (bucket, aws, timeout)
+        store = _stores.get(key)
+        if store is None:
+            store = _stores[key] = _make_store(bucket, aws, timeout)
+        return store
 
 
 def _make_store(bucket: str, aws: AwsSettings, timeout: float) -> Any:
