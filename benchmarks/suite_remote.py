@@ -312,6 +312,8 @@ def remote_hits(root: Path, tier: str, url: str, rounds: int) -> list[dict]:
                     cc.disable()
                     cache.flush(60)
                     cache.close()
+                del cache
+                gc.collect()  # as in local_hits: no timed hit collects an earlier round's cache
     rows = []
     for what in ("kernel", "model"):
         disk = statistics.median(times[f"{what}-disk"])
