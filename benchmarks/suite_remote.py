@@ -6,7 +6,7 @@ Run alone: `python -m benchmarks.suite_remote [--rounds N] [--json FILE]` from t
 
 Rows (`run(rounds)`; each a dict of name, median, unit, floor, ratio, goal, ok, note):
 - `<what> local <tier> hit, remote=<none|redis|s3>`: a disk (or memory) hit of a kernel and of a
-  model with each remote configured, interleaved round by round in one process (3 rounds per
+  model with each remote configured, interleaved round by round in one process (5 rounds per
   round of the suite: each is cheap); ratio against
   no remote (goal: a local hit never waits for the remote, <= 1.15 for noise on shared cores).
   Each round's cache is closed and collected (`gc.collect()`) before the next is made: a closed
@@ -364,7 +364,7 @@ def run(rounds: int) -> list[dict]:
             remotes["redis"] = redis_url
         if s3 is not None:
             remotes["s3"] = f"{s3[0]}/local"
-        rows += local_hits(root, remotes, 3 * rounds)  # ~0.6 s a round: more rounds, less noise
+        rows += local_hits(root, remotes, 5 * rounds)  # ~0.6 s a round: more rounds, less noise
         rows += fresh_hits(root, remotes, rounds, env)
         tiers = {k: v for k, v in (("redis", redis_url), ("s3", s3 and f"{s3[0]}/remote")) if v}
         for tier, url in tiers.items():
