@@ -333,17 +333,24 @@ def fleet(root: Path, tier: str, url: str, env: dict[str, str], hosts: int = 4, 
                                "2000", str(keys), "--remote", url, "--secret", SECRET, "--start-at", str(start_at)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env)
              for h in range(hosts)]
-    seconds = []
+    seconds, tiers, events = [], Counter(), Counter()
     for proc in procs:
         out, err = proc.communicate(timeout=300)
         if proc.returncode != 0:
             raise RuntimeError(err[-2000:])
-        seconds.append(sum(json.loads(out.strip().splitlines()[-1])["seconds"]))
+        found = json.loads(out.strip().splitlines()[-1])
+        seconds.append(sum(found["seconds"]))
+        tiers.update(found["tiers"])
+        # What each host's remote did (leases waited for, calls failed, time offline): why a row builds more.
+        events.update({name: value for name, value in found["stats"].items()
+                       if name.startswith("remote_") and isinstance(value, (int, float)) and value})
     builds = sum(Counter(line.split()[1] for line in log.read_text().splitlines()).values()) if log.exists() else 0
+    shown = ", ".join(f"{name} {value:g}" for name, value in sorted(events.items()) if "lease" in name or
+                      "offline" in name or "fail" in name or "error" in name)
     row = _row(f"fleet, {tier}: builds of {hosts} hosts cold on {keys} keys", [float(builds)], floor=float(keys),
                goal=FLEET_GOAL, unit="builds",
                note=f"hosts' lowering time, median {statistics.median(seconds):.2f} s; without leases each "
-                    f"host builds every key ({hosts * keys})")
+                    f"host builds every key ({hosts * keys}); tiers {dict(sorted(tiers.items()))}; {shown}")
     return [row]
 
 
