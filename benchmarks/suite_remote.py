@@ -323,6 +323,9 @@ def remote_hits(root: Path, tier: str, url: str, rounds: int) -> list[dict]:
     return rows
 
 
+_FLEET_EVENTS = ("lease", "offline", "fail", "error")  # the counters of the fleet row's note
+
+
 def fleet(root: Path, tier: str, url: str, env: dict[str, str], hosts: int = 4, keys: int = 12) -> list[dict]:
     """`hosts` processes with their own directories start together on `keys` cold keys of one remote."""
     log = root / f"fleet-{tier}.log"
@@ -343,10 +346,10 @@ def fleet(root: Path, tier: str, url: str, env: dict[str, str], hosts: int = 4, 
         tiers.update(found["tiers"])
         # What each host's remote did (leases waited for, calls failed, time offline): why a row builds more.
         events.update({name: value for name, value in found["stats"].items()
-                       if name.startswith("remote_") and isinstance(value, (int, float)) and value})
+                       if name.startswith("remote_") and any(word in name for word in _FLEET_EVENTS)
+                       and isinstance(value, (int, float)) and value})
     builds = sum(Counter(line.split()[1] for line in log.read_text().splitlines()).values()) if log.exists() else 0
-    shown = ", ".join(f"{name} {value:g}" for name, value in sorted(events.items()) if "lease" in name or
-                      "offline" in name or "fail" in name or "error" in name)
+    shown = ", ".join(f"{name} {value:g}" for name, value in sorted(events.items()))
     row = _row(f"fleet, {tier}: builds of {hosts} hosts cold on {keys} keys", [float(builds)], floor=float(keys),
                goal=FLEET_GOAL, unit="builds",
                note=f"hosts' lowering time, median {statistics.median(seconds):.2f} s; without leases each "

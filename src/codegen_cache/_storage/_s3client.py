@@ -56,6 +56,7 @@ class S3Client:
 
     def __init__(self, url: str, bucket: str, aws: AwsSettings, timeout: float) -> None:
         self.url, self.bucket, self.aws, self.timeout = url, bucket, aws, timeout
+        self._shared_as = (bucket, aws, timeout)  # which of the process's stores is this client's (_stores)
         self._store: Any = None  # a process that never calls imports nothing of obstore
         self._making = threading.Lock()  # one store per client: the first call waits for connect_early's
         on_fork_child(self._forget_parent)
@@ -141,7 +142,7 @@ class S3Client:
 
         Nothing to do where this process has the store already: an earlier client made it and
         keeps its connections."""
-        if (self.bucket, self.aws, self.timeout) in _stores:
+        if self._shared_as in _stores:
             return
         try:
             threading.Thread(target=self._open_early, args=(probe,), name="codegen-cache-s3-connect",
@@ -166,7 +167,7 @@ class S3Client:
         # connect_early's thread never waits for the server.
         with self._making:
             if self._store is None:
-                self._store = _shared_store(self.bucket, self.aws, self.timeout)
+                self._store = _shared_store(self._shared_as)
             return self._store
 
     def _forget_parent(self) -> None:
@@ -203,12 +204,11 @@ on_fork_child(lambda: _stores.clear())
 renew_after_fork(globals(), "_stores_lock")
 
 
-def _shared_store(bucket: str, aws: AwsSettings, timeout: float) -> Any:
+def _shared_store(key: tuple[str, AwsSettings, float]) -> Any:
     with _stores_lock:
-        key = (bucket, aws, timeout)
         store = _stores.get(key)
         if store is None:
-            store = _stores[key] = _make_store(bucket, aws, timeout)
+            store = _stores[key] = _make_store(*key)
         return store
 
 
